@@ -1,0 +1,1 @@
+"""Incident analysis and post-mortem reports (pandas)."""

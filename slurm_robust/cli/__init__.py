@@ -1,0 +1,1 @@
+"""The ``slurm-robust`` command line: one console script, one module per subcommand."""

@@ -1,0 +1,44 @@
+"""``slurm-robust bench NAME``: benchmarks that print their numbers as JSON.
+
+Each benchmark lives beside its feature in a module exposing ``HELP``,
+``add_arguments(parser)`` and ``run(args) -> dict``; the dict is printed as JSON
+(``--json``) or as indented JSON for people. Targets are checked by reading these
+numbers, never by timed tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+
+BENCHMARKS: dict[str, str] = {
+    "prolog": "slurm_robust.health.bench",
+    "ckpt": "slurm_robust.ckpt.bench",
+    "stacks": "slurm_robust.stacks.bench",
+    "analysis": "slurm_robust.analysis.bench",
+}
+
+HELP = "run a benchmark and print its numbers as JSON"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench", metavar="NAME")
+    sub.required = True
+    for name, modname in BENCHMARKS.items():
+        try:
+            module = importlib.import_module(modname)
+        except ModuleNotFoundError as exc:
+            if exc.name == modname:
+                continue
+            raise
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        p.add_argument("--json", action="store_true", help="print one line of JSON")
+        module.add_arguments(p)
+        p.set_defaults(_bench=module.run)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = args._bench(args)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0

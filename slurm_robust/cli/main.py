@@ -1,0 +1,91 @@
+"""Entry point of ``slurm-robust``.
+
+Each subcommand lives in its own module ``slurm_robust.cli.<name>`` exposing
+``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``. Modules are
+imported only when their subcommand runs (and to build ``--help``), so a quick command
+does not pay for torch or pandas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from slurm_robust.errors import SlurmRobustError
+
+# name -> module; order is the order shown in --help.
+SUBCOMMANDS: dict[str, str] = {
+    "cluster": "slurm_robust.cli.cluster",
+    "check": "slurm_robust.cli.check",
+    "node": "slurm_robust.cli.node",
+    "inject": "slurm_robust.cli.inject",
+    "reserve": "slurm_robust.cli.reserve",
+    "submit": "slurm_robust.cli.submit",
+    "launch": "slurm_robust.cli.launch",
+    "status": "slurm_robust.cli.status",
+    "stacks": "slurm_robust.cli.stacks",
+    "report": "slurm_robust.cli.report",
+    "bench": "slurm_robust.cli.bench",
+}
+
+LOG_LEVEL_ENV = "SLURM_ROBUST_LOG_LEVEL"
+
+
+def _load(name: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(SUBCOMMANDS[name])
+    except ModuleNotFoundError as exc:
+        if exc.name == SUBCOMMANDS[name]:
+            return None  # that feature is not part of this build
+        raise
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Build the parser; with ``only``, import just that subcommand's module."""
+    parser = argparse.ArgumentParser(
+        prog="slurm-robust",
+        description="Fault-tolerant training on Slurm: node checks, warm reserve, "
+                    "per-step checkpoints, recovery ladder, post-mortems.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in SUBCOMMANDS:
+        if only is not None and name != only:
+            sub.add_parser(name)
+            continue
+        module = _load(name)
+        if module is None:
+            continue
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=os.environ.get(LOG_LEVEL_ENV, "WARNING").upper(),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    first = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(first if first in SUBCOMMANDS else None)
+    args = parser.parse_args(argv)
+    run = getattr(args, "_run", None)
+    if run is None:
+        parser.error(f"subcommand {args.command!r} is not available in this build")
+    try:
+        return int(run(args) or 0)
+    except SlurmRobustError as exc:
+        print(f"slurm-robust {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"slurm-robust {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
