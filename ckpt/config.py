@@ -1,0 +1,153 @@
+"""Checkpoint configuration and the one place that names every path."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_robust.errors import UsageError
+
+#: Restore walks the tiers in this order; the names match the run event log's
+#: ``restore_tier`` field (docs/SCHEMAS.md).
+TIERS: tuple[str, ...] = ("memory", "peer", "local", "durable")
+
+CHECKSUMS: tuple[str, ...] = ("crc32", "sum64")
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Where and how often each tier is written.
+
+    Attributes:
+        shm_root: root of the memory tier (a tmpfs such as /dev/shm). Files there
+            outlive a crashed worker; purge_job_memory() removes a job's files.
+        local_root: node-local disk root, or None for no local tier.
+        durable_root: shared durable storage root, or None for no durable tier.
+        local_every: write the local tier every this many steps (0: never).
+        durable_every: write the durable tier every this many steps (0: never).
+        keep_local: local-tier steps kept per rank (older ones are deleted).
+        keep_durable: durable-tier steps kept (older ones are deleted).
+        peer_backup: send each snapshot to a peer rank on another node.
+        peer_slots: buffers for the peer's backup. 1 keeps host memory at 2x own state
+            plus one backup, but a node lost while its backup is in flight leaves no
+            valid backup (restore falls to disk); 2 removes that window.
+        chunk_bytes: size of one peer-transfer message.
+        checksum: "crc32" (zlib, about 4 GB/s here) or "sum64" (wrapping sum of 64-bit
+            words, about 20 GB/s; detects flips and torn copies, not swapped words).
+        peer_timeout_s: timeout of the private gloo groups (agreement and transfer).
+        pin_memory: on CUDA, register the shared-memory buffers as pinned pages.
+    """
+
+    shm_root: str = "/dev/shm/slurm_robust"
+    local_root: str | None = None
+    durable_root: str | None = None
+    local_every: int = 0
+    durable_every: int = 0
+    keep_local: int = 2
+    keep_durable: int = 2
+    peer_backup: bool = True
+    peer_slots: int = 1
+    chunk_bytes: int = 16 * MiB
+    checksum: str = "crc32"
+    peer_timeout_s: float = 300.0
+    pin_memory: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("local_every", "durable_every"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"CheckpointConfig.{name} is {getattr(self, name)}; use >= 0")
+        if self.local_every and not self.local_root:
+            raise UsageError("CheckpointConfig: local_every > 0 needs local_root")
+        if self.durable_every and not self.durable_root:
+            raise UsageError("CheckpointConfig: durable_every > 0 needs durable_root")
+        if self.keep_local < 1 or self.keep_durable < 1:
+            raise UsageError("CheckpointConfig: keep_local and keep_durable must be >= 1")
+        if self.peer_slots not in (1, 2):
+            raise UsageError(f"CheckpointConfig.peer_slots is {self.peer_slots}; use 1 or 2")
+        if self.chunk_bytes < 4096:
+            raise UsageError(f"CheckpointConfig.chunk_bytes is {self.chunk_bytes}; use >= 4096")
+        if self.checksum not in CHECKSUMS:
+            raise UsageError(f"CheckpointConfig.checksum is {self.checksum!r}; use one of "
+                             f"{', '.join(CHECKSUMS)}")
+        if self.peer_timeout_s <= 0:
+            raise UsageError("CheckpointConfig.peer_timeout_s must be > 0")
+
+
+def _safe_name(kind: str, value: str) -> str:
+    # Job ids and node names become path components: refuse separators and dot-dot.
+    if not value or "/" in value or value in (".", "..") or "\0" in value:
+        raise UsageError(f"{kind} {value!r} cannot be used in a checkpoint path")
+    return value
+
+
+@dataclass(frozen=True)
+class CkptPaths:
+    """Every path of one rank's checkpoints (see the package docstring for the layout)."""
+
+    config: CheckpointConfig
+    job_id: str
+    node: str
+    rank: int
+
+    def __post_init__(self) -> None:
+        _safe_name("job id", self.job_id)
+        _safe_name("node name", self.node)
+
+    @property
+    def memory_dir(self) -> Path:
+        return Path(self.config.shm_root) / self.job_id / self.node / f"rank{self.rank}"
+
+    def slot(self, k: int) -> Path:
+        """Base path (without .data/.meta) of own snapshot slot k."""
+        return self.memory_dir / f"slot{k}"
+
+    def backup(self, k: int) -> Path:
+        """Base path of backup slot k (it holds another rank's snapshot)."""
+        return self.memory_dir / f"backup{k}"
+
+    @property
+    def local_dir(self) -> Path | None:
+        if not self.config.local_root:
+            return None
+        return Path(self.config.local_root) / self.node / self.job_id / f"rank{self.rank}"
+
+    def local(self, step: int) -> Path:
+        if self.local_dir is None:
+            raise UsageError("no local tier: CheckpointConfig.local_root is not set")
+        return self.local_dir / f"step{step:010d}"
+
+    @property
+    def durable_dir(self) -> Path | None:
+        if not self.config.durable_root:
+            return None
+        return Path(self.config.durable_root) / self.job_id
+
+    def durable(self, step: int) -> Path:
+        if self.durable_dir is None:
+            raise UsageError("no durable tier: CheckpointConfig.durable_root is not set")
+        return self.durable_dir / f"step{step:010d}" / f"rank{self.rank}"
+
+
+def purge_job_memory(config: CheckpointConfig, job_id: str, node: str | None = None) -> int:
+    """Delete a job's shared-memory snapshots (one node's, or every node's); return bytes freed.
+
+    The memory tier outlives worker crashes on purpose, so whoever owns the job's lifetime
+    on a node (the agent at job end, or the epilog) must call this.
+    """
+    root = Path(config.shm_root) / _safe_name("job id", job_id)
+    if node is not None:
+        root = root / _safe_name("node name", node)
+    freed = 0
+    if not root.exists():
+        return 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                freed += os.stat(os.path.join(dirpath, name)).st_size
+            except FileNotFoundError:
+                pass
+    shutil.rmtree(root, ignore_errors=True)
+    return freed

@@ -1,0 +1,141 @@
+"""Parallel layout (TP x PP x DP) and the choice of each rank's backup peer.
+
+ByteRobust places each rank's backup on a rank that shares none of its TP, PP or DP
+groups, on another node, so that evicting any one parallel group (over-eviction) never
+loses both copies of a shard. With pure data parallelism every rank shares the one DP
+group, so the rule reduces to "the next node".
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from slurm_robust.ckpt.errors import PeerBackupError
+from slurm_robust.errors import UsageError
+
+#: Megatron-LM's default rank order: TP varies fastest, then DP, then PP.
+DEFAULT_ORDER = "tp-dp-pp"
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """Sizes of the tensor-, pipeline- and data-parallel dimensions and their rank order.
+
+    ``order`` lists the dimensions from fastest- to slowest-varying in the rank number.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    order: str = DEFAULT_ORDER
+
+    def __post_init__(self) -> None:
+        if min(self.tp, self.pp, self.dp) < 1:
+            raise UsageError(f"ParallelLayout sizes must be >= 1, got {self.as_dict()}")
+        if sorted(self.order.split("-")) != ["dp", "pp", "tp"]:
+            raise UsageError(f"ParallelLayout.order {self.order!r} must name tp, dp, pp once")
+
+    @classmethod
+    def data_parallel(cls, world_size: int) -> ParallelLayout:
+        """Pure data parallelism over ``world_size`` ranks."""
+        return cls(tp=1, pp=1, dp=world_size)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def as_dict(self) -> dict[str, int | str]:
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "order": self.order}
+
+    def _dims(self) -> list[tuple[str, int]]:
+        return [(d, getattr(self, d)) for d in self.order.split("-")]
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """The rank's index in each dimension."""
+        if not 0 <= rank < self.world_size:
+            raise UsageError(f"rank {rank} is outside world size {self.world_size}")
+        out: dict[str, int] = {}
+        for name, size in self._dims():
+            out[name] = rank % size
+            rank //= size
+        return out
+
+    def rank_of(self, coords: dict[str, int]) -> int:
+        rank, stride = 0, 1
+        for name, size in self._dims():
+            rank += (coords[name] % size) * stride
+            stride *= size
+        return rank
+
+    def shared_groups(self, a: int, b: int) -> list[str]:
+        """The parallel groups ranks a and b both belong to (a TP group = same pp and dp)."""
+        ca, cb = self.coords(a), self.coords(b)
+        same = {d: ca[d] == cb[d] for d in ("tp", "pp", "dp")}
+        groups = []
+        for group, others in (("tp", ("pp", "dp")), ("pp", ("tp", "dp")), ("dp", ("tp", "pp"))):
+            if getattr(self, group) > 1 and all(same[o] for o in others):
+                groups.append(group)
+        return groups
+
+
+def pick_peers(layout: ParallelLayout, rank_nodes: Sequence[str]) -> list[int]:
+    """Return ``peers`` where ``peers[r]`` is the rank that holds rank r's backup.
+
+    The mapping is a permutation (every rank holds exactly one backup, which bounds host
+    memory), every peer sits on another node, and it shares as few parallel groups with
+    its rank as the layout allows: none when two or more dimensions exceed 1. Candidates
+    are coordinate shifts, tried from the smallest, so with pure data parallelism and
+    ranks laid out node by node the peer is the same local rank on the next node.
+
+    Raises:
+        PeerBackupError: all ranks are on one node, so no backup can leave the node.
+        UsageError: the layout does not match the number of ranks.
+    """
+    world = len(rank_nodes)
+    if layout.world_size != world:
+        raise UsageError(f"layout {layout.as_dict()} has {layout.world_size} ranks, "
+                         f"but {world} rank nodes were given")
+    if len(set(rank_nodes)) < 2:
+        raise PeerBackupError(f"all {world} ranks are on node {rank_nodes[0]!r}: a peer "
+                              "backup needs two nodes; disable peer_backup for this run")
+    coords = [layout.coords(r) for r in range(world)]
+    best: tuple[int, list[int]] | None = None
+    ranges = [range(size) for _name, size in layout._dims()]
+    names = [name for name, _size in layout._dims()]
+    # Slowest dimension outermost, so that small shifts of the fastest come first.
+    for shift_rev in itertools.product(*reversed(ranges)):
+        shift = dict(zip(reversed(names), shift_rev, strict=True))
+        if not any(shift.values()):
+            continue
+        peers = [layout.rank_of({d: c[d] + shift[d] for d in names}) for c in coords]
+        if any(rank_nodes[p] == rank_nodes[r] for r, p in enumerate(peers)):
+            continue
+        score = len(layout.shared_groups(0, peers[0]))
+        if best is None or score < best[0]:
+            best = (score, peers)
+        if score == 0:
+            break
+    if best is None:
+        raise PeerBackupError(
+            f"no rotation of layout {layout.as_dict()} puts every backup on another node "
+            f"(ranks per node: {_ranks_per_node(rank_nodes)}); place ranks node by node")
+    return best[1]
+
+
+def backup_sources(peers: Sequence[int]) -> list[int]:
+    """Invert :func:`pick_peers`: ``sources[h]`` is the rank whose backup h holds."""
+    sources = [-1] * len(peers)
+    for rank, holder in enumerate(peers):
+        if sources[holder] != -1:
+            raise UsageError(f"peers is not a permutation: rank {holder} holds two backups")
+        sources[holder] = rank
+    return sources
+
+
+def _ranks_per_node(rank_nodes: Sequence[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in rank_nodes:
+        counts[node] = counts.get(node, 0) + 1
+    return counts

@@ -1,0 +1,69 @@
+"""``slurm-robust cluster up|down|status|env``: the embedded Slurm mini-cluster."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+
+HELP = "start, stop and inspect the embedded Slurm mini-cluster (real daemons on localhost)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=["up", "down", "status", "env", "wipe"],
+                        help="up: start (idempotent); down: stop what up started; "
+                             "status: daemons and nodes; env: shell exports; "
+                             "wipe: delete the cluster directory (after down)")
+    parser.add_argument("--dir", help="cluster directory (default .minicluster/ in the "
+                                      "checkout, or $SLURM_ROBUST_CLUSTER_DIR)")
+    parser.add_argument("--no-install", action="store_true",
+                        help="fail instead of apt-get installing missing packages")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from slurm_robust.cluster.config import ClusterConfig
+    from slurm_robust.cluster.manager import MiniCluster
+
+    cfg = ClusterConfig(root=Path(args.dir).resolve()) if args.dir else ClusterConfig()
+    mc = MiniCluster(cfg)
+    if args.action == "env":
+        for key, value in cfg.env().items():
+            print(f"export {key}={shlex.quote(value)}")
+        return 0
+    if args.action == "up":
+        rep = mc.up(install=not args.no_install)
+        out = {"seconds": round(rep.seconds, 2), "started": rep.started,
+               "already_running": rep.already_running, "slurm_conf": str(cfg.slurm_conf)}
+        if args.json:
+            print(json.dumps(out))
+        elif rep.started:
+            print(f"mini-cluster up in {rep.seconds:.1f} s ({len(rep.started)} daemons "
+                  f"started); run: eval \"$(slurm-robust cluster env)\"")
+        else:
+            print(f"mini-cluster already up ({rep.seconds:.1f} s to check)")
+        return 0
+    if args.action == "down":
+        survivors = mc.down()
+        if args.json:
+            print(json.dumps({"survivors": survivors}))
+        elif survivors:
+            print(f"mini-cluster down, but pids {survivors} would not die")
+        else:
+            print("mini-cluster down")
+        return 1 if survivors else 0
+    if args.action == "wipe":
+        mc.wipe()
+        return 0
+    status = mc.status()
+    if args.json:
+        print(json.dumps(status))
+    else:
+        print(f"root: {status['root']}  up: {status['up']}")
+        for name, pid in status["daemons"].items():  # type: ignore[union-attr]
+            print(f"  {name:16} {'pid ' + str(pid) if pid else 'not running'}")
+        for node, state in status["nodes"].items():  # type: ignore[union-attr]
+            print(f"  {node:16} {state}")
+    return 0 if status["up"] else 1

@@ -1,0 +1,136 @@
+"""Where the mini-cluster keeps everything, and which ports and nodes it uses.
+
+One directory holds every config, state, log, pid file and node-local directory, so
+``rm -rf`` of it after ``cluster down`` leaves the machine as it was. Node-local paths
+carry the node name, so "losing a node" (stop its slurmd, kill its processes, wipe
+its directories) is a faithful rehearsal on one host.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CLUSTER_DIR_ENV = "SLURM_ROBUST_CLUSTER_DIR"
+# Set in the environment of every daemon the mini-cluster starts, so that `down` can find
+# exactly its own processes (slurmstepd inherits it from slurmd) and nothing else.
+MARKER_ENV = "SLURM_ROBUST_MINICLUSTER"
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def default_cluster_dir() -> Path:
+    env = os.environ.get(CLUSTER_DIR_ENV)
+    return Path(env).resolve() if env else REPO_ROOT / ".minicluster"
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The mini-cluster's shape.
+
+    Attributes:
+        root: the one directory holding everything (default ``.minicluster/`` in the checkout,
+            or ``$SLURM_ROBUST_CLUSTER_DIR``).
+        name: Slurm ClusterName.
+        train_nodes: nodes of the default partition ``train``.
+        spare_nodes: nodes of the reserve partition ``standby``.
+        cpus_per_node: CPUs each node declares (all nodes share this host's cores).
+        memory_mb: RealMemory each node declares.
+        ctld_port, dbd_port, mysql_port: TCP ports on 127.0.0.1.
+        node_port_base: node i (1-based over train then spare nodes) listens on base + i.
+        user: the unprivileged account created for tests and demos.
+        python: interpreter that runs the node programs (prolog, epilog, ...).
+    """
+
+    root: Path = field(default_factory=default_cluster_dir)
+    name: str = "robust"
+    train_nodes: tuple[str, ...] = ("node1", "node2", "node3", "node4")
+    spare_nodes: tuple[str, ...] = ("spare1", "spare2")
+    cpus_per_node: int = 2
+    memory_mb: int = 2048
+    ctld_port: int = 16817
+    dbd_port: int = 16819
+    mysql_port: int = 13306
+    node_port_base: int = 17000
+    user: str = "robust"
+    python: str = sys.executable
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return self.train_nodes + self.spare_nodes
+
+    def node_port(self, node: str) -> int:
+        return self.node_port_base + 1 + self.nodes.index(node)
+
+    # --- paths -----------------------------------------------------------------------
+    @property
+    def etc(self) -> Path:
+        return self.root / "etc"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.etc / "slurm.conf"
+
+    @property
+    def slurmdbd_conf(self) -> Path:
+        return self.etc / "slurmdbd.conf"
+
+    @property
+    def plugstack_conf(self) -> Path:
+        return self.etc / "plugstack.conf"
+
+    @property
+    def robust_conf(self) -> Path:
+        """slurm_robust's own site config (checks, reserve, injection switch)."""
+        return self.etc / "slurm_robust.json"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "log"
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.root / "bin"
+
+    @property
+    def munge_dir(self) -> Path:
+        return self.root / "munge"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.munge_dir / "munge.socket"
+
+    @property
+    def munge_key(self) -> Path:
+        return self.munge_dir / "munge.key"
+
+    @property
+    def mysql_dir(self) -> Path:
+        return self.root / "mysql"
+
+    @property
+    def mysql_socket(self) -> Path:
+        return self.mysql_dir / "mysqld.sock"
+
+    @property
+    def ctld_state(self) -> Path:
+        return self.root / "ctld"
+
+    @property
+    def shared_dir(self) -> Path:
+        """A directory every node and the unprivileged user can write (like a shared FS)."""
+        return self.root / "shared"
+
+    def node_dir(self, node: str) -> Path:
+        """Everything node-local for ``node``: spool, tmp, state (health journal), shm."""
+        return self.root / "nodes" / node
+
+    def env(self) -> dict[str, str]:
+        """Environment that points Slurm's commands at this cluster."""
+        return {"SLURM_CONF": str(self.slurm_conf), CLUSTER_DIR_ENV: str(self.root)}

@@ -1,0 +1,364 @@
+"""``cluster up|down|status``: bring the embedded Slurm mini-cluster up and down.
+
+``up`` is idempotent: daemons already running are left alone, config files are only
+rewritten when their content changes (then slurmctld is told to reconfigure).
+``down`` cancels the cluster's jobs and stops exactly the processes it started.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import secrets
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_robust.cluster.config import ClusterConfig
+from slurm_robust.cluster.daemons import (
+    ClusterError,
+    Daemon,
+    our_processes,
+    start_daemon,
+    stop_pids,
+    tail,
+    wait_for,
+)
+from slurm_robust.cluster.templates import (
+    NODE_PROGRAMS,
+    SPANK_PLUGIN,
+    render_plugstack_conf,
+    render_robust_conf,
+    render_slurm_conf,
+    render_slurmdbd_conf,
+    wrapper_files,
+)
+from slurm_robust.slurm.runner import NO_RETRY, RetryPolicy, run_slurm_command
+
+log = logging.getLogger("slurm_robust.cluster")
+
+# Debian 12 packages and a program each provides, to tell what is missing.
+PACKAGES: dict[str, str] = {
+    "slurmctld": "/usr/sbin/slurmctld",
+    "slurmd": "/usr/sbin/slurmd",
+    "slurmdbd": "/usr/sbin/slurmdbd",
+    "slurm-client": "/usr/bin/sbatch",
+    "munge": "/usr/sbin/munged",
+    "mariadb-server": "/usr/sbin/mariadbd",
+    "libslurm-dev": "/usr/include/slurm/spank.h",
+}
+APT_TIMEOUT_S = 1200
+
+
+@dataclass
+class UpReport:
+    seconds: float
+    started: list[str]
+    already_running: list[str]
+
+
+def missing_packages() -> list[str]:
+    return [pkg for pkg, path in PACKAGES.items() if not Path(path).exists()]
+
+
+def install_packages(packages: list[str]) -> None:
+    """apt-get install what is missing (root only); says what to run otherwise."""
+    if not packages:
+        return
+    if os.geteuid() != 0:
+        raise ClusterError("missing Debian packages " + " ".join(packages) +
+                           "; run as root: apt-get install -y " + " ".join(packages))
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for argv in (["apt-get", "update", "-qq"],
+                 ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages]):
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True,
+                              timeout=APT_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            raise ClusterError(f"`{' '.join(argv)}` failed: {proc.stderr.strip()[-400:]}")
+
+
+def ensure_user(name: str) -> None:
+    """Create the unprivileged account used to test non-root jobs."""
+    try:
+        pwd.getpwnam(name)
+        return
+    except KeyError:
+        pass
+    if os.geteuid() != 0:
+        raise ClusterError(f"user {name!r} does not exist; run `useradd -m {name}` as root")
+    subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name],
+                   check=True, capture_output=True, timeout=30)
+
+
+def _write_if_changed(path: Path, content: str, mode: int = 0o644) -> bool:
+    try:
+        if path.read_text() == content:
+            return False
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(content)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+    return True
+
+
+class MiniCluster:
+    """The mini-cluster described by a ClusterConfig."""
+
+    def __init__(self, cfg: ClusterConfig | None = None) -> None:
+        self.cfg = cfg or ClusterConfig()
+
+    # --- daemons ---------------------------------------------------------------------
+    def daemons(self) -> list[Daemon]:
+        c = self.cfg
+        run, logs = c.run_dir, c.log_dir
+        mysql = c.mysql_dir
+        ds = [
+            Daemon("munged", ("munged", "-F", "--force", f"--socket={c.munge_socket}",
+                              f"--key-file={c.munge_key}", f"--pid-file={run}/munged.pid",
+                              f"--log-file={logs}/munged.log",
+                              f"--seed-file={c.munge_dir}/munge.seed"),
+                   run / "mc-munged.pid", logs / "munged.out"),
+            Daemon("mariadb", ("mariadbd", "--no-defaults", "--user=root",
+                               f"--datadir={mysql}/data", f"--socket={c.mysql_socket}",
+                               f"--port={c.mysql_port}", "--bind-address=127.0.0.1",
+                               f"--pid-file={run}/mariadbd.pid",
+                               f"--log-error={logs}/mariadb.log",
+                               "--innodb-buffer-pool-size=128M",
+                               "--innodb-log-file-size=64M",
+                               "--innodb-lock-wait-timeout=900"),
+                   run / "mc-mariadb.pid", logs / "mariadb.out"),
+            Daemon("slurmdbd", ("slurmdbd", "-D"), run / "mc-slurmdbd.pid",
+                   logs / "slurmdbd.out"),
+            Daemon("slurmctld", ("slurmctld", "-D", "-i"), run / "mc-slurmctld.pid",
+                   logs / "slurmctld.out"),
+        ]
+        for node in c.nodes:
+            ds.append(Daemon(f"slurmd-{node}", ("slurmd", "-D", "-N", node),
+                             run / f"mc-slurmd-{node}.pid", logs / f"slurmd-{node}.out"))
+        return ds
+
+    def daemon(self, name: str) -> Daemon:
+        for d in self.daemons():
+            if d.name == name:
+                return d
+        raise ClusterError(f"no daemon named {name!r}")
+
+    def running(self) -> dict[str, int | None]:
+        return {d.name: d.pid(self.cfg.root) for d in self.daemons()}
+
+    # --- up --------------------------------------------------------------------------
+    def up(self, install: bool = True, timeout_s: float = 120.0) -> UpReport:
+        start = time.monotonic()
+        missing = missing_packages()
+        if missing:
+            if not install:
+                raise ClusterError("missing Debian packages: " + " ".join(missing))
+            install_packages(missing)
+        ensure_user(self.cfg.user)
+        conf_changed = self._write_files()
+        before = self.running()
+        env = self.cfg.env()
+        self._start_munge(env)
+        self._start_mariadb(env)
+        self._start_slurmdbd(env)
+        self._start_slurmctld(env, reconfigure=conf_changed)
+        for node in self.cfg.nodes:
+            start_daemon(self.daemon(f"slurmd-{node}"), self.cfg.root, env)
+        self._wait_nodes_ready(timeout_s)
+        after = self.running()
+        started = [n for n, pid in after.items() if before.get(n) is None and pid]
+        already = [n for n, pid in before.items() if pid]
+        return UpReport(time.monotonic() - start, started, already)
+
+    def _write_files(self) -> bool:
+        c = self.cfg
+        for d in (c.etc, c.run_dir, c.log_dir, c.bin_dir, c.ctld_state, c.shared_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        # The unprivileged user must read configs and use the munge socket and shared dir.
+        for d in (c.root, c.etc, c.root / "nodes"):
+            d.mkdir(parents=True, exist_ok=True)
+            d.chmod(0o755)
+        c.shared_dir.chmod(0o1777)
+        for node in c.nodes:
+            nd = c.node_dir(node)
+            for sub in ("spool", "state", "shm", "local", "tmp"):
+                (nd / sub).mkdir(parents=True, exist_ok=True)
+            for sub in ("shm", "local", "tmp"):
+                (nd / sub).chmod(0o1777)
+        programs = {k: p for k, p in NODE_PROGRAMS.items() if p.exists()}
+        plugin = SPANK_PLUGIN if SPANK_PLUGIN.exists() else None
+        changed = False
+        changed |= _write_if_changed(c.slurm_conf, render_slurm_conf(c, programs))
+        changed |= _write_if_changed(c.plugstack_conf, render_plugstack_conf(c, plugin))
+        password_file = c.etc / "db.password"
+        if not password_file.exists():
+            _write_if_changed(password_file, secrets.token_hex(16), 0o600)
+        _write_if_changed(c.slurmdbd_conf,
+                          render_slurmdbd_conf(c, password_file.read_text().strip()), 0o600)
+        _write_if_changed(c.robust_conf, render_robust_conf(c))
+        for path, text in wrapper_files(c, programs).items():
+            changed |= _write_if_changed(path, text, 0o755)
+        return changed
+
+    def _start_munge(self, env: dict[str, str]) -> None:
+        c = self.cfg
+        c.munge_dir.mkdir(parents=True, exist_ok=True)
+        c.munge_dir.chmod(0o755)
+        if not c.munge_key.exists():
+            fd = os.open(c.munge_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(secrets.token_bytes(1024))
+        start_daemon(self.daemon("munged"), c.root, env)
+        wait_for("munged socket", c.munge_socket.exists, 15,
+                 hint=tail(c.log_dir / "munged.out"))
+        link_default_munge_socket(c.munge_socket)
+
+    def _start_mariadb(self, env: dict[str, str]) -> None:
+        c = self.cfg
+        data = c.mysql_dir / "data"
+        fresh = not (data / "mysql").exists()
+        if fresh:
+            data.mkdir(parents=True, exist_ok=True)
+            proc = subprocess.run(
+                ["mariadb-install-db", "--no-defaults", "--user=root", f"--datadir={data}",
+                 "--auth-root-authentication-method=normal", "--skip-test-db"],
+                capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+            if proc.returncode != 0:
+                raise ClusterError(f"mariadb-install-db failed: {proc.stderr.strip()[-400:]}")
+        start_daemon(self.daemon("mariadb"), c.root, env)
+        wait_for("MariaDB", lambda: _port_open(c.mysql_port), 60,
+                 hint=tail(c.log_dir / "mariadb.log"))
+        password = (c.etc / "db.password").read_text().strip()
+        sql = (f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}';"
+               f"CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '{password}';"
+               "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"
+               "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';")
+        proc = subprocess.run(["mariadb", "--no-defaults", f"--socket={c.mysql_socket}",
+                               "-uroot", "-e", sql], capture_output=True, text=True,
+                              timeout=30, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            raise ClusterError(f"creating the slurm database user failed: {proc.stderr.strip()}")
+
+    def _start_slurmdbd(self, env: dict[str, str]) -> None:
+        c = self.cfg
+        start_daemon(self.daemon("slurmdbd"), c.root, env)
+        wait_for("slurmdbd", lambda: _port_open(c.dbd_port), 60,
+                 hint=tail(c.log_dir / "slurmdbd.log"))
+        out = run_slurm_command(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"],
+                                env=env).stdout.split()
+        if c.name not in out:
+            run_slurm_command(["sacctmgr", "-i", "add", "cluster", c.name], env=env)
+
+    def _start_slurmctld(self, env: dict[str, str], reconfigure: bool) -> None:
+        c = self.cfg
+        was_running = self.daemon("slurmctld").pid(c.root) is not None
+        start_daemon(self.daemon("slurmctld"), c.root, env)
+        quick = RetryPolicy(attempts=1, timeout_s=5)
+        wait_for("slurmctld", lambda: run_slurm_command(
+            ["scontrol", "ping"], env=env, policy=quick, check=False).returncode == 0, 60,
+            hint=tail(c.log_dir / "slurmctld.log"))
+        if was_running and reconfigure:
+            run_slurm_command(["scontrol", "reconfigure"], env=env)
+
+    def _wait_nodes_ready(self, timeout_s: float) -> None:
+        env = self.cfg.env()
+        quick = RetryPolicy(attempts=1, timeout_s=10)
+
+        def ready() -> bool:
+            out = run_slurm_command(["sinfo", "-h", "-N", "-o", "%N %t"], env=env,
+                                    policy=quick, check=False).stdout
+            states = dict(line.split() for line in out.splitlines() if line.strip())
+            if set(states) != set(self.cfg.nodes):
+                return False
+            # Ready: every node answers (no '*'), none still unknown or powering up.
+            return all(not s.endswith("*") and not s.startswith(("unk", "pow", "boot"))
+                       for s in states.values())
+
+        wait_for("every node to register", ready, timeout_s,
+                 hint="see " + str(self.cfg.log_dir / "slurmd-<node>.log"))
+
+    # --- down ------------------------------------------------------------------------
+    def down(self, timeout_s: float = 30.0) -> list[int]:
+        """Cancel every job, stop every daemon; returns pids that would not die."""
+        c = self.cfg
+        env = c.env()
+        if self.daemon("slurmctld").pid(c.root) is not None:
+            jobs = run_slurm_command(["squeue", "-h", "-o", "%i"], env=env, policy=NO_RETRY,
+                                     check=False).stdout.split()
+            if jobs:
+                run_slurm_command(["scancel", *jobs], env=env, policy=NO_RETRY, check=False)
+                try:
+                    wait_for("jobs to end", lambda: not run_slurm_command(
+                        ["squeue", "-h", "-o", "%i"], env=env, policy=NO_RETRY,
+                        check=False).stdout.split(), timeout_s)
+                except ClusterError as exc:
+                    log.warning("%s; stopping anyway", exc)
+        # Reverse start order: slurmd, slurmctld, slurmdbd, mariadb, munged.
+        for d in reversed(self.daemons()):
+            pid = d.pid(c.root)
+            if pid is not None:
+                stop_pids([pid], c.root)
+            d.pidfile.unlink(missing_ok=True)
+        unlink_default_munge_socket(c.munge_socket)
+        # Anything left that carries our marker (slurmstepd, a stray daemon child).
+        return stop_pids(our_processes(c.root), c.root)
+
+    def status(self) -> dict[str, object]:
+        running = self.running()
+        nodes: dict[str, str] = {}
+        if running.get("slurmctld"):
+            out = run_slurm_command(["sinfo", "-h", "-N", "-o", "%N %P %t"],
+                                    env=self.cfg.env(), policy=NO_RETRY, check=False).stdout
+            for line in out.splitlines():
+                parts = line.split()
+                if len(parts) == 3:
+                    nodes[parts[0]] = f"{parts[2]} ({parts[1]})"
+        return {"root": str(self.cfg.root), "daemons": running, "nodes": nodes,
+                "up": all(running.values())}
+
+    def wipe(self) -> None:
+        """Remove the cluster directory (only when nothing of it runs)."""
+        if any(self.running().values()) or our_processes(self.cfg.root):
+            raise ClusterError("cluster is running; run `slurm-robust cluster down` first")
+        shutil.rmtree(self.cfg.root, ignore_errors=True)
+
+
+# Some 22.05 clients (sacctmgr's connection to slurmdbd) ignore AuthInfo=socket= and
+# always use munge's compiled-in socket, so that path must reach our munged.
+DEFAULT_MUNGE_SOCKET = Path("/run/munge/munge.socket.2")
+
+
+def link_default_munge_socket(ours: Path) -> None:
+    """Point munge's default socket path at our munged, unless a real munged owns it."""
+    link = DEFAULT_MUNGE_SOCKET
+    if link.is_symlink():
+        if Path(os.readlink(link)) == ours:
+            return
+        link.unlink()
+    elif link.exists():
+        raise ClusterError(f"{link} belongs to another munged; stop it (systemctl stop munge) "
+                           "or give the mini-cluster the same munge key")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.parent.chmod(0o755)
+    link.symlink_to(ours)
+
+
+def unlink_default_munge_socket(ours: Path) -> None:
+    link = DEFAULT_MUNGE_SOCKET
+    if link.is_symlink() and Path(os.readlink(link)) == ours:
+        link.unlink()
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0

@@ -1,0 +1,39 @@
+"""Shared fixtures.
+
+``minicluster``: the real Slurm mini-cluster, started once per pytest session (a no-op
+when it already runs) and stopped at the end only if this session started it, unless
+``SLURM_ROBUST_KEEP_CLUSTER=1``. Integration tests are marked ``integration``; run only
+unit tests with ``-m "not integration"``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from slurm_robust.cluster.config import ClusterConfig
+from slurm_robust.cluster.manager import MiniCluster
+from slurm_robust.slurm import Slurm
+
+
+@dataclass(frozen=True)
+class RunningCluster:
+    """What an integration test gets: the config, the access layer, the env for commands."""
+
+    cfg: ClusterConfig
+    slurm: Slurm
+    env: dict[str, str]
+
+
+@pytest.fixture(scope="session")
+def minicluster() -> Iterator[RunningCluster]:
+    mc = MiniCluster(ClusterConfig())
+    was_up = bool(mc.status()["up"])
+    mc.up()
+    env = dict(os.environ, **mc.cfg.env())
+    yield RunningCluster(mc.cfg, Slurm(mc.cfg.env()), env)
+    if not was_up and os.environ.get("SLURM_ROBUST_KEEP_CLUSTER") != "1":
+        mc.down()
