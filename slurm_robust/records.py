@@ -111,8 +111,7 @@ def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes]]:
     except FileNotFoundError:
         return
     with fh:
-        for lineno, raw in enumerate(fh, 1):
-            yield lineno, raw
+        yield from enumerate(fh, 1)
 
 
 def read_records(path: str | os.PathLike[str], schema: str | None = None) -> ReadResult:

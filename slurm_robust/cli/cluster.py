@@ -10,8 +10,9 @@ HELP = "start, stop and inspect the embedded Slurm mini-cluster (real daemons on
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=["up", "down", "status", "env", "wipe"],
+    parser.add_argument("action", choices=["up", "down", "status", "env", "wipe", "packages"],
                         help="up: start (idempotent); down: stop what up started; "
+                             "packages: apt-get install the Debian packages it needs; "
                              "status: daemons and nodes; env: shell exports; "
                              "wipe: delete the cluster directory (after down)")
     parser.add_argument("--dir", help="cluster directory (default .minicluster/ in the "
@@ -54,6 +55,13 @@ def run(args: argparse.Namespace) -> int:
         else:
             print("mini-cluster down")
         return 1 if survivors else 0
+    if args.action == "packages":
+        from slurm_robust.cluster.manager import install_packages, missing_packages
+
+        missing = missing_packages()
+        install_packages(missing)
+        print("installed: " + " ".join(missing) if missing else "all packages present")
+        return 0
     if args.action == "wipe":
         mc.wipe()
         return 0

@@ -65,7 +65,7 @@ def render_slurm_conf(cfg: ClusterConfig, programs: dict[str, Path]) -> str:
         "PrologEpilogTimeout=180",
         f"PlugStackConfig={cfg.plugstack_conf}",
     ]
-    for key, prog in programs.items():
+    for key, _prog in programs.items():
         lines.append(f"{key}={cfg.bin_dir / _wrapper_name(key)}")
     for node in cfg.nodes:
         lines.append(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -144,6 +145,12 @@ class Slurm:
     def resume(self, name: str) -> None:
         self.update_node(name, "resume")
 
+    def node_address(self, name: str) -> str:
+        """The address slurmctld reaches a node at (NodeAddr, else NodeHostname, else name)."""
+        out = self._run(["scontrol", "show", "node", check_node_name(name), "-o"]).strip()
+        fields = parse_scontrol_oneliner(out.splitlines()[0]) if out else {}
+        return fields.get("NodeAddr") or fields.get("NodeHostname") or name
+
     def hostnames(self, expr: str) -> list[str]:
         """Expand a hostlist with ``scontrol show hostnames``."""
         return self._run(["scontrol", "show", "hostnames", expr]).split()
@@ -198,11 +205,28 @@ class Slurm:
         except UsageError as exc:
             raise SlurmParseError(f"sbatch printed {out!r}, not a job id") from exc
 
-    def requeue(self, job_id: str | int, start_now: bool = True, hold: bool = False) -> None:
-        """Requeue a job; with ``start_now`` reset its StartTime so it is not held ~120 s."""
+    def requeue(self, job_id: str | int, start_now: bool = True, hold: bool = False,
+                timeout_s: float = 60.0) -> None:
+        """Requeue a job; with ``start_now`` reset its StartTime so it is not held ~120 s.
+
+        Slurm 22.05 sets the ~120 s BeginTime only once the job has finished completing
+        and is pending again, so StartTime=now is applied after the job reaches PENDING
+        (an earlier update is overwritten).
+        """
         jid = check_job_id(job_id)
         self._run(["scontrol", "requeuehold" if hold else "requeue", jid], NO_RETRY)
-        if start_now and not hold:
+        if not start_now or hold:
+            return
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = self.job(jid)
+            if job is None or job.state not in ("RUNNING", "COMPLETING", "CONFIGURING"):
+                break
+            if time.monotonic() > deadline:
+                raise SlurmCommandError(["scontrol", "requeue", jid], None,
+                                        f"job still {job.state} {timeout_s:g} s after requeue")
+            time.sleep(0.2)
+        if job is not None and job.state == "PENDING":
             self.update_job(jid, StartTime="now")
 
     def update_job(self, job_id: str | int, **fields: str) -> None:

@@ -1,0 +1,52 @@
+# slurm_robust: the two commands are `make demo` and `make test` (both do all set-up).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CLI := $(VENV)/bin/slurm-robust
+# The CPU build of torch that pip finds on this machine's disk; installed first so the
+# package's own torch range is met without downloading a CUDA build of several GB.
+TORCH_PIN ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: setup venv packages spank demo test test-unit lint bench clean cluster-up cluster-down
+
+setup: venv packages spank
+
+$(PY):
+	python3 -m venv $(VENV)
+
+venv: $(PY)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e '.[test]'
+
+packages: venv
+	$(CLI) cluster packages
+
+spank: packages
+	$(MAKE) -C spank
+
+demo: setup
+	$(PY) examples/demo.py
+
+# Unit and integration tests; the integration tests start the mini-cluster once for the
+# session and stop it at the end (the trap stops it even when pytest fails).
+test: setup
+	@trap '$(CLI) cluster down >/dev/null 2>&1 || true' EXIT; \
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: venv
+	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check slurm_robust ckpt analysis prolog epilog tests examples
+
+cluster-up: setup
+	$(CLI) cluster up
+
+cluster-down:
+	$(CLI) cluster down
+
+clean:
+	-$(MAKE) -C spank clean
+	rm -rf build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,36 @@
+"""``slurm-robust inject ...``: fault injection for tests and rehearsals.
+
+Two families, each registered by its feature:
+
+- node probes (``probe``, ``clear``): ``slurm_robust.health.inject_cli``; a probe returns a
+  chosen value on one node, everything after it is the real code path;
+- job faults (``kill-worker``, ``stop-worker``, ``nan``, ``kill-node``, ``slow-worker``):
+  ``slurm_robust.launcher.inject_cli``; real signals on real processes.
+
+Each module exposes ``register(subparsers)`` adding its actions with ``_run`` defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+HELP = "inject faults: node probe values, or real faults in a running robust job"
+FAMILIES = ("slurm_robust.health.inject_cli", "slurm_robust.launcher.inject_cli")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="fault", metavar="FAULT")
+    sub.required = True
+    for modname in FAMILIES:
+        try:
+            module = importlib.import_module(modname)
+        except ModuleNotFoundError as exc:
+            if exc.name == modname:
+                continue
+            raise
+        module.register(sub)
+
+
+def run(args: argparse.Namespace) -> int:
+    return int(args._inject(args) or 0)

@@ -1,0 +1,40 @@
+"""The mini-cluster's generated configs say what the design needs."""
+
+from pathlib import Path
+
+from slurm_robust.cluster.config import ClusterConfig
+from slurm_robust.cluster.templates import (
+    render_plugstack_conf,
+    render_slurm_conf,
+    render_wrapper,
+)
+
+
+def _cfg(tmp_path: Path) -> ClusterConfig:
+    return ClusterConfig(root=tmp_path / "mc", python="/opt/py bin/python")
+
+
+def test_slurm_conf_has_nodes_partitions_and_programs(tmp_path):
+    cfg = _cfg(tmp_path)
+    prog = {"Prolog": Path("/repo/prolog/prolog.py")}
+    text = render_slurm_conf(cfg, prog)
+    assert "PartitionName=train Nodes=node[1-4] Default=YES" in text
+    assert "PartitionName=standby Nodes=spare[1-2]" in text
+    assert "NodeName=spare2 NodeHostname=localhost NodeAddr=127.0.0.1 Port=17006" in text
+    assert "SchedulerParameters=nohold_on_prolog_fail" in text
+    assert f"Prolog={cfg.bin_dir / 'prolog'}" in text
+    assert "Epilog=" not in text  # only programs present in the checkout are wired
+    assert f"SlurmdSpoolDir={cfg.root}/nodes/%n/spool" in text
+
+
+def test_wrapper_quotes_paths_and_isolates_python(tmp_path):
+    cfg = _cfg(tmp_path)
+    text = render_wrapper(cfg, Path("/repo dir/prolog/prolog.py"))
+    assert "exec '/opt/py bin/python' -I '/repo dir/prolog/prolog.py' \"$@\"" in text
+    assert f"SLURM_ROBUST_CONFIG={cfg.robust_conf}" in text
+
+
+def test_plugstack_only_loads_a_built_plugin(tmp_path):
+    cfg = _cfg(tmp_path)
+    assert "optional" not in render_plugstack_conf(cfg, None)
+    assert "optional /x.so journal=" in render_plugstack_conf(cfg, Path("/x.so"))
