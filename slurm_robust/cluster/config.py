@@ -133,4 +133,5 @@ class ClusterConfig:
 
     def env(self) -> dict[str, str]:
         """Environment that points Slurm's commands at this cluster."""
-        return {"SLURM_CONF": str(self.slurm_conf), CLUSTER_DIR_ENV: str(self.root)}
+        return {"SLURM_CONF": str(self.slurm_conf), CLUSTER_DIR_ENV: str(self.root),
+                "SLURM_ROBUST_CONFIG": str(self.robust_conf)}

@@ -260,8 +260,14 @@ class MiniCluster:
 
     def _start_slurmctld(self, env: dict[str, str], reconfigure: bool) -> None:
         c = self.cfg
-        was_running = self.daemon("slurmctld").pid(c.root) is not None
-        start_daemon(self.daemon("slurmctld"), c.root, env)
+        ctld = self.daemon("slurmctld")
+        pid = ctld.pid(c.root)
+        if pid is not None and reconfigure:
+            # Some settings (AuthInfo's cred_expire) are read only at slurmctld start;
+            # a restart keeps jobs (state is saved) and takes a few seconds.
+            stop_pids([pid], c.root)
+        was_running = pid is not None
+        start_daemon(ctld, c.root, env)
         quick = RetryPolicy(attempts=1, timeout_s=5)
         wait_for("slurmctld", lambda: run_slurm_command(
             ["scontrol", "ping"], env=env, policy=quick, check=False).returncode == 0, 60,

@@ -18,6 +18,7 @@ NODE_PROGRAMS: dict[str, Path] = {
     "EpilogSlurmctld": REPO_ROOT / "epilog" / "epilog_slurmctld.py",
 }
 SPANK_PLUGIN = REPO_ROOT / "spank" / "slurm_robust_spank.so"
+CRED_EXPIRE_S = 20
 
 
 def render_slurm_conf(cfg: ClusterConfig, programs: dict[str, Path]) -> str:
@@ -30,7 +31,9 @@ def render_slurm_conf(cfg: ClusterConfig, programs: dict[str, Path]) -> str:
         "SlurmUser=root",
         "SlurmdUser=root",
         "AuthType=auth/munge",
-        f"AuthInfo=socket={cfg.munge_socket}",
+        # cred_expire also bounds how long a requeued job waits before it may start again
+        # (default 120 s); short, so a job requeued by a failing prolog restarts quickly.
+        f"AuthInfo=socket={cfg.munge_socket},cred_expire={CRED_EXPIRE_S}",
         "CryptoType=crypto/munge",
         f"StateSaveLocation={cfg.ctld_state}",
         f"SlurmdSpoolDir={r}/nodes/%n/spool",
@@ -53,8 +56,9 @@ def render_slurm_conf(cfg: ClusterConfig, programs: dict[str, Path]) -> str:
         "MinJobAge=300",
         "JobRequeue=1",
         "SchedulerType=sched/backfill",
-        # A failing prolog requeues the job without the ~120 s hold.
-        "SchedulerParameters=nohold_on_prolog_fail",
+        # A failing prolog requeues the job without an admin hold; short scheduling
+        # intervals let a requeued job start as soon as its BeginTime passes.
+        "SchedulerParameters=nohold_on_prolog_fail,sched_interval=5,bf_interval=5",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_CPU",
         "JobAcctGatherType=jobacct_gather/none",

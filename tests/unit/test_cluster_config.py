@@ -21,7 +21,8 @@ def test_slurm_conf_has_nodes_partitions_and_programs(tmp_path):
     assert "PartitionName=train Nodes=node[1-4] Default=YES" in text
     assert "PartitionName=standby Nodes=spare[1-2]" in text
     assert "NodeName=spare2 NodeHostname=localhost NodeAddr=127.0.0.1 Port=17006" in text
-    assert "SchedulerParameters=nohold_on_prolog_fail" in text
+    assert "SchedulerParameters=nohold_on_prolog_fail," in text
+    assert ",cred_expire=20" in text
     assert f"Prolog={cfg.bin_dir / 'prolog'}" in text
     assert "Epilog=" not in text  # only programs present in the checkout are wired
     assert f"SlurmdSpoolDir={cfg.root}/nodes/%n/spool" in text
