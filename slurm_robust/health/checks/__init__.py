@@ -1,1 +1,20 @@
-"""TODO-doc"""
+"""Built-in checks, registered on import (in this order, which is the run order).
+
+- ``gpu``: nvml_responsive, gpu_count, gpu_xid, gpu_ecc, gpu_remap, gpu_thermal, gpu_pcie,
+  gpu_nvlink, gpu_procs (quick and deep suites);
+- ``host``: host_disk_free, host_mem_available (quick and deep), host_stray_procs,
+  host_stale_lock (quick);
+- ``deep``: deep_matmul, deep_membw, deep_collective (deep suite);
+- ``storage``: deep_disk_io, deep_shm_free, deep_mounts (deep suite).
+
+A site's own checks: a module using :func:`slurm_robust.health.check`, named in the site
+config as ``"checks": {"site_modules": ["mysite.checks"]}``.
+"""
+
+import importlib
+
+# Import order is run order: cheap GPU and host readings first, so a node with a bad GPU
+# fails before the seconds-long deep tests run.
+MODULES = ("gpu", "host", "deep", "storage")
+for _name in MODULES:
+    importlib.import_module(f"slurm_robust.health.checks.{_name}")

@@ -1,0 +1,53 @@
+"""``slurm-robust check``: run a self-check suite on this node by hand."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+
+from slurm_robust.slurm import check_node_name
+
+HELP = "run the node self-checks (quick = prolog suite, deep = epilog suite) and journal them"
+STAGE_TO_SUITE = {"prolog": "quick", "epilog": "deep", "all": "all"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stage", choices=sorted(STAGE_TO_SUITE), default="prolog",
+                        help="prolog: quick suite; epilog: deep suite; all: every check "
+                             "(default: prolog)")
+    parser.add_argument("--node", help="node name (default: $SLURMD_NODENAME or the host name)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--no-journal", action="store_true",
+                        help="do not append the results to the node's health journal")
+
+
+def default_node() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def run(args: argparse.Namespace) -> int:
+    from slurm_robust.health import run_suite
+
+    node = check_node_name(args.node or default_node())
+    result = run_suite("manual", node, suite=STAGE_TO_SUITE[args.stage],
+                       journal=not args.no_journal)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print_result(result)
+    return 0 if result.passed else 1
+
+
+def print_result(result: object) -> None:
+    """One line per check, then the verdict (for people; --json for programs)."""
+    d = result.to_dict()  # type: ignore[attr-defined]
+    for r in d["results"]:
+        flag = " (injected)" if r["injected"] else ""
+        print(f"{r['status']:<5} {r['check']:<20} {r['duration_s']:7.3f}s  "
+              f"{r['reason'] or json.dumps(r['evidence'])[:100]}{flag}")
+    verdict = "PASSED" if d["passed"] else f"FAILED: {d['reason']}"
+    print(f"{d['node']} {d['suite']} suite {verdict}")
+    if d["journal"]:
+        print(f"journal: {d['journal']}")

@@ -1,0 +1,218 @@
+"""The check contract: a registry of small check functions, their parameters, their budgets.
+
+A check is a plain function ``fn(ctx, params) -> Outcome`` registered with :func:`check`::
+
+    @check("host_mem_available", suites=QUICK_AND_DEEP, budget_s=1.0,
+           params={"min_gib": 1.0})
+    def host_mem_available(ctx, params):
+        avail = ctx.probes.get("mem_available_bytes")
+        if avail < params["min_gib"] * GIB:
+            return fail(f"actual {avail / GIB:.2f} GiB available, expected >= ...",
+                        available_bytes=avail)
+        return ok(available_bytes=avail)
+
+It reads every fact through ``ctx.probes`` (so injection and tests reach it through the
+one probe layer), decides, and returns numbers as evidence. It never drains, journals or
+prints: the suite does that.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from slurm_robust.errors import UsageError
+from slurm_robust.health.probes import NoNVMLError, NVMLHungError, ProbeView
+
+QUICK = "quick"
+DEEP = "deep"
+QUICK_AND_DEEP = (QUICK, DEEP)
+DEEP_ONLY = (DEEP,)
+# Parameters every check accepts, besides its own.
+COMMON_PARAMS = ("enabled", "budget_s")
+
+
+class Status(StrEnum):
+    """A check's verdict. ``warn`` and ``skip`` pass; only ``fail`` drains."""
+
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+    SKIP = "skip"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a check function returns; ``reason`` omits the check name (added by the suite)."""
+
+    status: Status
+    evidence: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+
+
+def ok(**evidence: Any) -> Outcome:
+    return Outcome(Status.OK, evidence)
+
+
+def warn(reason: str, **evidence: Any) -> Outcome:
+    return Outcome(Status.WARN, evidence, reason)
+
+
+def fail(reason: str, **evidence: Any) -> Outcome:
+    return Outcome(Status.FAIL, evidence, reason)
+
+
+def skip(reason: str, **evidence: Any) -> Outcome:
+    return Outcome(Status.SKIP, evidence, reason)
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    """What a check may look at. ``probes`` is the only way to read hardware and OS facts."""
+
+    probes: ProbeView
+    node: str
+    job: str | None
+    stage: str
+    config: Any  # SiteConfig; Any to keep this module free of import cycles
+    job_uid: int | None = None  # the job's user (from slurmd's environment), if any
+    job_gpus: frozenset[int] | None = None  # the job's GPU indices, None: unknown/all
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check's result as journaled: ``reason`` is ``"<check>: ..."`` or empty."""
+
+    check: str
+    status: Status
+    reason: str
+    evidence: dict[str, Any]
+    duration_s: float
+    injected: bool
+
+
+CheckFn = Callable[[CheckContext, Mapping[str, Any]], Outcome]
+
+
+@dataclass(frozen=True)
+class Check:
+    """A registered check: name, the suites it belongs to, budget, default parameters."""
+
+    name: str
+    fn: CheckFn
+    suites: tuple[str, ...]
+    budget_s: float
+    params: Mapping[str, Any]
+    gpu: bool = False
+
+    def resolve_params(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
+        """Defaults overlaid with the site's values; unknown or mistyped keys are errors."""
+        merged: dict[str, Any] = {"enabled": True, "budget_s": self.budget_s, **self.params}
+        unknown = sorted(set(overrides) - set(merged))
+        if unknown:
+            valid = ", ".join(f"{k}={v!r}" for k, v in merged.items())
+            raise UsageError(f"site config checks.{self.name}: unknown parameter(s) "
+                             f"{unknown}; valid parameters with defaults: {valid}")
+        for key, value in overrides.items():
+            _check_param_type(self.name, key, merged[key], value)
+            merged[key] = value
+        if merged["budget_s"] <= 0:
+            raise UsageError(f"site config checks.{self.name}.budget_s must be > 0")
+        return merged
+
+
+def _check_param_type(check_name: str, key: str, default: Any, value: Any) -> None:
+    if isinstance(default, bool) or isinstance(value, bool):
+        good = isinstance(value, bool) and isinstance(default, bool)
+    elif isinstance(default, (int, float)):
+        good = isinstance(value, (int, float))
+    elif default is None:
+        good = True
+    else:
+        good = isinstance(value, type(default))
+    if not good:
+        raise UsageError(f"site config checks.{check_name}.{key}={value!r} must be "
+                         f"{type(default).__name__} like the default {default!r}")
+
+
+_REGISTRY: dict[str, Check] = {}
+
+
+def check(name: str, suites: tuple[str, ...], budget_s: float,
+          params: Mapping[str, Any] | None = None,
+          gpu: bool = False) -> Callable[[CheckFn], CheckFn]:
+    """Register a check function. ``gpu=True``: "no NVML" skips it (or fails it when the
+    site expects GPUs); names must be unique."""
+    def register(fn: CheckFn) -> CheckFn:
+        if name in _REGISTRY and _REGISTRY[name].fn is not fn:
+            raise ValueError(f"check {name!r} is registered twice")
+        bad = set(suites) - {QUICK, DEEP}
+        if bad or not suites:
+            raise ValueError(f"check {name!r}: suites must be a subset of quick/deep")
+        _REGISTRY[name] = Check(name, fn, tuple(suites), float(budget_s),
+                                dict(params or {}), gpu)
+        return fn
+    return register
+
+
+def registered_checks() -> dict[str, Check]:
+    """Every registered check by name (built-in ones are registered on first use)."""
+    from slurm_robust.health import checks as _builtin  # noqa: F401 - registers them
+    return dict(_REGISTRY)
+
+
+def run_check(chk: Check, ctx: CheckContext, params: Mapping[str, Any]) -> CheckResult:
+    """Run one check in a daemon thread bounded by its budget; never raises.
+
+    A check that overruns its budget fails (a hung NVML call is the typical cause); its
+    thread is abandoned, and if it was inside NVML, later GPU checks fail fast instead of
+    waiting again.
+    """
+    start = time.monotonic()
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["outcome"] = chk.fn(ctx, params)
+        except BaseException as exc:  # noqa: BLE001 - reported as the check's result
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"check-{chk.name}", daemon=True)
+    thread.start()
+    thread.join(params["budget_s"])
+    duration = time.monotonic() - start
+    if thread.is_alive():
+        if ctx.probes.in_nvml:
+            ctx.probes.mark_nvml_hung(params["budget_s"])
+        outcome = fail(f"did not finish within its budget, actual > {params['budget_s']:g} s, "
+                       f"expected <= {params['budget_s']:g} s",
+                       budget_s=params["budget_s"], in_nvml=ctx.probes.in_nvml)
+    elif "error" in box:
+        outcome = _outcome_from_error(chk, ctx, box["error"])
+    else:
+        outcome = box.get("outcome")
+        if not isinstance(outcome, Outcome):
+            outcome = fail(f"returned {type(outcome).__name__}, expected an Outcome")
+    reason = f"{chk.name}: {outcome.reason}" if outcome.reason else ""
+    return CheckResult(chk.name, outcome.status, reason, dict(outcome.evidence),
+                       round(duration, 4), ctx.probes.used_injected)
+
+
+def _outcome_from_error(chk: Check, ctx: CheckContext, exc: BaseException) -> Outcome:
+    if isinstance(exc, NoNVMLError):
+        expected = getattr(ctx.config, "gpus_per_node", None)
+        if expected:
+            return fail(f"actual no NVML ({exc}), expected {expected} GPUs",
+                        gpus_expected=expected)
+        return skip("skipped: no NVML", nvml=False)
+    if isinstance(exc, NVMLHungError):
+        return fail(f"actual NVML call hung ({exc}), expected an answer within the budget",
+                    nvml_hung=True)
+    # A crashing check is a failure, never a pass: a broken probe is a broken node until
+    # someone looks (STYLE.md: a health system that hides failures is worse than none).
+    return fail(f"actual error {type(exc).__name__}: {exc}, expected a reading",
+                error=type(exc).__name__)

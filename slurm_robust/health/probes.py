@@ -1,0 +1,267 @@
+"""The probe layer: every hardware and OS reading a check uses passes through here.
+
+A probe is a named reading (``gpu_count``, ``xid_events``, ``disk_free_bytes``, ...). On
+each read, :class:`Probes` first looks for an injected value (the node's
+``<state_dir>/inject.json``, written by ``slurm-robust inject probe``, or the ``injected``
+mapping a test passes in) and returns it; otherwise it reads the real thing. Everything
+after the probe -- thresholds, reasons, journal, drain -- is the real code path, so an
+injected Xid exercises exactly what a real one would.
+
+GPU probes read NVML (``slurm_robust.health.nvml``). With no NVML on the node they raise
+:class:`NoNVMLError` (the framework turns that into "skipped: no NVML", or a failure when
+the site expects GPUs) -- unless some probe of the same read is injected: then the check
+runs on the injected readings and the others read as ``None``.
+
+The formats of the values (real or injected) are in :data:`PROBES`.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+INJECT_FILE = "inject.json"
+
+# name -> the value's format; real readings have the same shape as injected ones.
+GPU_PROBES: dict[str, str] = {
+    "gpu_count": "int: GPUs NVML sees",
+    "xid_events": 'list of {"gpu": int, "xid": int}: Xid events since the last check',
+    "ecc_uncorrectable": "list of int per GPU: volatile uncorrectable ECC errors",
+    "remap": 'list per GPU of {"pending": bool, "failure": bool, "uncorrectable": int} '
+             "(null where unsupported)",
+    "retired_pages": 'list per GPU of {"pending": bool, "count": int} (null where unsupported)',
+    "temperature_c": "list of int per GPU",
+    "throttle_reasons": "list of int per GPU: NVML clocks-throttle-reason bitmask",
+    "pcie": 'list per GPU of {"gen": int, "max_gen": int, "width": int, "max_width": int}',
+    "nvlink": 'list per GPU of {"up": int, "down": int}: NVLink links by state',
+    "compute_procs": 'list of {"gpu": int, "pid": int}: compute processes on the GPUs',
+}
+HOST_PROBES: dict[str, str] = {
+    "disk_free_bytes": "int (every path) or {path: int}: bytes free to unprivileged users",
+    "shm_free_bytes": "int: bytes free in the shared-memory filesystem",
+    "mem_available_bytes": "int: MemAvailable from /proc/meminfo",
+    "processes": 'list of {"pid": int, "uid": int, "comm": str}',
+    "mounts": "list of str: mount points",
+    "lock_files": 'list of {"path": str, "pid": int|null, "alive": bool, "age_s": float}',
+}
+# Injected only: every NVML read first sleeps this long (rehearses a hung driver).
+SIMULATION_PROBES: dict[str, str] = {
+    "nvml_delay_s": "float: seconds each NVML read stalls (simulates a hung NVML call)",
+}
+PROBES: dict[str, str] = {**GPU_PROBES, **HOST_PROBES, **SIMULATION_PROBES}
+
+
+class NoNVMLError(RuntimeError):
+    """NVML is not available on this node (no driver, no library)."""
+
+
+class NVMLHungError(RuntimeError):
+    """An earlier NVML call on this run did not return within its check's budget."""
+
+
+def inject_path(state_dir: Path) -> Path:
+    return state_dir / INJECT_FILE
+
+
+def read_injections(state_dir: Path) -> dict[str, Any]:
+    """The node's injected probe values; {} when none. A corrupt file is an error."""
+    path = inject_path(state_dir)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except ValueError as exc:
+        raise RuntimeError(f"injection file {path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise RuntimeError(f"injection file {path} must hold a JSON object")
+    return {k: v for k, v in data.items() if k in PROBES}
+
+
+class Probes:
+    """Readings for one suite run: injected values first, then the real source.
+
+    Args:
+        injected: probe name -> value (see :data:`PROBES`); overrides the real reading.
+        nvml: an NVML reader (default: ``slurm_robust.health.nvml.NvmlReader``, created on
+            first GPU read so nodes without GPUs never load it).
+        state_dir: where the Xid cursor lives (``None``: no kernel-log cursor).
+    """
+
+    def __init__(self, injected: Mapping[str, Any] | None = None, nvml: Any = None,
+                 state_dir: Path | None = None) -> None:
+        unknown = sorted(set(injected or {}) - set(PROBES))
+        if unknown:
+            raise ValueError(f"unknown probe(s) {unknown}; valid: {sorted(PROBES)}")
+        self.injected = dict(injected or {})
+        self.state_dir = state_dir
+        self._nvml = nvml
+        self._nvml_error: Exception | None = None
+        self._init_lock = threading.Lock()
+        self.nvml_hung: str | None = None
+
+    @classmethod
+    def for_node(cls, state_dir: Path) -> Probes:
+        return cls(read_injections(state_dir), state_dir=state_dir)
+
+    def view(self) -> ProbeView:
+        return ProbeView(self)
+
+    def nvml_reader(self) -> Any:
+        with self._init_lock:
+            if self._nvml is None and self._nvml_error is None:
+                from slurm_robust.health.nvml import NvmlReader
+                try:
+                    self._nvml = NvmlReader(self.state_dir)
+                except NoNVMLError as exc:
+                    self._nvml_error = exc
+            if self._nvml_error is not None:
+                raise NoNVMLError(str(self._nvml_error))
+            return self._nvml
+
+
+class ProbeView:
+    """One check's window on :class:`Probes`: records whether an injected value was used
+    and whether the check is inside an NVML call (for the hung-NVML verdict)."""
+
+    def __init__(self, probes: Probes) -> None:
+        self._p = probes
+        self.used_injected = False
+        self.in_nvml = False
+
+    def mark_nvml_hung(self, budget_s: float) -> None:
+        self._p.nvml_hung = f"a call did not return within {budget_s:g} s"
+
+    def injected(self, name: str) -> bool:
+        return name in self._p.injected
+
+    # --- GPU ---------------------------------------------------------------------------
+    def gpu(self, *names: str) -> dict[str, Any]:
+        """Read GPU probes; injected ones win. Raises NoNVMLError when NVML is absent and
+        none of ``names`` is injected (then missing ones read as None)."""
+        out: dict[str, Any] = {}
+        missing = []
+        for name in names:
+            if name not in GPU_PROBES:
+                raise ValueError(f"{name!r} is not a GPU probe")
+            if name in self._p.injected:
+                self.used_injected = True
+                out[name] = self._p.injected[name]
+            else:
+                missing.append(name)
+        for name in missing:
+            try:
+                out[name] = self._read_nvml(name)
+            except NoNVMLError:
+                if len(missing) == len(names):
+                    raise
+                out[name] = None
+        return out
+
+    def _read_nvml(self, name: str) -> Any:
+        if self._p.nvml_hung:
+            raise NVMLHungError(self._p.nvml_hung)
+        self.in_nvml = True
+        try:
+            delay = self._p.injected.get("nvml_delay_s")
+            if delay:
+                self.used_injected = True
+                time.sleep(float(delay))
+            return getattr(self._p.nvml_reader(), name)()
+        finally:
+            self.in_nvml = False
+
+    # --- host --------------------------------------------------------------------------
+    def get(self, name: str, *args: Any) -> Any:
+        """Read a host probe (``disk_free_bytes`` takes a path, ``lock_files`` patterns)."""
+        if name not in HOST_PROBES:
+            raise ValueError(f"{name!r} is not a host probe")
+        if name in self._p.injected:
+            value = self._p.injected[name]
+            if name == "disk_free_bytes" and isinstance(value, dict):
+                if str(args[0]) in value:
+                    self.used_injected = True
+                    return value[str(args[0])]
+            else:
+                self.used_injected = True
+                return value
+        return _HOST_READERS[name](*args)
+
+
+def _disk_free(path: str) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def _shm_free(path: str = "/dev/shm") -> int:
+    return _disk_free(path)
+
+
+def _mem_available() -> int:
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("MemAvailable not in /proc/meminfo")
+
+
+def _processes() -> list[dict[str, Any]]:
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            uid = entry.stat().st_uid
+            with open(f"/proc/{entry.name}/comm") as fh:
+                comm = fh.read().strip()
+        except OSError:
+            continue  # the process exited while we looked
+        out.append({"pid": int(entry.name), "uid": uid, "comm": comm})
+    return out
+
+
+def _mounts() -> list[str]:
+    with open("/proc/self/mounts") as fh:
+        # Octal escapes (\040 for a space) are how the kernel writes odd characters.
+        return [line.split()[1].encode().decode("unicode_escape")
+                for line in fh if len(line.split()) > 1]
+
+
+def _lock_files(patterns: list[str]) -> list[dict[str, Any]]:
+    now = time.time()
+    out = []
+    for pattern in patterns:
+        for path in sorted(glob.glob(pattern)):
+            try:
+                st = os.stat(path)
+                text = Path(path).read_text(errors="replace")[:64].strip()
+            except OSError:
+                continue
+            pid = int(text) if text.isdigit() else None
+            out.append({"path": path, "pid": pid, "alive": _pid_alive(pid),
+                        "age_s": round(now - st.st_mtime, 1)})
+    return out
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if pid is None or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+_HOST_READERS: dict[str, Any] = {
+    "disk_free_bytes": _disk_free, "shm_free_bytes": _shm_free,
+    "mem_available_bytes": _mem_available, "processes": _processes, "mounts": _mounts,
+    "lock_files": _lock_files,
+}

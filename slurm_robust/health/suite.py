@@ -1,0 +1,154 @@
+"""Run a suite of checks on one node, journal the results, return a SuiteResult."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_robust.errors import UsageError
+from slurm_robust.health.framework import (
+    DEEP,
+    QUICK,
+    Check,
+    CheckContext,
+    CheckResult,
+    Status,
+    registered_checks,
+    run_check,
+)
+from slurm_robust.health.journal import journal_path, make_records, write_run
+from slurm_robust.health.probes import Probes
+from slurm_robust.site_config import SiteConfig, load_site_config
+
+STAGES = ("prolog", "epilog", "manual", "reserve", "resume")
+SUITES = (QUICK, DEEP)
+STAGE_SUITE = {"prolog": QUICK, "epilog": DEEP, "reserve": DEEP, "resume": DEEP}
+# Keys of the site config's "checks" object that are not check names.
+SITE_MODULES_KEY = "site_modules"
+SUITE_BUDGET_KEY = "suite_budget_s"
+DEFAULT_SUITE_BUDGET_S = {QUICK: 10.0, DEEP: 60.0}
+
+
+@dataclass(frozen=True)
+class SuiteResult:
+    """The results of one suite run on one node."""
+
+    node: str
+    job: str | None
+    stage: str
+    suite: str
+    run_id: str
+    results: list[CheckResult]
+    journal: Path | None
+
+    @property
+    def failures(self) -> list[CheckResult]:
+        return [r for r in self.results if r.status is Status.FAIL]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    @property
+    def reason(self) -> str:
+        """Drain reason naming the first failing check and its evidence; "" if passed."""
+        f = self.failures
+        if not f:
+            return ""
+        more = f" (+{len(f) - 1} more failed)" if len(f) > 1 else ""
+        return f"slurm_robust: {f[0].reason}{more}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "job": self.job, "stage": self.stage, "suite": self.suite,
+                "run_id": self.run_id, "passed": self.passed, "reason": self.reason,
+                "journal": str(self.journal) if self.journal else None,
+                "results": [{"check": r.check, "status": r.status.value, "reason": r.reason,
+                             "duration_s": r.duration_s, "injected": r.injected,
+                             "evidence": r.evidence} for r in self.results]}
+
+
+def plan_suite(suite: str, config: SiteConfig) -> tuple[list[tuple[Check, dict[str, Any]]],
+                                                        float]:
+    """Checks of a suite with validated parameters, and the suite's total budget.
+
+    Raises UsageError for an unknown check, parameter or suite (listing the valid ones).
+    """
+    if suite not in SUITES and suite != "all":
+        raise UsageError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}, all")
+    section = dict(config.checks)
+    for mod in section.pop(SITE_MODULES_KEY, []):
+        importlib.import_module(mod)  # a site's own checks register themselves on import
+    budgets = dict(DEFAULT_SUITE_BUDGET_S)
+    raw_budget = section.pop(SUITE_BUDGET_KEY, {})
+    if not isinstance(raw_budget, dict) or set(raw_budget) - set(SUITES):
+        raise UsageError(f"checks.{SUITE_BUDGET_KEY} must map quick/deep to seconds, "
+                         f"got {raw_budget!r}")
+    budgets.update({k: float(v) for k, v in raw_budget.items()})
+    registry = registered_checks()
+    unknown = sorted(set(section) - set(registry))
+    if unknown:
+        raise UsageError(f"site config checks: unknown check(s) {unknown}; valid: "
+                         f"{', '.join(registry)}, {SITE_MODULES_KEY}, {SUITE_BUDGET_KEY}")
+    planned = []
+    for name, chk in registry.items():
+        overrides = section.get(name, {})
+        if not isinstance(overrides, dict):
+            raise UsageError(f"site config checks.{name} must be an object of parameters")
+        params = chk.resolve_params(overrides)
+        if params["enabled"] and (suite == "all" or suite in chk.suites):
+            planned.append((chk, params))
+    return planned, budgets[DEEP if suite == "all" else suite]
+
+
+def run_suite(stage: str, node: str, job: str | None = None,
+              config: SiteConfig | None = None, probes: Probes | None = None,
+              journal: bool = True, suite: str | None = None, job_uid: int | None = None,
+              job_gpus: frozenset[int] | None = None) -> SuiteResult:
+    """Run the suite for ``stage`` on ``node``; journal it; never drains (callers do).
+
+    Raises UsageError for a bad stage, suite or check configuration.
+    """
+    if stage not in STAGES:
+        raise UsageError(f"unknown stage {stage!r}; valid: {', '.join(STAGES)}")
+    cfg = config if config is not None else load_site_config()
+    state_dir = cfg.state_path(node)
+    suite = suite or STAGE_SUITE.get(stage, DEEP)
+    planned, budget = plan_suite(suite, cfg)
+    # Our own directory: create it so a fresh node does not fail host_disk_free on it.
+    state_dir.mkdir(parents=True, exist_ok=True)
+    probes = probes if probes is not None else Probes.for_node(state_dir)
+    run_id = f"{int(time.time())}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    deadline = time.monotonic() + budget
+    results = []
+    for chk, params in planned:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            results.append(CheckResult(chk.name, Status.FAIL,
+                                       f"{chk.name}: not run, suite budget of {budget:g} s "
+                                       "spent, expected the suite to fit", {"budget_s": budget},
+                                       0.0, False))
+            continue
+        params = {**params, "budget_s": min(params["budget_s"], left)}
+        ctx = CheckContext(probes.view(), node, job, stage, cfg, job_uid, job_gpus)
+        results.append(run_check(chk, ctx, params))
+    path = journal_path(node, cfg) if journal else None
+    if path is not None:
+        write_run(path, make_records(node, job, stage, suite, run_id, results, time.time()))
+    return SuiteResult(node, job, stage, suite, run_id, results, path)
+
+
+def job_identity(environ: Mapping[str, str]) -> tuple[int | None, frozenset[int] | None]:
+    """The job's uid and GPU indices from slurmd's environment (SLURM_JOB_UID,
+    SLURM_JOB_GPUS); strictly parsed, never evaluated; (None, None) when absent."""
+    uid_text = environ.get("SLURM_JOB_UID", "")
+    uid = int(uid_text) if uid_text.isdigit() else None
+    gpus_text = environ.get("SLURM_JOB_GPUS", "")
+    parts = [p for p in gpus_text.split(",") if p]
+    gpus = frozenset(int(p) for p in parts) if parts and all(p.isdigit() for p in parts) else None
+    return uid, gpus
