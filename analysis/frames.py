@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-# Column kinds: "float", "int" (nullable Int64 unless required), "str", "category",
+# Column kinds: "float", "metric" (a float that may be spelled "nan"/"inf"/"-inf", as the
+# launcher writes a non-finite loss), "int" (nullable Int64 unless required), "str", "category",
 # "bool", "list" (Python list of str, object column), "object" (kept as is).
 ColumnSpec = Mapping[str, tuple[str, bool]]
 
@@ -68,8 +69,16 @@ def _is_int(value: Any) -> bool:
     return _is_number(value) and float(value).is_integer()
 
 
+NONFINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
+
+
+def _is_metric(value: Any) -> bool:
+    return _is_number(value) or (isinstance(value, str) and value.lower() in NONFINITE)
+
+
 _CHECKS = {
     "float": _is_number,
+    "metric": _is_metric,
     "int": _is_int,
     "str": lambda v: isinstance(v, str),
     "category": lambda v: isinstance(v, str),
@@ -110,6 +119,10 @@ def _column(values: list[Any], kind: str, required: bool,
     if kind == "float":
         return pd.Series(np.array([np.nan if v is None else v for v in values],
                                   dtype=np.float64))
+    if kind == "metric":
+        return pd.Series(np.array([np.nan if v is None else
+                                   NONFINITE[v.lower()] if isinstance(v, str) else v
+                                   for v in values], dtype=np.float64))
     if kind == "int":
         if required:
             return pd.Series(np.array(values, dtype=np.int64))

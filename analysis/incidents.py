@@ -30,12 +30,12 @@ def incident_metrics(incidents: pd.DataFrame, unproductive: pd.DataFrame,
                      spans: pd.DataFrame) -> pd.DataFrame:
     """Add timing and loss columns to ``incidents``.
 
-    ``unproductive``: deduplicated step records that were not kept (run_id, time,
-    step_time_s); ``spans``: run wall spans from :func:`ettr.run_spans`.
+    ``unproductive``: step records with lost steps (run_id, time, lost_steps, lost_s, as
+    the pipeline computes them); ``spans``: run wall spans from :func:`ettr.run_spans`.
     """
     inc = incidents.copy()
     origin = inc["fault_time"].fillna(inc["detected_at"])
-    run_end = spans["end"].reindex(inc["run_id"].astype(object).to_numpy()).to_numpy()
+    run_end = spans["end"].reindex(inc["run_id"].cat.codes.to_numpy()).to_numpy()
     inc["time_to_detect"] = inc["detected_at"] - inc["fault_time"]
     inc["time_to_localize"] = inc["localized_at"] - inc["detected_at"]
     inc["time_to_recover"] = inc["recovered_at"] - inc["detected_at"]
@@ -52,16 +52,17 @@ def _attribute(inc: pd.DataFrame, lost: pd.DataFrame) -> tuple[np.ndarray, np.nd
     n = len(inc)
     if n == 0 or lost.empty:
         return np.zeros(n, dtype=np.int64), np.zeros(n)
-    right = pd.DataFrame({"run_id": inc["run_id"].astype(object).to_numpy(),
+    right = pd.DataFrame({"run": inc["run_id"].cat.codes.to_numpy(dtype=np.int64),
                           "detected_at": inc["detected_at"].to_numpy(),
                           "pos": np.arange(n)}).sort_values("detected_at", kind="stable")
-    left = pd.DataFrame({"run_id": lost["run_id"].astype(object).to_numpy(),
+    left = pd.DataFrame({"run": lost["run_id"].cat.codes.to_numpy(dtype=np.int64),
                          "time": lost["time"].to_numpy(),
-                         "work": lost["step_time_s"].to_numpy()}).sort_values("time")
-    hit = pd.merge_asof(left, right, left_on="time", right_on="detected_at", by="run_id",
+                         "steps": lost["lost_steps"].to_numpy(dtype=np.float64),
+                         "work": lost["lost_s"].to_numpy()}).sort_values("time")
+    hit = pd.merge_asof(left, right, left_on="time", right_on="detected_at", by="run",
                         direction="forward").dropna(subset=["pos"])
     pos = hit["pos"].to_numpy(dtype=np.int64)
-    return (np.bincount(pos, minlength=n).astype(np.int64),
+    return (np.bincount(pos, weights=hit["steps"].to_numpy(), minlength=n).astype(np.int64),
             np.bincount(pos, weights=hit["work"].to_numpy(), minlength=n))
 
 

@@ -28,8 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-
-from slurm_robust import records as rec
 from slurm_robust.analysis.frames import LoadIssues, records_to_frame
 from slurm_robust.analysis.taxonomy import (
     CATEGORIES,
@@ -38,6 +36,8 @@ from slurm_robust.analysis.taxonomy import (
     RUN_STATUSES,
     RUNGS,
 )
+
+from slurm_robust import records as rec
 
 EVENTS_FILE = "events.jsonl"
 VERDICTS_FILE = "verdicts.jsonl"
@@ -50,8 +50,9 @@ EVENT_SPECS: dict[str, dict[str, tuple[str, bool]]] = {
                   "spares": ("list", False)},
     "attempt_start": {**_COMMON, "restored_step": ("int", False),
                       "restore_tier": ("category", False), "nodes": ("list", False)},
-    "step": {**_COMMON, "step": ("int", True), "step_time_s": ("float", True),
-             "loss": ("float", False), "grad_norm": ("float", False), "rank": ("int", False)},
+    "step": {**_COMMON, "step": ("int", True), "step_time_s": ("float", False),
+             "loss": ("metric", False), "grad_norm": ("metric", False),
+             "rank": ("int", False)},
     "incident": {**_COMMON, "incident": ("str", True), "category": ("category", True),
                  "class": ("category", True), "fault_time": ("float", False),
                  "detected_at": ("float", True), "localized_at": ("float", False),
@@ -110,7 +111,15 @@ def events_from_records(records: Sequence[Mapping[str, Any]], source: str = "<re
             issues.add(issues.invalid_records, f"{source}: {event}", int(invalid.sum()),
                        f"{source}: invalid {event} record {dict(by_event[event][first])!r:.200}")
         frames[FRAME_OF_EVENT[event]] = frame
-    return RunLog(issues=issues, **frames)
+    return RunLog(issues=issues, **unify_run_ids(frames))
+
+
+def unify_run_ids(frames: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """Give ``run_id`` the same categories in every frame, so its codes are run keys."""
+    cats = list(dict.fromkeys(c for frame in frames.values()
+                              for c in frame["run_id"].cat.categories))
+    return {name: frame.assign(run_id=frame["run_id"].cat.set_categories(cats))
+            for name, frame in frames.items()}
 
 
 def _read(path: Path, schema: str, issues: LoadIssues) -> list[dict[str, Any]]:
@@ -121,9 +130,10 @@ def _read(path: Path, schema: str, issues: LoadIssues) -> list[dict[str, Any]]:
     return result.records
 
 
-def load_run_dirs(run_dirs: Iterable[str | os.PathLike[str]]) -> RunLog:
+def load_run_dirs(run_dirs: Iterable[str | os.PathLike[str]],
+                  issues: LoadIssues | None = None) -> RunLog:
     """Load ``events.jsonl`` of each run directory (a missing file is an invalid source)."""
-    issues = LoadIssues()
+    issues = issues if issues is not None else LoadIssues()
     parts: list[RunLog] = []
     for run_dir in run_dirs:
         path = Path(run_dir) / EVENTS_FILE
@@ -145,7 +155,7 @@ def concat_runlogs(parts: Sequence[RunLog], issues: LoadIssues | None = None) ->
     if issues is None:
         for p in parts:
             all_issues.merge(p.issues)
-    return RunLog(issues=all_issues, **merged)
+    return RunLog(issues=all_issues, **unify_run_ids(merged))
 
 
 def _concat(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
@@ -154,9 +164,7 @@ def _concat(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
     out = pd.concat(frames, ignore_index=True)
     for col in frames[0].columns:
         if isinstance(frames[0][col].dtype, pd.CategoricalDtype):
-            cats: list[Any] = []
-            for f in frames:
-                cats += [c for c in f[col].cat.categories if c not in set(cats)]
+            cats = list(dict.fromkeys(c for f in frames for c in f[col].cat.categories))
             out[col] = pd.Categorical(out[col].astype(object), categories=cats)
     return out
 

@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
 from slurm_robust.analysis.frames import as_category
 
 # The fields fetch asks sacct for, free text last.
@@ -153,13 +152,16 @@ def collapse_requeues(jobs: pd.DataFrame) -> pd.DataFrame:
     ``sacct --duplicates`` lists a requeued job once per run (earlier ones in state
     REQUEUED or NODE_FAIL/PREEMPTED); without ``--duplicates`` restarts are all 0.
     """
-    if jobs.empty:
-        return jobs.assign(restarts=pd.Series(dtype="int64"))
-    order = jobs.sort_values(["job_raw", "submit", "start"], kind="stable", na_position="first")
+    repeated = jobs["job_raw"].duplicated(keep=False).to_numpy()
+    if not repeated.any():
+        return jobs.assign(restarts=np.zeros(len(jobs), dtype=np.int64)).reset_index(drop=True)
+    once = jobs[~repeated].assign(restarts=np.zeros(int((~repeated).sum()), dtype=np.int64))
+    order = jobs[repeated].sort_values(["job_raw", "submit", "start"], kind="stable",
+                                       na_position="first")
     last = order.drop_duplicates("job_raw", keep="last")
     counts = order.groupby("job_raw", sort=False, observed=True).size()
     last = last.assign(restarts=last["job_raw"].map(counts).astype("int64") - 1)
-    return last.reset_index(drop=True)
+    return pd.concat([once, last], ignore_index=True)
 
 
 def parse_sacct_json(text: str) -> Parsed:
@@ -223,7 +225,7 @@ def parse_node_events(text: str, fields: Sequence[str] | None = EVENT_FIELDS,
     kept with node NA; node metrics ignore them.
     """
     split = split_parsable(text, fields)
-    raw = split.frame
+    raw = split.frame.rename(columns={"TimeStart": "Start", "TimeEnd": "End"})
     node = _col(raw, "NodeName").replace("", pd.NA) if not raw.empty else _col(raw, "NodeName")
     frame = pd.DataFrame({
         "node": as_category(node.astype(object)),
@@ -241,37 +243,31 @@ def parse_node_events(text: str, fields: Sequence[str] | None = EVENT_FIELDS,
 
 
 def parse_sinfo_reasons(text: str, tz: tzinfo | None = None) -> Parsed:
-    """Parse default ``sinfo -R`` output (REASON USER TIMESTAMP NODELIST) into open events.
+    """Parse ``sinfo -R -h -N -o '%N|%T|%E|%u|%H'`` lines into open node events.
 
-    The reason may contain spaces, so each line is read from the right; node lists are
-    expanded to one row per node. Columns as :func:`parse_node_events` (end is NaN).
+    The reason may contain ``|``: the first two fields are read from the left and the
+    last two from the right. Columns as :func:`parse_node_events`, with ``end`` NaN.
     """
-    from slurm_robust.errors import UsageError
-    from slurm_robust.slurm.hostlist import expand_hostlist
-
-    rows: list[tuple[str, str, str, str]] = []
+    rows: list[tuple[str, str, str, str, str]] = []
     bad, example = 0, ""
     for line in text.splitlines():
-        if not line.strip() or line.split()[0] == "REASON":
+        if not line.strip():
             continue
-        parts = line.rsplit(None, 3)
-        try:
-            nodes = expand_hostlist(parts[3]) if len(parts) == 4 else []
-        except UsageError:
-            nodes = []
-        if not nodes:
+        head = line.split("|", 2)
+        tail = head[2].rsplit("|", 2) if len(head) == 3 else []
+        if len(tail) != 3 or not head[0].strip():
             bad += 1
             example = example or line[:200]
             continue
-        rows += [(n, parts[0].strip(), parts[1], parts[2]) for n in nodes]
-    raw = pd.DataFrame(rows, columns=["node", "reason", "user", "ts"], dtype="string")
+        rows.append((head[0].strip(), head[1], tail[0], tail[1], tail[2]))
+    raw = pd.DataFrame(rows, columns=["node", "state", "reason", "user", "ts"],
+                       dtype="string")
     frame = pd.DataFrame({
         "node": as_category(raw["node"].astype(object)),
         "start": parse_times(raw["ts"], tz),
         "end": pd.Series(np.nan, index=raw.index),
-        "state": pd.Series("DRAIN", index=raw.index, dtype="string"),
-        "kind": as_category(pd.Series("drain", index=raw.index, dtype=object),
-                            ("drain", "down", "fail", "other")),
+        "state": raw["state"],
+        "kind": _node_event_kind(raw["state"]),
         "user": raw["user"], "reason": raw["reason"],
         "source": as_category(pd.Series("sinfo", index=raw.index, dtype=object))})
     return Parsed(frame, bad, example)
