@@ -126,15 +126,14 @@ def _short(name: str) -> str:
 
 
 def format_frames(thread: ThreadStack | None, limit: int = 8) -> list[str]:
-    """The innermost ``limit`` frames of a thread as ``func (file:line)`` strings."""
+    """The innermost ``limit`` frames of a thread as ``func (file:line)`` strings.
+
+    Python frames only, when the thread has any (they are what people read first);
+    otherwise its native frames, without bare addresses.
+    """
     if thread is None:
         return []
-    out = []
-    for frame in thread.frames:
-        if is_address(frame.name):
-            continue
-        where = frame.file if frame.native else f"{frame.file}:{frame.line}"
-        out.append(f"{frame.name} ({where})")
-        if len(out) >= limit:
-            break
-    return out
+    python = [f for f in thread.frames if not f.native]
+    frames = python or [f for f in thread.frames if not is_address(f.name)]
+    return [f"{f.name} ({f.file})" if f.native else f"{f.name} ({f.file}:{f.line})"
+            for f in frames[:limit]]
