@@ -174,6 +174,29 @@ class Slurm:
         self._run(["scontrol", "update", f"PartitionName={name}",
                    f"Nodes={','.join(nodes)}"])
 
+    def create_partition(self, name: str, nodes: Sequence[str]) -> None:
+        """``scontrol create PartitionName=P Nodes=... State=UP`` (a runtime partition)."""
+        for n in nodes:
+            check_node_name(n)
+        self._run(["scontrol", "create", f"PartitionName={check_node_name(name)}",
+                   f"Nodes={','.join(nodes)}", "State=UP", "MaxTime=INFINITE"], NO_RETRY)
+
+    def delete_partition(self, name: str) -> None:
+        self._run(["scontrol", "delete", f"PartitionName={check_node_name(name)}"], NO_RETRY)
+
+    def create_reservation(self, name: str, nodes: Sequence[str], users: Sequence[str],
+                           duration_min: int) -> None:
+        """A reservation from now: only jobs asking for it (``--reservation``) use ``nodes``."""
+        for n in nodes:
+            check_node_name(n)
+        self._run(["scontrol", "create", "reservation", f"ReservationName={check_node_name(name)}",
+                   f"Nodes={','.join(nodes)}",
+                   f"Users={','.join(check_node_name(u) for u in users)}", "StartTime=now",
+                   f"Duration={int(duration_min)}"], NO_RETRY)
+
+    def delete_reservation(self, name: str) -> None:
+        self._run(["scontrol", "delete", f"ReservationName={check_node_name(name)}"], NO_RETRY)
+
     # --- jobs ------------------------------------------------------------------------
     def jobs(self, job_ids: Iterable[str | int] | None = None,
              user: str | None = None) -> list[Job]:

@@ -1,0 +1,232 @@
+"""EpilogSlurmctld's work: apply a job's verdicts and hand it spares from the reserve.
+
+Runs as SlurmUser at every job end. A job without a verdict file costs one failed
+``open`` and no Slurm call. Otherwise: every verdict is validated (only nodes of the job's
+allocation, from ``SLURM_JOB_NODELIST``), refusals are logged, and under the reserve
+lock the blamed nodes are drained (an admin's reason is never replaced; a repeat
+offender's reason says so) and, if the job was requeued, as many spares as it lost are
+moved from the reserve into its partition; :func:`start_when_requeued` then resets its
+StartTime (detached, once Slurm has finished requeueing it) so it starts at once.
+``reserve reconcile`` refills the reserve afterwards.
+
+Every applied or refused verdict is logged to ``SiteConfig.verdict_log`` as a
+``slurm_robust.verdict_action`` record (docs/SCHEMAS.md).
+"""
+
+from __future__ import annotations
+
+import pwd
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurm_robust.errors import SlurmRobustError, UsageError
+from slurm_robust.records import append_records, make_record
+from slurm_robust.reserve.config import HOUR_S, ReserveConfig, reserve_config
+from slurm_robust.reserve.executor import Executor
+from slurm_robust.reserve.gate import HealthGate
+from slurm_robust.reserve.history import events_from_sacctmgr, repeat_offender_reason
+from slurm_robust.reserve.lock import reserve_lock
+from slurm_robust.reserve.plan import NodeView, Snapshot, plan_handoff
+from slurm_robust.reserve.reconcile import take_snapshot
+from slurm_robust.reserve.verdicts import (
+    Refusal,
+    Verdict,
+    VerdictBatch,
+    check_user_name,
+    read_job_verdicts,
+    restore_verdicts,
+)
+from slurm_robust.site_config import SiteConfig
+from slurm_robust.slurm import Job, Slurm, check_job_id, expand_hostlist
+
+VERDICT_ACTION_SCHEMA = "slurm_robust.verdict_action"
+VERDICT_ACTION_VERSION = 1
+# Job states in which a job ended by requeue is waiting to run again.
+REQUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
+
+
+def is_requeued(job: Job | None, now: float) -> bool:
+    """Whether the job that just ended will run again (pure).
+
+    Seen on 22.05: while EpilogSlurmctld runs, squeue reports a requeued job and a job
+    that ended for good both as COMPLETING; the requeued one has no end time yet
+    (EndTime=Unknown, a far-future number in JSON), the ended one ends in the past.
+    """
+    if job is None:
+        return False
+    if job.state in REQUEUED_STATES:
+        return True
+    return job.state == "COMPLETING" and (job.end_time == 0 or job.end_time > now)
+_SACCT_TIME = "%Y-%m-%dT%H:%M:%S"
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """What EpilogSlurmctld's environment says about the job that ended."""
+
+    job_id: str
+    user: str
+    uid: int
+    nodes: tuple[str, ...]
+    partition: str
+    restart_count: int
+
+
+def job_end_from_env(env: Mapping[str, str]) -> JobEnd:
+    """Parse and validate the EpilogSlurmctld environment (no Slurm call).
+
+    Raises:
+        UsageError: a variable is missing or malformed.
+    """
+    job_id = check_job_id(env.get("SLURM_JOB_ID", ""))
+    user = check_user_name(env.get("SLURM_JOB_USER", ""))
+    uid_text = env.get("SLURM_JOB_UID", "")
+    try:
+        uid = int(uid_text) if uid_text else pwd.getpwnam(user).pw_uid
+    except (ValueError, KeyError) as exc:
+        raise UsageError(f"cannot resolve the uid of job {job_id}'s user {user!r}") from exc
+    nodes = tuple(expand_hostlist(env.get("SLURM_JOB_NODELIST", "")))
+    try:
+        restarts = int(env.get("SLURM_JOB_RESTART_COUNT", "0") or 0)
+    except ValueError:
+        restarts = 0
+    partition = env.get("SLURM_JOB_PARTITION", "").split(",")[0]
+    return JobEnd(job_id, user, uid, nodes, partition, restarts)
+
+
+@dataclass
+class HandoffReport:
+    job_id: str
+    verdicts: int
+    refused: int
+    drained: list[str] = field(default_factory=list)
+    handed_over: list[str] = field(default_factory=list)
+    shortfall: int = 0
+    requeued: bool = False
+    outcomes: list[dict[str, Any]] = field(default_factory=list)
+
+
+def handle_job_end(end: JobEnd, site: SiteConfig, slurm_factory: Callable[[], Slurm],
+                   gate_factory: Callable[[Slurm], HealthGate],
+                   clock: Callable[[], float] = time.time) -> HandoffReport | None:
+    """Apply job ``end``'s verdicts; None (and no Slurm call) when it left none."""
+    cfg = reserve_config(site)
+    batch = read_job_verdicts(cfg.verdict_root, end.user, end.uid, end.job_id, end.nodes,
+                              cfg.verdict_max_bytes, cfg.verdict_max_records, end.restart_count)
+    if batch is None:
+        return None
+    report = HandoffReport(end.job_id, len(batch.verdicts), len(batch.refusals))
+    _log_refusals(site, end, batch, clock())
+    if not batch.verdicts:
+        return report
+    try:
+        slurm = slurm_factory()
+        with reserve_lock(cfg.lock_file, cfg.lock_timeout_s):
+            _apply(end, batch.verdicts, cfg, slurm, gate_factory(slurm), report, clock)
+    except SlurmRobustError:
+        # Nothing applied for sure: put the file back so the next end of the job retries.
+        restore_verdicts(batch)
+        raise
+    _log_applied(site, end, batch.verdicts, report, clock())
+    return report
+
+
+def _apply(end: JobEnd, verdicts: list[Verdict], cfg: ReserveConfig, slurm: Slurm,
+           gate: HealthGate, report: HandoffReport, clock: Callable[[], float]) -> None:
+    job = slurm.job(end.job_id)
+    now = clock()
+    report.requeued = is_requeued(job, now)
+    partition = end.partition or (job.partition.split(",")[0] if job else "")
+    snap = take_snapshot(slurm, gate, cfg, now, [partition] if partition else [])
+    snap = _with_nodes(snap, slurm, [v.node for v in verdicts])
+    repeats = _repeat_reasons(slurm, cfg, verdicts, now)
+    plan = plan_handoff(end.job_id, partition, report.requeued, verdicts, snap, cfg, repeats)
+    report.outcomes = Executor(slurm, gate, cfg.log_file, "handoff", clock=clock).apply(
+        plan.actions)
+    report.drained = [o["node"] for o in report.outcomes
+                      if o["action"] == "drain" and o["ok"] and "skipped" not in o]
+    report.handed_over = [o["node"] for o in report.outcomes
+                          if o["action"] == "move" and o["ok"]]
+    report.shortfall = plan.shortfall
+
+
+def start_when_requeued(slurm: Slurm, job_id: str, timeout_s: float,
+                        clock: Callable[[], float] = time.monotonic,
+                        sleep: Callable[[float], None] = time.sleep,
+                        poll_s: float = 0.5) -> str:
+    """Reset a requeued job's StartTime once it has left COMPLETING; returns what happened.
+
+    Seen on 22.05: Slurm sets a requeued job's BeginTime (now + ~120 s) when the job
+    finishes completing (after the node epilogs), which undoes a StartTime reset made
+    earlier. So the reset waits for the job to be PENDING. Run it detached from
+    EpilogSlurmctld (see epilog/epilog_slurmctld.py) so slurmctld is never held up.
+    """
+    deadline = clock() + timeout_s
+    while clock() < deadline:
+        job = slurm.job(job_id)
+        if job is None or job.finished or job.running:
+            return f"job is {job.state if job else 'gone'}; nothing to start"
+        if job.state != "COMPLETING":
+            slurm.update_job(job_id, StartTime="now")
+            return "StartTime reset"
+        sleep(poll_s)
+    return f"job still completing after {timeout_s:g} s; StartTime not reset"
+
+
+def _with_nodes(snap: Snapshot, slurm: Slurm, names: list[str]) -> Snapshot:
+    """Add the blamed nodes' views (they may be in a partition the snapshot lacks)."""
+    missing = [n for n in names if n not in snap.nodes]
+    if not missing:
+        return snap
+    views = dict(snap.nodes)
+    for n in slurm.nodes(missing):
+        views[n.name] = NodeView(n.name, n.idle, n.drained, n.usable, n.reason, None)
+    return Snapshot(snap.now, views, snap.partitions)
+
+
+def _repeat_reasons(slurm: Slurm, cfg: ReserveConfig, verdicts: list[Verdict],
+                    now: float) -> dict[str, str]:
+    window = cfg.repeat_window_h * HOUR_S
+    since = time.strftime(_SACCT_TIME, time.localtime(now - 2 * window))
+    try:
+        raw = slurm.node_events_raw(args=[f"start={since}",
+                                          f"nodes={','.join(v.node for v in verdicts)}"])
+    except SlurmRobustError:
+        return {}  # no accounting: no history, so nobody is a known repeat offender
+    history = events_from_sacctmgr(raw)
+    out = {}
+    for v in verdicts:
+        reason = repeat_offender_reason(v.node, history, now, window, v.reason)
+        if reason:
+            out[v.node] = reason
+    return out
+
+
+def _log_refusals(site: SiteConfig, end: JobEnd, batch: VerdictBatch, now: float) -> None:
+    records = [make_record(VERDICT_ACTION_SCHEMA, VERDICT_ACTION_VERSION,
+                           _refusal_fields(end, batch, r), now=now) for r in batch.refusals]
+    if records:
+        append_records(site.verdict_log, records)
+
+
+def _refusal_fields(end: JobEnd, batch: VerdictBatch, r: Refusal) -> dict[str, Any]:
+    return {"job_id": end.job_id, "user": end.user, "node": r.node, "action": "refused",
+            "why": r.why, "excerpt": r.excerpt, "file": str(batch.path)}
+
+
+def _log_applied(site: SiteConfig, end: JobEnd, verdicts: list[Verdict],
+                 report: HandoffReport, now: float) -> None:
+    by_node = {o["node"]: o for o in report.outcomes if o.get("action") in ("drain", "note")}
+    records = []
+    for v in verdicts:
+        o = by_node.get(v.node, {})
+        records.append(make_record(VERDICT_ACTION_SCHEMA, VERDICT_ACTION_VERSION, {
+            "job_id": end.job_id, "user": end.user, "node": v.node,
+            "action": "drained" if v.node in report.drained else "kept",
+            "why": o.get("skipped") or o.get("why") or o.get("error", ""),
+            "reason": o.get("reason", ""), "class": v.cls, "incident": v.incident,
+            "ok": bool(o.get("ok", False)), "requeued": report.requeued,
+            "handed_over": report.handed_over, "shortfall": report.shortfall}, now=now))
+    append_records(site.verdict_log, records)

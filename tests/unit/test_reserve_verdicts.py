@@ -1,0 +1,138 @@
+"""Reading job verdicts as the privileged side: hostile files are refused, never followed."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from slurm_robust.errors import UsageError
+from slurm_robust.reserve.verdicts import (
+    ensure_verdict_root,
+    parse_verdicts,
+    read_job_verdicts,
+    verdict_path,
+    write_verdict,
+)
+
+NODES = ("node1", "node2")
+UID = os.geteuid()
+USER = "alice"
+
+
+def line(**fields: object) -> bytes:
+    rec = {"schema": "slurm_robust.verdict", "v": 1, "time": 1.0, "job_id": "42",
+           "node": "node2", "reason": "gpu_xid: Xid 79", "class": "gpu_memory_error",
+           "evidence": {"xid": 79}, "incident": "i1"}
+    rec.update(fields)
+    return (json.dumps(rec) + "\n").encode()
+
+
+def test_parse_accepts_only_this_jobs_nodes() -> None:
+    data = line() + line(node="node9") + line(job_id="43") + b"{not json\n" + line(node="node1")
+    verdicts, refusals = parse_verdicts(data, "42", NODES, 64)
+    assert [v.node for v in verdicts] == ["node2", "node1"]
+    whys = " | ".join(r.why for r in refusals)
+    assert "'node9' is not in job 42's allocation" in whys
+    assert "job_id '43'" in whys and "not JSON" in whys
+    assert [r.node for r in refusals if "allocation" in r.why] == ["node9"]
+
+
+def test_parse_cleans_reason_dedupes_and_caps() -> None:
+    data = line(reason="bad\nState=resume x") + line() + line(node="node1")
+    verdicts, refusals = parse_verdicts(data, "42", NODES, 1)
+    assert verdicts[0].reason == "bad State=resume x"  # one line, no injected newline
+    assert len(verdicts) == 1 and "over the limit" in refusals[0].why
+
+
+def test_write_then_read_round_trip_and_file_is_consumed(tmp_path: Path) -> None:
+    root = tmp_path / "verdicts"
+    ensure_verdict_root(root)
+    assert oct(root.stat().st_mode & 0o7777) == "0o1777"
+    run_dir = tmp_path / "run"
+    path = write_verdict(root, USER, "42", "node2", "gpu_xid: Xid 79", "gpu_memory_error",
+                         {"xid": 79}, "i1", run_dir=run_dir)
+    assert path == verdict_path(root, USER, "42")
+    assert (run_dir / "verdicts.jsonl").exists()
+    batch = read_job_verdicts(root, USER, UID, "42", NODES, 4096, 64, restart_count=0)
+    assert batch is not None and [v.node for v in batch.verdicts] == ["node2"]
+    # Consumed: the next end of the same job does not apply it again.
+    assert read_job_verdicts(root, USER, UID, "42", NODES, 4096, 64) is None
+    assert (root / USER / "42.0.done").exists()
+
+
+def test_no_file_is_the_fast_path(tmp_path: Path) -> None:
+    assert read_job_verdicts(tmp_path, USER, UID, "42", NODES, 4096, 64) is None
+    (tmp_path / USER).mkdir(mode=0o700)
+    assert read_job_verdicts(tmp_path, USER, UID, "42", NODES, 4096, 64) is None
+
+
+def make_user_dir(root: Path) -> Path:
+    d = root / USER
+    d.mkdir(mode=0o700)
+    return d
+
+
+def test_symlinked_file_is_refused_not_followed(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.jsonl"
+    secret.write_bytes(line())
+    d = make_user_dir(tmp_path)
+    (d / "42.jsonl").symlink_to(secret)
+    batch = read_job_verdicts(tmp_path, USER, UID, "42", NODES, 4096, 64)
+    assert batch is not None and batch.verdicts == [] and "opened safely" in batch.refusals[0].why
+
+
+def test_symlinked_user_dir_is_refused(tmp_path: Path) -> None:
+    real = tmp_path / "elsewhere"
+    real.mkdir(mode=0o700)
+    (real / "42.jsonl").write_bytes(line())
+    (tmp_path / USER).symlink_to(real)
+    batch = read_job_verdicts(tmp_path, USER, UID, "42", NODES, 4096, 64)
+    assert batch is not None and batch.verdicts == [] and "not a directory" in batch.refusals[0].why
+
+
+def test_fifo_does_not_block(tmp_path: Path) -> None:
+    d = make_user_dir(tmp_path)
+    os.mkfifo(d / "42.jsonl")
+    batch = read_job_verdicts(tmp_path, USER, UID, "42", NODES, 4096, 64)
+    assert batch is not None and "not a regular file" in batch.refusals[0].why
+
+
+def test_oversized_file_is_refused_unread(tmp_path: Path) -> None:
+    d = make_user_dir(tmp_path)
+    (d / "42.jsonl").write_bytes(line() * 100)
+    batch = read_job_verdicts(tmp_path, USER, UID, "42", NODES, 512, 64)
+    assert batch is not None and batch.verdicts == [] and "byte limit" in batch.refusals[0].why
+
+
+def test_file_of_another_owner_is_refused(tmp_path: Path) -> None:
+    d = make_user_dir(tmp_path)
+    (d / "42.jsonl").write_bytes(line())
+    batch = read_job_verdicts(tmp_path, USER, UID + 1, "42", NODES, 4096, 64)
+    assert batch is not None and batch.verdicts == [] and "owned by uid" in batch.refusals[0].why
+
+
+def test_group_writable_user_dir_is_refused(tmp_path: Path) -> None:
+    d = make_user_dir(tmp_path)
+    (d / "42.jsonl").write_bytes(line())
+    os.chmod(d, 0o770)
+    batch = read_job_verdicts(tmp_path, USER, UID, "42", NODES, 4096, 64)
+    assert batch is not None and batch.verdicts == [] and "not writable" in batch.refusals[0].why
+
+
+def test_hard_link_is_refused(tmp_path: Path) -> None:
+    d = make_user_dir(tmp_path)
+    other = tmp_path / "other.jsonl"
+    other.write_bytes(line())
+    os.link(other, d / "42.jsonl")
+    batch = read_job_verdicts(tmp_path, USER, UID, "42", NODES, 4096, 64)
+    assert batch is not None and "hard links" in batch.refusals[0].why
+
+
+@pytest.mark.parametrize(("user", "job"), [("../etc", "42"), ("alice", "42/../x"),
+                                           ("", "42"), ("alice", "")])
+def test_path_components_are_validated(tmp_path: Path, user: str, job: str) -> None:
+    with pytest.raises(UsageError):
+        verdict_path(tmp_path, user, job)
