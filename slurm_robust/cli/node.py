@@ -39,6 +39,7 @@ def resume(node: str, force: bool = False, as_json: bool = False) -> int:
     from slurm_robust.cli.check import print_result
     from slurm_robust.health import run_suite
     from slurm_robust.health.drain import PREFIX, SLURM_REASONS
+    from slurm_robust.reserve.history import REPEAT_MARK
     from slurm_robust.slurm import Slurm
 
     slurm = Slurm()
@@ -49,6 +50,10 @@ def resume(node: str, force: bool = False, as_json: bool = False) -> int:
         raise ResumeRefusedError(
             f"{node} was drained by {before.reason_user or 'someone'} with reason {reason!r}, "
             "not by slurm_robust; resolve it, then rerun with --force")
+    if REPEAT_MARK in reason and not force:
+        raise ResumeRefusedError(
+            f"{node} is a repeat offender ({reason!r}); it failed again soon after it was "
+            "returned. Investigate the hardware, then rerun with --force")
     result = run_suite("resume", node)
     resumed = False
     if result.passed and before.drained:

@@ -52,9 +52,38 @@ def main(stage: str, environ: Mapping[str, str], out: TextIO = sys.stdout,
     return _drain_and_fail(stage, node, result.reason, err)
 
 
+def repeat_offender(node: str, reason: str, now: float | None = None) -> str | None:
+    """The repeat-offender drain reason when ``node`` fails again soon after a resume.
+
+    Read from the node's own journal (a ``resume`` pass is a return to service), so the
+    failure path needs no extra Slurm call. The window is the reserve's ``repeat_window_h``.
+    """
+    import time
+
+    from slurm_robust.health.journal import read_journal
+    from slurm_robust.reserve.config import reserve_config
+    from slurm_robust.reserve.history import (
+        events_from_health,
+        repeat_offender_reason,
+        returns_from_health,
+    )
+    from slurm_robust.site_config import load_site_config
+
+    site = load_site_config()
+    records = read_journal(node, site)
+    events = events_from_health(records) + returns_from_health(records)
+    window_s = reserve_config(site).repeat_window_h * 3600.0
+    return repeat_offender_reason(node, events, time.time() if now is None else now,
+                                  window_s, reason)
+
+
 def _drain_and_fail(stage: str, node: str, reason: str, err: TextIO) -> int:
     from slurm_robust.health.drain import drain_for_failure
 
+    try:
+        reason = repeat_offender(node, reason) or reason
+    except SlurmRobustError as exc:
+        print(f"slurm_robust {stage}: repeat-offender check skipped: {exc}", file=err)
     print(f"slurm_robust {stage}: {reason}", file=err)
     try:
         decision = drain_for_failure(node, reason)

@@ -105,6 +105,22 @@ def failure_times(events: Iterable[NodeEvent], window_s: float) -> list[float]:
     return sorted(out)
 
 
+def returns_from_health(records: Iterable[dict[str, object]]) -> list[NodeEvent]:
+    """Returns to service from health-journal records: one per ``resume``-stage suite run
+    in which no check failed (what ``slurm-robust node resume`` writes before resuming)."""
+    runs: dict[tuple[str, str], tuple[float, bool]] = {}
+    for r in records:
+        if r.get("stage") != "resume":
+            continue
+        node, run, t = str(r.get("node", "")), str(r.get("run_id", "")), r.get("time")
+        if not node or not isinstance(t, (int, float)):
+            continue
+        last, failed = runs.get((node, run), (0.0, False))
+        runs[(node, run)] = (max(last, float(t)), failed or r.get("status") == "fail")
+    return [NodeEvent(node, t, "returned", "resume check passed")
+            for (node, _), (t, failed) in runs.items() if not failed]
+
+
 def repeat_offender_reason(node: str, history: Sequence[NodeEvent], now: float,
                            window_s: float, new_reason: str = "") -> str | None:
     """The drain reason for a repeat offender, or None when ``node`` is not one.
