@@ -150,4 +150,9 @@ def purge_job_memory(config: CheckpointConfig, job_id: str, node: str | None = N
             except FileNotFoundError:
                 pass
     shutil.rmtree(root, ignore_errors=True)
+    if node is not None:
+        try:
+            root.parent.rmdir()  # the last node purged removes the job directory
+        except OSError:
+            pass
     return freed

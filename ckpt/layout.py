@@ -9,11 +9,14 @@ group, so the rule reduces to "the next node".
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from slurm_robust.ckpt.errors import PeerBackupError
 from slurm_robust.errors import UsageError
+
+#: Above this many ranks the exhaustive matching fallback is skipped (it is quadratic).
+_MATCHING_MAX_WORLD = 512
 
 #: Megatron-LM's default rank order: TP varies fastest, then DP, then PP.
 DEFAULT_ORDER = "tp-dp-pp"
@@ -87,7 +90,9 @@ def pick_peers(layout: ParallelLayout, rank_nodes: Sequence[str]) -> list[int]:
     memory), every peer sits on another node, and it shares as few parallel groups with
     its rank as the layout allows: none when two or more dimensions exceed 1. Candidates
     are coordinate shifts, tried from the smallest, so with pure data parallelism and
-    ranks laid out node by node the peer is the same local rank on the next node.
+    ranks laid out node by node the peer is the same local rank on the next node; then
+    rank rotations; then (up to 512 ranks) a bipartite matching, for node boundaries
+    that cut across the coordinates.
 
     Raises:
         PeerBackupError: all ranks are on one node, so no backup can leave the node.
@@ -100,28 +105,65 @@ def pick_peers(layout: ParallelLayout, rank_nodes: Sequence[str]) -> list[int]:
     if len(set(rank_nodes)) < 2:
         raise PeerBackupError(f"all {world} ranks are on node {rank_nodes[0]!r}: a peer "
                               "backup needs two nodes; disable peer_backup for this run")
-    coords = [layout.coords(r) for r in range(world)]
     best: tuple[int, list[int]] | None = None
-    ranges = [range(size) for _name, size in layout._dims()]
-    names = [name for name, _size in layout._dims()]
-    # Slowest dimension outermost, so that small shifts of the fastest come first.
-    for shift_rev in itertools.product(*reversed(ranges)):
-        shift = dict(zip(reversed(names), shift_rev, strict=True))
-        if not any(shift.values()):
-            continue
-        peers = [layout.rank_of({d: c[d] + shift[d] for d in names}) for c in coords]
+    for peers in _candidates(layout, world):
         if any(rank_nodes[p] == rank_nodes[r] for r, p in enumerate(peers)):
             continue
-        score = len(layout.shared_groups(0, peers[0]))
+        score = max(len(layout.shared_groups(r, p)) for r, p in enumerate(peers))
         if best is None or score < best[0]:
             best = (score, peers)
         if score == 0:
             break
+    if (best is None or best[0] > 0) and world <= _MATCHING_MAX_WORLD:
+        matched = _match_disjoint(layout, rank_nodes)
+        if matched is not None:
+            best = (0, matched)
     if best is None:
         raise PeerBackupError(
             f"no rotation of layout {layout.as_dict()} puts every backup on another node "
             f"(ranks per node: {_ranks_per_node(rank_nodes)}); place ranks node by node")
     return best[1]
+
+
+def _candidates(layout: ParallelLayout, world: int) -> Iterator[list[int]]:
+    """Permutations to try: shifts of the (tp, dp, pp) coordinates, smallest first, then
+    plain rank rotations (which help when node boundaries cut across the coordinates)."""
+    coords = [layout.coords(r) for r in range(world)]
+    dims = layout._dims()
+    names = [name for name, _size in dims]
+    # Slowest dimension outermost, so that small shifts of the fastest come first.
+    for shift_rev in itertools.product(*(range(size) for _n, size in reversed(dims))):
+        shift = dict(zip(reversed(names), shift_rev, strict=True))
+        if any(shift.values()):
+            yield [layout.rank_of({d: c[d] + shift[d] for d in names}) for c in coords]
+    for offset in range(1, world):
+        yield [(r + offset) % world for r in range(world)]
+
+
+def _match_disjoint(layout: ParallelLayout, rank_nodes: Sequence[str]) -> list[int] | None:
+    """A permutation with every peer off-node and sharing no group, by bipartite matching
+    (Kuhn's augmenting paths), for node boundaries that no shift respects."""
+    world = len(rank_nodes)
+    ok = [[h for h in range(world) if rank_nodes[h] != rank_nodes[r]
+           and not layout.shared_groups(r, h)] for r in range(world)]
+    holder_of: dict[int, int] = {}  # holder -> rank whose backup it takes
+
+    def augment(rank: int, seen: set[int]) -> bool:
+        for h in ok[rank]:
+            if h not in seen:
+                seen.add(h)
+                if h not in holder_of or augment(holder_of[h], seen):
+                    holder_of[h] = rank
+                    return True
+        return False
+
+    for rank in range(world):
+        if not augment(rank, set()):
+            return None
+    peers = [-1] * world
+    for holder, rank in holder_of.items():
+        peers[rank] = holder
+    return peers
 
 
 def backup_sources(peers: Sequence[int]) -> list[int]:

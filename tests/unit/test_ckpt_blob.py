@@ -1,0 +1,75 @@
+"""The snapshot format: completion mark, checksums, skeleton round trip, paths."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from slurm_robust import ckpt
+from slurm_robust.ckpt.blob import (
+    CorruptCopyError,
+    checksum,
+    decode_meta,
+    encode_meta,
+    flatten,
+    pack_layout,
+    pickle_skeleton,
+    unflatten,
+)
+from slurm_robust.errors import UsageError
+
+
+@pytest.mark.parametrize("algo", ["crc32", "sum64"])
+def test_checksums_see_a_flipped_bit_and_a_torn_copy(algo):
+    data = np.random.default_rng(0).integers(0, 255, 1 << 16, dtype=np.uint8)
+    good = checksum(algo, data)
+    flipped = data.copy()
+    flipped[12345] ^= 1
+    torn = data.copy()
+    torn[len(torn) // 2:] = 0
+    assert checksum(algo, flipped) != good
+    assert checksum(algo, torn) != good
+
+
+def test_meta_round_trip_and_damage():
+    state = {"a": torch.ones(3), "b": [1, (2, torch.zeros(2))], "c": "x"}
+    skeleton, tensors = flatten(state, torch.Tensor)
+    assert len(tensors) == 2
+    raw = encode_meta({"format": 1, "step": 3}, pickle_skeleton(skeleton))
+    header, skel = decode_meta(raw)
+    assert header["step"] == 3
+    back = unflatten(skel, tensors)
+    assert back["c"] == "x" and back["b"][1][1] is tensors[1]
+    damaged = bytearray(raw)
+    damaged[-3] ^= 0xFF
+    with pytest.raises(CorruptCopyError):
+        decode_meta(bytes(damaged))
+    with pytest.raises(CorruptCopyError):
+        decode_meta(raw[: len(raw) // 2])
+
+
+def test_layout_is_aligned():
+    specs, total = pack_layout([("float32", (3,), 12), ("uint8", (1,), 1), ("float64", (), 8)])
+    assert [s.offset for s in specs] == [0, 64, 128]
+    assert total == 192
+
+
+def test_paths_carry_job_and_node_and_refuse_traversal(tmp_path):
+    cfg = ckpt.CheckpointConfig(shm_root=str(tmp_path / "shm"), local_root=str(tmp_path / "l"))
+    paths = ckpt.config.CkptPaths(cfg, "123", "node4", 2)
+    assert paths.slot(1) == tmp_path / "shm/123/node4/rank2/slot1"
+    assert paths.local(5) == tmp_path / "l/node4/123/rank2/step0000000005"
+    with pytest.raises(UsageError):
+        ckpt.config.CkptPaths(cfg, "../etc", "node4", 0)
+    with pytest.raises(UsageError, match="durable_root"):
+        ckpt.CheckpointConfig(durable_every=5)
+
+
+def test_purge_removes_only_that_node(tmp_path):
+    cfg = ckpt.CheckpointConfig(shm_root=str(tmp_path))
+    for node in ("a", "b"):
+        (tmp_path / "j" / node / "rank0").mkdir(parents=True)
+        (tmp_path / "j" / node / "rank0" / "slot0.data").write_bytes(b"x" * 10)
+    assert ckpt.purge_job_memory(cfg, "j", "a") == 10
+    assert not (tmp_path / "j" / "a").exists() and (tmp_path / "j" / "b").exists()
