@@ -1,0 +1,185 @@
+"""A small GPT trained data-parallel, deterministic on CPU: the launcher's test workload.
+
+Runs under the robust launcher (``slurm-robust submit --nodes 3 --spares 1 -- python
+examples/train_gpt.py ...``) and also standalone in a plain torchrun-style environment
+(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), where it keeps its own ``torch.save``
+checkpoints every ``--save-every`` steps in ``--ckpt-dir`` and resumes from them.
+
+Determinism (the closing comparison of every fault test is the SHA-256 of the final
+parameters): the data of step s on rank r comes from a generator seeded with (seed, s, r),
+so a restored run replays exactly the batches it lost; there is no dropout; torch uses
+one thread; gradients are averaged with ONE all-reduce over a flat vector in a fixed
+order. (torch's DistributedDataParallel re-buckets its gradients after the first
+iteration, so a run restarted mid-way would sum in a different order for one step and
+drift in the last bits; the flat all-reduce is the same data-parallel algorithm without
+that.) At the end it writes the digest into the event log (``run_end.params_sha256``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from slurm_robust import train
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--batch", type=int, default=8, help="sequences per rank and step")
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--vocab", type=int, default=64)
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--min-step-time", type=float, default=0.0,
+                   help="pad each step to at least this many seconds (slows rehearsals)")
+    p.add_argument("--bug-at-step", type=int, default=None,
+                   help="raise a TypeError at this step (a deliberate user-code error)")
+    p.add_argument("--save-every", type=int, default=0,
+                   help="standalone only: torch.save a checkpoint every N steps")
+    p.add_argument("--ckpt-dir", default=None, help="standalone checkpoint directory")
+    p.add_argument("--events", default=None,
+                   help="standalone only: event log to write run_end into")
+    return p.parse_args(argv)
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int, seq: int, d: int, layers: int, heads: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(seq, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.register_buffer("mask", torch.triu(torch.full((seq, seq), float("-inf")), 1),
+                             persistent=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        x = self.tok(idx) + self.pos(torch.arange(t))
+        for block in self.blocks:
+            x = block(x, self.mask[:t, :t])
+        return self.head(self.ln(x))
+
+
+def batch(args: argparse.Namespace, step: int, rank: int) -> torch.Tensor:
+    """Sequences of a noisy affine recurrence (learnable), fixed by (seed, step, rank)."""
+    g = torch.Generator().manual_seed(args.seed * 1_000_003 + step * 1009 + rank)
+    v, n = args.vocab, args.seq + 1
+    a = torch.randint(1, 8, (args.batch, 1), generator=g)
+    b = torch.randint(0, v, (args.batch, 1), generator=g)
+    x0 = torch.randint(0, v, (args.batch, 1), generator=g)
+    steps = torch.arange(n).unsqueeze(0)
+    seqs = (x0 + a * steps + b * (steps // 4)) % v
+    noise = torch.rand(args.batch, n, generator=g) < 0.05
+    return torch.where(noise, torch.randint(0, v, (args.batch, n), generator=g), seqs)
+
+
+def average_gradients(params: list[nn.Parameter], world: int) -> None:
+    if world == 1:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world
+    offset = 0
+    for p, g in zip(params, grads, strict=True):
+        n = g.numel()
+        if p.grad is None:
+            p.grad = g
+        p.grad.copy_(flat[offset:offset + n].view_as(g))
+        offset += n
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    run = train.init()
+    model = GPT(args.vocab, args.seq, args.d_model, args.layers, args.heads)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 10) * 0.5 * (1 + math.cos(math.pi * s / args.steps)))
+    start = run.restore(model, opt, sched)
+    if not run.robust:
+        start = load_own_checkpoint(args, model, opt, sched)
+    params = list(model.parameters())
+    for step in range(start, args.steps):
+        t0 = time.time()
+        if args.bug_at_step is not None and step + 1 == args.bug_at_step:
+            _ = "step " + (step + 1)  # the deliberate user-code error: str + int
+        data = batch(args, step, run.rank)
+        logits = model(data[:, :-1])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, args.vocab),
+                                           data[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        average_gradients(params, run.world_size)
+        grad_norm = float(nn.utils.clip_grad_norm_(params, 1.0))
+        run.before_update()
+        opt.step()
+        sched.step()
+        run.step_end(step + 1, loss.item(), grad_norm, model, opt, sched,
+                     data_position=step + 1)
+        if not run.robust and args.save_every and (step + 1) % args.save_every == 0:
+            save_own_checkpoint(args, run.rank, step + 1, model, opt, sched)
+        pad = args.min_step_time - (time.time() - t0)
+        if pad > 0:
+            time.sleep(pad)
+    digest = train.params_digest(model)
+    if run.rank == 0:
+        print(f"params_sha256={digest} steps={args.steps}", flush=True)
+    run.finish(params_sha256=digest, events_path=args.events)
+    return 0
+
+
+def save_own_checkpoint(args: argparse.Namespace, rank: int, step: int, model: nn.Module,
+                        opt: torch.optim.Optimizer, sched: object) -> None:
+    """Rank 0 writes the (replicated) state atomically; plain torch.save."""
+    if rank != 0 or not args.ckpt_dir:
+        return
+    path = Path(args.ckpt_dir) / "ckpt.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict(),
+                "sched": sched.state_dict()}, tmp)  # type: ignore[attr-defined]
+    os.replace(tmp, path)
+
+
+def load_own_checkpoint(args: argparse.Namespace, model: nn.Module,
+                        opt: torch.optim.Optimizer, sched: object) -> int:
+    if not args.ckpt_dir or not (Path(args.ckpt_dir) / "ckpt.pt").exists():
+        return 0
+    state = torch.load(Path(args.ckpt_dir) / "ckpt.pt", weights_only=False)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    sched.load_state_dict(state["sched"])  # type: ignore[attr-defined]
+    return int(state["step"])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

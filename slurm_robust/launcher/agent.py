@@ -1,0 +1,317 @@
+"""The per-node agent: one per node of the allocation (one Slurm task per node).
+
+Agent 0 (SLURM_PROCID 0) also runs the controller in a thread. Every agent:
+
+1. publishes ``<run_dir>/agents/<node>.json`` (``{"node", "agent_pid", "workers": {rank:
+   pid}, ...}``; the stack capture and ``inject`` read this exact format);
+2. finds the controller of its job step through ``<run_dir>/controller.json`` (its
+   ``key`` is job id, step id and Slurm restart count, so a stale file of an earlier
+   allocation is never used) and reports to it every ``heartbeat_s``;
+3. reconciles its workers with the plan it gets back: a new generation means stop the
+   old workers and start the new ones (or park, for a spare); a stack request means
+   dump its workers' stacks (in a thread, so reports continue); ``exit`` ends it;
+4. owns the node's shared-memory snapshots across worker restarts and removes them
+   when the run completes;
+5. if the controller is gone for ``heartbeat_timeout_s`` (agent 0's node lost), records
+   the incident and requeues the job (one agent does it, under an O_EXCL lock file).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_robust.launcher import workers as wk
+from slurm_robust.launcher.classify import classify_failure
+from slurm_robust.launcher.config import RunConfig
+from slurm_robust.launcher.paths import (
+    RunPaths,
+    load_site,
+    node_local_root,
+    node_shm_root,
+    progress_dir,
+)
+from slurm_robust.launcher.protocol import Channel, ChannelClosed, host_address
+from slurm_robust.records import write_json_atomic
+
+log = logging.getLogger("slurm_robust.launcher.agent")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who this agent is, from Slurm's task environment."""
+
+    index: int
+    node: str
+    job_id: str
+    step_key: str
+    restart_count: int
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Identity:
+        e = os.environ if env is None else env
+        job = e.get("SLURM_JOB_ID") or e.get("SLURM_JOBID") or "local"
+        restart = int(e.get("SLURM_RESTART_COUNT") or 0)
+        step = e.get("SLURM_STEP_ID") or e.get("SLURM_STEPID") or "0"
+        return cls(index=int(e.get("SLURM_PROCID") or 0),
+                   node=e.get("SLURMD_NODENAME") or socket.gethostname(),
+                   job_id=job, step_key=f"{job}.{step}.{restart}", restart_count=restart)
+
+
+class Agent:
+    """One node's agent (see the module docstring)."""
+
+    def __init__(self, cfg: RunConfig, ident: Identity) -> None:
+        self.cfg = cfg
+        self.ident = ident
+        self.paths = RunPaths.of(cfg.run_dir)
+        self.site = load_site(cfg.site_config)
+        self.gen = -1
+        self.role = "new"
+        self.workers: list[wk.Worker] = []
+        self.exits: list[dict[str, Any]] = []
+        self.pending: list[dict[str, Any]] = []
+        self.stacks_done: dict[str, Any] = {}
+        self._stack_threads: dict[str, threading.Thread] = {}
+        self.plan: dict[str, Any] = {}
+        self.zygotes = wk.ZygotePool(cfg.command, cfg.prewarm, {**os.environ, **cfg.env},
+                                     cfg.workers_per_node)
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            self.zygotes.close()
+
+    def _run(self) -> int:
+        self.publish()
+        self.zygotes.fill()
+        chan = self._connect(self.cfg.startup_timeout_s)
+        last_ok = time.time()
+        while True:
+            try:
+                if chan is None:
+                    chan = self._connect(1.0)
+                if chan is None:
+                    raise ChannelClosed("controller unreachable")
+                reply = chan.request(self.report())
+                last_ok = time.time()
+                self.pending.clear()
+            except (OSError, ChannelClosed) as exc:
+                if chan is not None:
+                    chan.close()
+                chan = None
+                if time.time() - last_ok > self.cfg.heartbeat_timeout_s:
+                    return self.controller_lost(str(exc), last_ok)
+                time.sleep(self.cfg.heartbeat_s)
+                continue
+            done = self.apply(reply.get("plan") or {})
+            if done is not None:
+                chan.close()
+                return done
+            self.poll_workers()
+            if all(w.offset > 0 or w.reported for w in self.workers):
+                # Refill once the workers have started (restored): the new interpreter
+                # then does not compete with their start.
+                self.zygotes.fill()
+            time.sleep(self.cfg.heartbeat_s)
+
+    def _connect(self, timeout_s: float) -> Channel | None:
+        deadline = time.time() + timeout_s
+        while True:
+            info = self._controller_info()
+            if info is not None:
+                try:
+                    return Channel.connect(info["host"], int(info["port"]),
+                                           max(2.0, self.cfg.heartbeat_timeout_s / 2))
+                except OSError:
+                    pass
+            if time.time() >= deadline:
+                return None
+            time.sleep(0.1)
+
+    def _controller_info(self) -> dict[str, Any] | None:
+        try:
+            info = json.loads(self.paths.controller.read_text())
+        except (OSError, ValueError):
+            return None
+        return info if info.get("key") == self.ident.step_key else None
+
+    # ------------------------------------------------------------------ reporting
+    def report(self) -> dict[str, Any]:
+        self.poll_workers()
+        states = {str(w.rank): wk.process_state(w.pid) for w in self.workers
+                  if w.popen.poll() is None}
+        return {"op": "report", "agent": self.ident.index, "node": self.ident.node,
+                "pid": os.getpid(), "addr": host_address(), "key": self.ident.step_key,
+                "gen": self.gen,
+                "role": self.role, "exits": self.exits, "progress": list(self.pending),
+                "states": states, "stacks": self.stacks_done, "time": time.time()}
+
+    def poll_workers(self) -> None:
+        for w in self.workers:
+            self.pending.extend(wk.read_progress(w))
+            if w.reported or w.popen.poll() is None:
+                continue
+            w.reported = True
+            w.exit_time = time.time()
+            code, sig = wk.exit_status(w.popen.returncode)
+            self.pending.extend(wk.read_progress(w))
+            if code == 0:
+                self.exits.append({"rank": w.rank, "gen": w.gen, "exit_code": 0,
+                                   "signal": None, "time": w.exit_time})
+                continue
+            c = classify_failure(code, sig, wk.log_tail(w.log_path))
+            self.exits.append({"rank": w.rank, "gen": w.gen, "exit_code": code, "signal": sig,
+                               "time": w.exit_time, "class": c.cls, "category": c.category,
+                               "secondary": c.secondary, "signature": c.signature,
+                               "line": c.line, "evidence": c.evidence,
+                               "log": str(w.log_path)})
+
+    def publish(self) -> None:
+        write_json_atomic(self.paths.agent_file(self.ident.node), {
+            "node": self.ident.node, "agent_pid": os.getpid(), "agent": self.ident.index,
+            "job_id": self.ident.job_id, "gen": self.gen, "role": self.role,
+            "workers": {str(w.rank): w.pid for w in self.workers if w.popen.poll() is None},
+            "time": time.time()}, mode=0o664)
+
+    # ------------------------------------------------------------------ plan
+    def apply(self, plan: dict[str, Any]) -> int | None:
+        """Reconcile with the plan; returns an exit code when the agent should end."""
+        if not plan:
+            return None
+        self.plan = plan
+        if plan.get("role") == "exit":
+            wk.stop_workers(self.workers, self.cfg.grace_s)
+            if plan.get("purge"):
+                self.purge()
+            return int(plan.get("exit_code", 0))
+        if plan["gen"] != self.gen or plan["role"] != self.role:
+            self.restart(plan)
+        capture = plan.get("stacks")
+        if capture and capture not in self.stacks_done and capture not in self._stack_threads:
+            t = threading.Thread(target=self._capture, args=(capture,), daemon=True)
+            self._stack_threads[capture] = t
+            t.start()
+        return None
+
+    def restart(self, plan: dict[str, Any]) -> None:
+        wk.stop_workers(self.workers, self.cfg.grace_s)
+        self.workers, self.exits = [], []
+        self.gen, self.role = plan["gen"], plan["role"]
+        if self.role == "active":
+            ckpt = self._ckpt_config()
+            for local_rank, rank in enumerate(plan["ranks"]):
+                progress = progress_dir(self.site, self.ident.job_id, self.ident.node) / \
+                    f"rank{rank}.gen{self.gen}.jsonl"
+                env = wk.worker_env(os.environ, plan, rank, local_rank, self.ident.node,
+                                    self.ident.job_id, self.cfg.run_dir, progress, ckpt,
+                                    self.cfg.env)
+                self.workers.append(wk.spawn(self.cfg.command, env, rank, local_rank,
+                                             self.gen, self.paths.worker_log(self.gen, rank),
+                                             progress, self.zygotes.take()))
+        self.publish()
+        log.info("agent %s on %s: generation %s, role %s, ranks %s", self.ident.index,
+                 self.ident.node, self.gen, self.role, plan.get("ranks"))
+
+    def _ckpt_config(self) -> dict[str, Any]:
+        return {"shm_root": str(node_shm_root(self.site, self.ident.node)),
+                "local_root": str(node_local_root(self.site, self.ident.node))
+                if self.cfg.local_every else None,
+                "durable_root": str(self.paths.durable) if self.cfg.durable_every else None,
+                "local_every": self.cfg.local_every, "durable_every": self.cfg.durable_every,
+                "peer_backup": self.cfg.peer_backup and self.cfg.nodes > 1,
+                "peer_slots": self.cfg.peer_slots}
+
+    def _capture(self, capture_id: str) -> None:
+        from slurm_robust.stacks.capture import CaptureOptions, capture_local
+
+        pids = {w.rank: w.pid for w in self.workers if w.popen.poll() is None}
+        summary: dict[str, Any] = {"ranks": sorted(pids), "error": None}
+        if pids:
+            try:
+                template = str(self.paths.stacks / "faulthandler" / "{node}-{pid}.txt")
+                res = capture_local(pids, self.ident.node, self.paths.stacks / capture_id,
+                                    CaptureOptions(method=self.cfg.stack_method,
+                                                   faulthandler_template=template,
+                                                   budget_s=10.0),
+                                    capture_id=capture_id)
+                summary.update(res.summary())
+            except Exception as exc:  # noqa: BLE001 - a failed dump must not stop recovery
+                log.warning("stack capture %s failed on %s: %s", capture_id,
+                            self.ident.node, exc)
+                summary["error"] = f"{type(exc).__name__}: {exc}"
+        self.stacks_done[capture_id] = summary
+
+    # ------------------------------------------------------------------ endings
+    def purge(self) -> None:
+        """Remove this job's shared-memory snapshots on this node (the run is over)."""
+        from slurm_robust.ckpt import CheckpointConfig, purge_job_memory
+
+        try:
+            cfg = CheckpointConfig(shm_root=str(node_shm_root(self.site, self.ident.node)))
+            purge_job_memory(cfg, self.ident.job_id, self.ident.node)
+        except Exception as exc:  # noqa: BLE001 - leftover tmpfs files are reported, not fatal
+            log.warning("could not purge shared memory on %s: %s", self.ident.node, exc)
+
+    def controller_lost(self, why: str, last_ok: float) -> int:
+        wk.stop_workers(self.workers, self.cfg.grace_s)
+        from slurm_robust.launcher.requeue import requeue_after_controller_loss
+
+        info = json.loads(self.paths.controller.read_text()) if \
+            self.paths.controller.exists() else {}
+        requeue_after_controller_loss(self.cfg, self.ident, info.get("node"), why, last_ok)
+        return 0
+
+
+def run_agent(cfg: RunConfig) -> dict[str, Any]:
+    """The function every Slurm task of a robust job runs (submitit pickles it).
+
+    Agent 0 starts the controller first. Returns a summary dict; raises RunStopped on
+    agent 0 when the run stopped with a verdict (the Slurm job then ends FAILED).
+    """
+    logging.basicConfig(level=os.environ.get("SLURM_ROBUST_LOG_LEVEL", "INFO").upper(),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    ident = Identity.from_env()
+    controller = None
+    if ident.index == 0:
+        from slurm_robust.launcher.controller import Controller
+
+        controller = Controller(cfg, ident)
+        controller.start()
+    code = Agent(cfg, ident).run()
+    summary: dict[str, Any] = {"agent": ident.index, "node": ident.node, "exit_code": code}
+    if controller is not None:
+        result = controller.join()
+        summary.update(result)
+        if result.get("status") == "stopped":
+            from slurm_robust.launcher.errors import RunStopped
+
+            raise RunStopped(result.get("verdict") or "run stopped", cfg.run_dir)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m slurm_robust.launcher.agent RUN_DIR/config.json`` (used by `launch`)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    cfg = RunConfig.from_dict(json.loads(Path(args[0]).read_text()))
+    try:
+        run_agent(cfg)
+    except Exception as exc:  # noqa: BLE001 - exit status is what srun sees
+        print(f"slurm-robust agent: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

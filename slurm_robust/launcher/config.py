@@ -1,0 +1,167 @@
+"""The run's configuration: one frozen dataclass, checked at construction.
+
+A :class:`RunConfig` travels from ``submit``/``launch``/the Python executor to every
+agent (pickled by submitit, or as ``<run_dir>/config.json`` for ``launch``), so every
+agent, the controller and the workers act on the same values.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from slurm_robust.errors import UsageError
+
+SPARES_ENV = "SLURM_ROBUST_SPARES"
+HANG_TIMEOUT_ENV = "SLURM_ROBUST_HANG_TIMEOUT"
+MAX_RESTARTS_ENV = "SLURM_ROBUST_MAX_RESTARTS"
+CKPT_EVERY_ENV = "SLURM_ROBUST_CKPT_EVERY"
+_DECIMAL = re.compile(r"^(0|[1-9][0-9]{0,8})$")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What to run and how to keep it running.
+
+    Attributes:
+        command: the worker command line (argv), run once per rank.
+        run_dir: the run directory on a filesystem every node sees (event log, state,
+            logs, verdicts, stacks, durable checkpoints).
+        nodes: nodes that run workers (N).
+        spares: parked spare nodes allocated with the job (k); the job has N + k nodes.
+        workers_per_node: ranks per node (GPUs per node on GPU clusters, 1 on CPU).
+        hang_floor_s: a hang is declared after max(hang_floor_s, hang_factor x median
+            step time) without a finished step.
+        hang_factor: see hang_floor_s.
+        startup_timeout_s: longest wait for the first step of a (re)started worker group.
+        heartbeat_s: how often agents report to the controller.
+        heartbeat_timeout_s: an agent silent this long is lost (its node is blamed).
+        max_restarts: restart budget across in-job restarts and Slurm requeues.
+        max_no_progress: attempts in a row that finish no new step before the run stops.
+        node_failures_to_blame: worker failures on one node (in one run) that blame it.
+        spike_factor: a loss or grad norm above spike_factor x the recent median is a spike.
+        step_events_per_s: at most this many step events a second (sampled beyond it).
+        local_every, durable_every: node-local / durable checkpoint cadence in steps
+            (0: never); the memory tier and the peer backup run every step.
+        peer_backup: keep each rank's snapshot also on a peer node.
+        peer_slots: backup buffers per peer (2: a node lost while its newest backup is in
+            flight still leaves the previous one; 1 halves that memory but opens the window).
+        master_port: base TCP port of the workers' rendezvous; generation g uses base + g
+            (a fresh port per restart avoids sockets in TIME_WAIT).
+        controller_port: TCP port of the controller (0: any free port).
+        site_config: path of the site config (node-local roots); None: the default lookup.
+        env: extra environment for the workers.
+        stack_method: ``auto``, ``py-spy`` or ``faulthandler`` (see slurm_robust.stacks).
+        grace_s: SIGTERM-to-SIGKILL grace when stopping workers.
+        prewarm: modules a pre-started worker process imports before it is needed (see
+            zygote.py); empty: start every worker with a plain exec.
+        drain: also drain blamed nodes directly (needs a Slurm operator account; the
+            verdict file is written either way).
+    """
+
+    command: tuple[str, ...]
+    run_dir: str
+    nodes: int = 1
+    spares: int = 0
+    workers_per_node: int = 1
+    hang_floor_s: float = 20.0
+    hang_factor: float = 10.0
+    startup_timeout_s: float = 180.0
+    heartbeat_s: float = 0.2
+    heartbeat_timeout_s: float = 4.0
+    max_restarts: int = 10
+    max_no_progress: int = 3
+    node_failures_to_blame: int = 3
+    spike_factor: float = 5.0
+    step_events_per_s: float = 50.0
+    local_every: int = 10
+    durable_every: int = 20
+    peer_backup: bool = True
+    peer_slots: int = 2
+    master_port: int = 29500
+    controller_port: int = 0
+    site_config: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    stack_method: str = "auto"
+    grace_s: float = 1.0
+    drain: bool = False
+    prewarm: tuple[str, ...] = ("torch",)
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise UsageError("no worker command given; put it after `--`, e.g. "
+                             "`slurm-robust submit --nodes 2 -- python train.py`")
+        object.__setattr__(self, "command", tuple(str(a) for a in self.command))
+        object.__setattr__(self, "run_dir", str(Path(self.run_dir).absolute()))
+        object.__setattr__(self, "prewarm", tuple(self.prewarm))
+        for name in ("nodes", "workers_per_node"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"{name} is {getattr(self, name)}; use >= 1")
+        for name in ("spares", "max_restarts", "local_every", "durable_every"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"{name} is {getattr(self, name)}; use >= 0")
+        if self.max_no_progress < 1 or self.node_failures_to_blame < 1:
+            raise UsageError("max_no_progress and node_failures_to_blame must be >= 1")
+        if self.hang_floor_s <= 0 or self.hang_factor <= 0 or self.startup_timeout_s <= 0:
+            raise UsageError("hang_floor_s, hang_factor and startup_timeout_s must be > 0")
+        if not 0 < self.heartbeat_s < self.heartbeat_timeout_s:
+            raise UsageError(f"need 0 < heartbeat_s ({self.heartbeat_s}) < "
+                             f"heartbeat_timeout_s ({self.heartbeat_timeout_s})")
+        if self.spike_factor <= 1:
+            raise UsageError(f"spike_factor is {self.spike_factor}; use > 1")
+        if not 1024 <= self.master_port <= 65000:
+            raise UsageError(f"master_port {self.master_port} is outside 1024..65000")
+        if self.stack_method not in ("auto", "py-spy", "faulthandler"):
+            raise UsageError(f"stack_method {self.stack_method!r}: use auto, py-spy "
+                             "or faulthandler")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.workers_per_node
+
+    @property
+    def total_nodes(self) -> int:
+        return self.nodes + self.spares
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["command"] = list(self.command)
+        out["prewarm"] = list(self.prewarm)
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> RunConfig:
+        """Build from a dict, rejecting unknown keys (listing the valid ones)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise UsageError(f"run config: unknown key(s) {unknown}; valid: {sorted(known)}")
+        return cls(**{**raw, "command": tuple(raw["command"])})
+
+
+def env_defaults(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """Defaults from the environment (the SPANK plugin exports these for `launch`):
+    ``SLURM_ROBUST_SPARES``, ``SLURM_ROBUST_HANG_TIMEOUT`` (the hang floor, seconds),
+    ``SLURM_ROBUST_CKPT_EVERY`` (the node-local disk tier's cadence; memory and peer
+    copies are taken every step anyway) and ``SLURM_ROBUST_MAX_RESTARTS``.
+
+    Raises UsageError naming the variable when a value is not a plain whole number.
+    """
+    env = os.environ if environ is None else environ
+    out: dict[str, Any] = {}
+    for var, key in ((SPARES_ENV, "spares"), (HANG_TIMEOUT_ENV, "hang_floor_s"),
+                     (CKPT_EVERY_ENV, "local_every"), (MAX_RESTARTS_ENV, "max_restarts")):
+        text = env.get(var)
+        if text is None:
+            continue
+        # The SPANK plugin's rule (spank/README.md): plain decimal digits, no sign, no
+        # unit; a user can export these by hand, so they are checked again here.
+        if not _DECIMAL.match(text):
+            raise UsageError(f"{var}={text!r} is not a whole number (digits only)")
+        out[key] = float(text) if key == "hang_floor_s" else int(text)
+    if out.get("hang_floor_s") == 0:
+        raise UsageError(f"{HANG_TIMEOUT_ENV}=0: use at least 1 second")
+    return out

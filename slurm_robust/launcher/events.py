@@ -1,0 +1,122 @@
+"""The run event log writer: ``<run_dir>/events.jsonl``, schema ``slurm_robust.event`` v1.
+
+One writer per run: the controller (workers report to their agent, agents to the
+controller), so no record is written twice. The fields follow docs/SCHEMAS.md exactly;
+:data:`INCIDENT_FIELDS` lists the incident record's fields in the documented order.
+
+Step events are sampled beyond ``max_per_s`` (the first and every incident-related
+step are always written) so that fast steps do not flood the shared filesystem.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from slurm_robust.records import EVENT_SCHEMA, EVENT_VERSION, append_record, make_record
+
+INCIDENT_FIELDS = ("incident", "category", "class", "fault_time", "detected_at",
+                   "localized_at", "recovered_at", "rung", "nodes", "ranks", "last_step",
+                   "restored_step", "restore_tier", "steps_lost", "evidence")
+
+
+class EventLog:
+    """Appends events of one run; ``attempt`` is updated by the controller."""
+
+    def __init__(self, path: str | os.PathLike[str], run_id: str, job_id: str | None,
+                 attempt: int = 0, max_per_s: float = 50.0) -> None:
+        self.path = path
+        self.run_id = run_id
+        self.job_id = job_id
+        self.attempt = attempt
+        self._min_gap = 1.0 / max_per_s if max_per_s > 0 else 0.0
+        self._last_step_event = 0.0
+
+    def emit(self, event: str, fields: Mapping[str, Any], now: float | None = None) -> dict:
+        record = make_record(EVENT_SCHEMA, EVENT_VERSION,
+                             {"run_id": self.run_id, "job_id": self.job_id,
+                              "attempt": self.attempt, "event": event, **fields}, now)
+        append_record(self.path, record)
+        return record
+
+    def run_start(self, nodes: list[str], spares: list[str], world_size: int,
+                  layout: Mapping[str, int], config: Mapping[str, Any]) -> dict:
+        return self.emit("run_start", {"nodes": nodes, "spares": spares,
+                                       "world_size": world_size, "layout": dict(layout),
+                                       "config": dict(config)})
+
+    def attempt_start(self, nodes: list[str], restored_step: int | None,
+                      restore_tier: str | None) -> dict:
+        return self.emit("attempt_start", {"nodes": nodes, "restored_step": restored_step,
+                                           "restore_tier": restore_tier})
+
+    def step(self, step: int, step_time_s: float | None, loss: float | None,
+             grad_norm: float | None, force: bool = False, now: float | None = None) -> bool:
+        """Write a step event unless sampled out; returns whether it was written."""
+        t = time.time() if now is None else now
+        if not force and t - self._last_step_event < self._min_gap:
+            return False
+        self._last_step_event = t
+        self.emit("step", {"step": step, "step_time_s": step_time_s, "loss": _finite(loss),
+                           "grad_norm": _finite(grad_norm), "rank": None}, now=t)
+        return True
+
+    def incident(self, incident: Mapping[str, Any]) -> dict:
+        missing = [k for k in INCIDENT_FIELDS if k not in incident]
+        if missing:
+            raise ValueError(f"incident record lacks {missing}")
+        return self.emit("incident", {k: incident[k] for k in INCIDENT_FIELDS})
+
+    def run_end(self, status: str, step: int | None, params_sha256: str | None,
+                verdict: str | None) -> dict:
+        return self.emit("run_end", {"status": status, "step": step,
+                                     "params_sha256": params_sha256, "verdict": verdict})
+
+
+def _finite(value: float | None) -> float | None:
+    # The schema's loss and grad_norm are numbers; a non-finite value is not one (the
+    # record format refuses NaN), so it becomes null. A non-finite step never gets here
+    # in practice: the worker stops before reporting it, and the incident has the value.
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def make_incident(incident_id: str, cls: str, category: str, detected_at: float, *,
+                  fault_time: float | None = None, nodes: list[str] | None = None,
+                  ranks: list[int] | None = None, last_step: int | None = None,
+                  evidence: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A new, unresolved incident with every documented field present."""
+    return {"incident": incident_id, "category": category, "class": cls,
+            "fault_time": fault_time, "detected_at": detected_at, "localized_at": None,
+            "recovered_at": None, "rung": None, "nodes": list(nodes or []),
+            "ranks": list(ranks or []), "last_step": last_step, "restored_step": None,
+            "restore_tier": None, "steps_lost": 0, "evidence": dict(evidence or {})}
+
+
+def last_logged_step(path: str | os.PathLike[str], tail_bytes: int = 1 << 16) -> int | None:
+    """The newest ``step`` event's step, read from the file's tail (None: no step yet).
+
+    Used by an agent that lost the controller: the state file is persisted about once a
+    second, the event log at every (sampled) step.
+    """
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - tail_bytes))
+            lines = fh.read().splitlines()
+    except FileNotFoundError:
+        return None
+    for raw in reversed(lines):
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            continue  # the first line of the tail is usually cut
+        if isinstance(rec, dict) and rec.get("event") == "step":
+            return int(rec["step"])
+    return None

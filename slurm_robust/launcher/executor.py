@@ -1,0 +1,188 @@
+"""Submission through submitit, and a submitit-style executor with the robust options.
+
+``submit_run(cfg, slurm)`` is what ``slurm-robust submit`` calls: a submitit
+``SlurmExecutor`` job of N + k nodes, one task per node, each running
+:func:`slurm_robust.launcher.agent.run_agent`. sbatch gets ``--requeue`` (our own
+``scontrol requeue`` and Slurm's node-failure requeue re-run the batch script, and
+submitit re-executes the pickled function) and ``--no-kill`` (the allocation survives
+a node loss; the spare takes over). srun gets ``--no-kill`` and
+``--kill-on-bad-exit=0`` for the same reason. The job comment carries the run
+directory (``slurm_robust:run_dir=...``) so ``inject`` and ``status`` find it by job id.
+
+:class:`RobustExecutor` mirrors submitit's executor for Python users::
+
+    ex = RobustExecutor(folder="/shared/runs/r1", spares=1, hang_floor_s=60)
+    ex.update_parameters(nodes=4, gpus_per_node=8, partition="train", time=600)
+    job = ex.submit(train_fn, cfg)          # train_fn runs on every rank
+    job.job_id, job.state; job.result()     # rank 0's return value
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurm_robust.errors import UsageError
+from slurm_robust.launcher.config import RunConfig
+from slurm_robust.launcher.errors import LauncherError, RunStopped
+from slurm_robust.launcher.paths import RunPaths, site_config_path
+from slurm_robust.records import EVENT_SCHEMA, read_records, write_json_atomic
+
+COMMENT_PREFIX = "slurm_robust:run_dir="
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """The Slurm side of a submission (submitit SlurmExecutor parameters)."""
+
+    partition: str | None = None
+    time_min: int = 60
+    gpus_per_node: int | None = None
+    cpus_per_task: int | None = None
+    mem_gb: float | None = None
+    job_name: str = "slurm-robust"
+    account: str | None = None
+    exclude: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def submit_run(cfg: RunConfig, slurm: SlurmOptions) -> Any:
+    """Submit the agents of ``cfg`` through submitit; returns the submitit job."""
+    import submitit
+
+    paths = RunPaths.of(cfg.run_dir)
+    paths.root.mkdir(parents=True, exist_ok=True)
+    os.chmod(paths.root, 0o775)
+    if not cfg.site_config:
+        cfg = dataclasses.replace(cfg, site_config=site_config_path())
+    write_json_atomic(paths.config, cfg.to_dict(), mode=0o664)
+    ex = submitit.SlurmExecutor(folder=str(paths.submitit), max_num_timeout=3)
+    params: dict[str, Any] = {
+        "nodes": cfg.total_nodes, "ntasks_per_node": 1, "time": slurm.time_min,
+        "job_name": slurm.job_name, "comment": f"{COMMENT_PREFIX}{cfg.run_dir}",
+        "additional_parameters": {"requeue": True, "no-kill": True, **slurm.extra},
+        "srun_args": ["--no-kill", "--kill-on-bad-exit=0"],
+        "signal_delay_s": 60, "stderr_to_stdout": True,
+    }
+    for key, value in (("partition", slurm.partition), ("gpus_per_node", slurm.gpus_per_node),
+                       ("cpus_per_task", slurm.cpus_per_task), ("account", slurm.account),
+                       ("exclude", slurm.exclude)):
+        if value is not None:
+            params[key] = value
+    if slurm.mem_gb is not None:
+        params["mem"] = f"{int(slurm.mem_gb * 1024)}M"
+    ex.update_parameters(**params)
+    from slurm_robust.launcher.agent import run_agent
+
+    try:
+        return ex.submit(run_agent, cfg)
+    except Exception as exc:  # submitit raises FailedSubmissionError with sbatch's words
+        raise LauncherError(f"sbatch refused the robust job: {exc}") from exc
+
+
+def run_dir_from_comment(comment: str) -> str | None:
+    return comment[len(COMMENT_PREFIX):] if comment.startswith(COMMENT_PREFIX) else None
+
+
+# --------------------------------------------------------------------- Python executor
+_SLURM_KEYS = {"nodes", "partition", "time", "gpus_per_node", "cpus_per_task", "mem_gb",
+               "job_name", "account", "exclude", "additional_parameters"}
+_ROBUST_KEYS = {f.name for f in dataclasses.fields(RunConfig)} - {"command", "run_dir", "nodes"}
+
+
+class RobustExecutor:
+    """A submitit-style executor whose jobs run under the robust launcher.
+
+    Parameters are submitit's (``nodes``, ``partition``, ``time`` in minutes,
+    ``gpus_per_node``, ``cpus_per_task``, ``mem_gb``, ``job_name``, ``account``,
+    ``exclude``, ``additional_parameters``) plus every RunConfig option (``spares``,
+    ``hang_floor_s``, ``max_restarts``, ``local_every``, ``durable_every``, ...).
+    Unknown keys raise UsageError listing the valid ones.
+    """
+
+    def __init__(self, folder: str | os.PathLike[str], **params: Any) -> None:
+        self.folder = Path(folder).absolute()
+        self._params: dict[str, Any] = {"nodes": 1, "time": 60}
+        self.update_parameters(**params)
+
+    def update_parameters(self, **params: Any) -> None:
+        unknown = sorted(set(params) - _SLURM_KEYS - _ROBUST_KEYS)
+        if unknown:
+            raise UsageError(f"unknown parameter(s) {unknown}; valid: "
+                             f"{sorted(_SLURM_KEYS | _ROBUST_KEYS)}")
+        self._params.update(params)
+
+    def submit(self, fn: Any, *args: Any, **kwargs: Any) -> RobustJob:
+        """Run ``fn(*args, **kwargs)`` on every rank; returns the job."""
+        import cloudpickle  # shipped with submitit
+
+        run_dir = self.folder / time.strftime("%Y%m%d-%H%M%S") if \
+            (self.folder / "events.jsonl").exists() else self.folder
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fn_path = run_dir / "function.pkl"
+        _pickle_user_module_by_value(fn, cloudpickle)
+        fn_path.write_bytes(cloudpickle.dumps((fn, args, kwargs)))
+        p = self._params
+        robust = {k: v for k, v in p.items() if k in _ROBUST_KEYS}
+        cfg = RunConfig(command=(sys.executable, "-m", "slurm_robust.launcher.fnworker",
+                                 str(fn_path)), run_dir=str(run_dir), nodes=p["nodes"],
+                        **robust)
+        slurm = SlurmOptions(partition=p.get("partition"), time_min=int(p["time"]),
+                             gpus_per_node=p.get("gpus_per_node"),
+                             cpus_per_task=p.get("cpus_per_task"), mem_gb=p.get("mem_gb"),
+                             job_name=p.get("job_name", "slurm-robust"),
+                             account=p.get("account"), exclude=p.get("exclude"),
+                             extra=dict(p.get("additional_parameters") or {}))
+        return RobustJob(submit_run(cfg, slurm), str(run_dir))
+
+
+def _pickle_user_module_by_value(fn: Any, cloudpickle: Any) -> None:
+    """Ship the code of a user's own module (a script, a test, a notebook) inside the
+    pickle; functions of installed packages are pickled by reference as usual."""
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    origin = getattr(getattr(module, "__spec__", None), "origin", None) or ""
+    if module is None or module.__name__ == "__main__" or module.__name__.startswith(
+            "slurm_robust") or "-packages" in origin:
+        return
+    cloudpickle.register_pickle_by_value(module)
+
+
+class RobustJob:
+    """A submitted robust run: ``job_id``, ``state``, ``result()``, ``events()``."""
+
+    def __init__(self, job: Any, run_dir: str) -> None:
+        self._job = job
+        self.run_dir = run_dir
+
+    @property
+    def job_id(self) -> str:
+        return str(self._job.job_id)
+
+    @property
+    def state(self) -> str:
+        return str(self._job.state)
+
+    def done(self) -> bool:
+        return bool(self._job.done())
+
+    def events(self) -> list[dict[str, Any]]:
+        return read_records(RunPaths.of(self.run_dir).events, EVENT_SCHEMA).records
+
+    def result(self, poll_s: float = 2.0) -> Any:
+        """Wait for the run; rank 0's return value, or RunStopped with the verdict."""
+        while not self._job.done():
+            time.sleep(poll_s)
+        ends = [e for e in self.events() if e.get("event") == "run_end"]
+        if ends and ends[-1].get("status") == "stopped":
+            raise RunStopped(ends[-1].get("verdict") or "stopped", self.run_dir)
+        result = Path(self.run_dir) / "result.pkl"
+        if not result.exists():
+            raise LauncherError(f"job {self.job_id} ended ({self.state}) without a result; "
+                                f"see {self.run_dir}/events.jsonl and {self.run_dir}/logs")
+        return pickle.loads(result.read_bytes())

@@ -1,0 +1,31 @@
+"""Worker entry for RobustExecutor.submit: run a pickled function on this rank.
+
+``python -m slurm_robust.launcher.fnworker RUN_DIR/function.pkl``: every rank calls
+``fn(*args, **kwargs)`` with the torchrun-style environment set by its agent (the
+function uses :mod:`slurm_robust.train` or plain torch.distributed); rank 0 writes its
+return value to ``RUN_DIR/result.pkl`` (atomically) for ``RobustJob.result()``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    path = Path(args[0])
+    fn, fargs, fkwargs = pickle.loads(path.read_bytes())
+    result = fn(*fargs, **fkwargs)
+    if os.environ.get("RANK", "0") == "0":
+        out = path.with_name("result.pkl")
+        tmp = out.with_name(f".result.{os.getpid()}.tmp")
+        tmp.write_bytes(pickle.dumps(result))
+        os.replace(tmp, out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

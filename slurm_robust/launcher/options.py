@@ -1,0 +1,73 @@
+"""Command-line options shared by ``slurm-robust submit`` and ``slurm-robust launch``.
+
+Precedence: RunConfig defaults < environment (``SLURM_ROBUST_SPARES``,
+``SLURM_ROBUST_HANG_TIMEOUT``, ``SLURM_ROBUST_MAX_RESTARTS``, exported by the SPANK
+plugin) < command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from slurm_robust.errors import UsageError
+from slurm_robust.launcher.config import RunConfig, env_defaults
+
+_TIME = re.compile(r"^(?:(?P<d>\d+)-)?(?P<h>\d+):(?P<m>\d+)(?::(?P<s>\d+))?$")
+
+
+def add_robust_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spares", type=int, default=None,
+                   help="parked spare nodes in the allocation (default: $SLURM_ROBUST_SPARES "
+                        "or 0)")
+    p.add_argument("--folder", default=None, metavar="RUN_DIR",
+                   help="run directory on a shared filesystem (default: runs/<time>)")
+    p.add_argument("--workers-per-node", type=int, default=None, metavar="N",
+                   help="ranks per node (default: --gpus-per-node, else 1)")
+    p.add_argument("--hang-timeout", type=float, default=None, metavar="S",
+                   help="hang floor in seconds (hang = no step for max(S, factor x median))")
+    p.add_argument("--hang-factor", type=float, default=None, metavar="M")
+    p.add_argument("--max-restarts", type=int, default=None)
+    p.add_argument("--local-every", type=int, default=None, metavar="STEPS")
+    p.add_argument("--durable-every", type=int, default=None, metavar="STEPS")
+    p.add_argument("--heartbeat-timeout", type=float, default=None, metavar="S")
+    p.add_argument("--drain", action="store_true",
+                   help="also drain blamed nodes directly (Slurm operators only)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="-- followed by the training command")
+
+
+def build_config(args: argparse.Namespace, nodes: int, gpus_per_node: int | None) -> RunConfig:
+    """A RunConfig from parsed options (env defaults below explicit flags)."""
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    values: dict[str, Any] = env_defaults()
+    for flag, key in (("spares", "spares"), ("hang_timeout", "hang_floor_s"),
+                      ("hang_factor", "hang_factor"), ("max_restarts", "max_restarts"),
+                      ("local_every", "local_every"), ("durable_every", "durable_every"),
+                      ("heartbeat_timeout", "heartbeat_timeout_s"),
+                      ("workers_per_node", "workers_per_node")):
+        value = getattr(args, flag)
+        if value is not None:
+            values[key] = value
+    values.setdefault("workers_per_node", gpus_per_node or 1)
+    run_dir = args.folder or str(Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
+    return RunConfig(command=tuple(command), run_dir=run_dir, nodes=nodes,
+                     drain=bool(args.drain), **values)
+
+
+def parse_time_minutes(text: str) -> int:
+    """Slurm-style time: minutes, ``HH:MM[:SS]`` or ``D-HH:MM[:SS]``; rounded up."""
+    if text.isdigit():
+        return int(text)
+    m = _TIME.match(text)
+    if not m:
+        raise UsageError(f"--time {text!r}: use minutes, HH:MM[:SS] or D-HH:MM[:SS]")
+    seconds = (int(m["d"] or 0) * 86400 + int(m["h"]) * 3600 + int(m["m"]) * 60
+               + int(m["s"] or 0))
+    return max(1, -(-seconds // 60))

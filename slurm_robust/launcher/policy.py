@@ -1,0 +1,150 @@
+"""Detection thresholds and the recovery ladder, as pure functions.
+
+Nothing here touches a process, a socket or Slurm: the controller gathers facts,
+calls these functions, and applies what they return (STYLE.md practice 5).
+
+The ladder (ARCHITECTURE.md "Recovery ladder")::
+
+    stop      the same user-code error after a clean restart, no progress across
+              max_no_progress attempts, or the restart budget spent
+    requeue   a node is blamed and no spare is left, or the controller's node is lost
+    spare     a node is blamed (explicit node fault, lost heartbeat, repeated failures)
+    in_place  anything else: transient or unclear
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from slurm_robust.launcher.classify import NODE_CLASSES
+
+RUNGS = ("in_place", "spare", "requeue", "stop")
+#: Step values needed before the spike test applies (early losses fall fast).
+SPIKE_MIN_HISTORY = 8
+#: Recent steps the medians are taken over.
+WINDOW = 32
+
+
+def median(values: Sequence[float]) -> float | None:
+    vals = sorted(v for v in values if v is not None and math.isfinite(v))
+    if not vals:
+        return None
+    mid = len(vals) // 2
+    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+
+
+def hang_timeout(step_times: Sequence[float], floor_s: float, factor: float) -> float:
+    """No finished step for this long is a hang: max(floor, factor x recent median)."""
+    med = median(step_times[-WINDOW:])
+    return floor_s if med is None else max(floor_s, factor * med)
+
+
+def is_hung(last_progress: float, now: float, step_times: Sequence[float], floor_s: float,
+            factor: float, started: bool, startup_timeout_s: float) -> bool:
+    """Whether the group is hung: before its first step the startup timeout applies."""
+    limit = hang_timeout(step_times, floor_s, factor) if started else startup_timeout_s
+    return now - last_progress > limit
+
+
+def step_anomaly(history: Sequence[float], value: float | None, factor: float) -> str | None:
+    """``"nan"`` for a non-finite value, ``"loss_spike"`` for one above factor x the
+    recent median (once SPIKE_MIN_HISTORY values are known), else None."""
+    if value is None:
+        return None
+    if not math.isfinite(value):
+        return "nan"
+    recent = [v for v in history[-WINDOW:] if v is not None and math.isfinite(v)]
+    if len(recent) < SPIKE_MIN_HISTORY:
+        return None
+    med = median(recent)
+    if med is not None and med > 0 and value > factor * med:
+        return "loss_spike"
+    return None
+
+
+def blamed_nodes(cls: str, nodes: Sequence[str], failures_by_node: dict[str, int],
+                 threshold: int) -> tuple[str, ...]:
+    """Nodes named as culprits: every node for a node-class fault, else the nodes whose
+    failure count in this run reached ``threshold``."""
+    if cls in NODE_CLASSES:
+        return tuple(dict.fromkeys(nodes))
+    return tuple(n for n in dict.fromkeys(nodes) if failures_by_node.get(n, 0) >= threshold)
+
+
+@dataclass(frozen=True)
+class LadderInput:
+    """The facts one ladder decision needs.
+
+    signature_seen: how many earlier incidents of this run ended in a restart with the
+    same error signature (a user-code error that repeats after a clean restart stops).
+    no_progress: attempts in a row, this one included, that finished no new step.
+    """
+
+    cls: str
+    blamed: tuple[str, ...]
+    controller_node: str
+    spares_left: int
+    restarts: int
+    max_restarts: int
+    signature: str | None
+    signature_seen: int
+    no_progress: int
+    max_no_progress: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    rung: str
+    reason: str
+    evict: tuple[str, ...] = ()
+
+
+def decide(x: LadderInput) -> Decision:
+    """Choose the ladder rung for one incident."""
+    if x.cls == "user_code" and x.signature is not None and x.signature_seen >= 1:
+        return Decision("stop", f"the same user-code error ({x.signature}) came back after "
+                                "a clean restart; fix the training code and resubmit")
+    if x.cls in ("nan", "loss_spike") and x.signature_seen >= 2 and x.no_progress >= 2:
+        return Decision("stop", f"{x.cls} recurs at the same place after restoring the last "
+                                "good snapshot; the data or the hyper-parameters need a look")
+    if x.no_progress >= x.max_no_progress:
+        return Decision("stop", f"no step finished in {x.no_progress} attempts in a row "
+                                f"(limit {x.max_no_progress}); last failure: {x.cls}")
+    if x.restarts >= x.max_restarts:
+        return Decision("stop", f"restart budget spent ({x.restarts} of {x.max_restarts}); "
+                                f"last failure: {x.cls}")
+    if x.controller_node in x.blamed:
+        return Decision("requeue", f"the controller's node {x.controller_node} is blamed "
+                                   f"({x.cls}); requeueing the job", x.blamed)
+    if x.blamed and len(x.blamed) > x.spares_left:
+        return Decision("requeue", f"{len(x.blamed)} node(s) blamed ({', '.join(x.blamed)}) "
+                                   f"but {x.spares_left} spare(s) left", x.blamed)
+    if x.blamed:
+        return Decision("spare", f"node(s) {', '.join(x.blamed)} blamed ({x.cls}); "
+                                 "activating spare(s)", x.blamed)
+    return Decision("in_place", f"{x.cls}: restarting in place from the latest snapshot")
+
+
+def assign_slots(previous: Sequence[str | None], available: Sequence[str],
+                 n: int) -> tuple[list[str], list[str]]:
+    """Place ``n`` active slots on ``available`` nodes, keeping every slot whose node is
+    still there (its memory-tier snapshot is local), filling the rest in order.
+
+    Returns (slot -> node, spare nodes). Raises ValueError when too few nodes.
+    """
+    if len(available) < n:
+        raise ValueError(f"{len(available)} node(s) available, {n} needed")
+    avail = list(dict.fromkeys(available))
+    slots: list[str | None] = [None] * n
+    used: set[str] = set()
+    for i, node in enumerate(list(previous)[:n]):
+        if node is not None and node in avail and node not in used:
+            slots[i] = node
+            used.add(node)
+    free = [a for a in avail if a not in used]
+    for i in range(n):
+        if slots[i] is None:
+            slots[i] = free.pop(0)
+    return [s for s in slots if s is not None], free

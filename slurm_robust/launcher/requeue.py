@@ -1,0 +1,125 @@
+"""The Slurm side of recovery: verdicts, requeue with an immediate start, direct drains.
+
+Every Slurm call goes through :class:`slurm_robust.slurm.Slurm`. An unprivileged user may
+requeue their own job and reset its StartTime (running again within seconds instead of
+Slurm's ~120 s hold), and may set ExcNodeList on it while it is pending, so the job does
+not land again on the node it blamed before the privileged epilog drains that node.
+Draining directly needs a Slurm operator; it is attempted only when ``RunConfig.drain`` is
+set, and a refusal is logged, not fatal (the verdict file is the channel that always works).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from slurm_robust.errors import UsageError
+from slurm_robust.launcher.config import RunConfig
+from slurm_robust.launcher.events import last_logged_step, make_incident
+from slurm_robust.launcher.paths import RunPaths, load_site
+from slurm_robust.launcher.state import load_state, save_state
+from slurm_robust.records import VERDICT_SCHEMA, VERDICT_VERSION, append_record, make_record
+from slurm_robust.slurm import Slurm, SlurmCommandError
+
+log = logging.getLogger("slurm_robust.launcher.requeue")
+
+
+def write_verdict(paths: RunPaths, job_id: str, node: str, reason: str, cls: str,
+                  evidence: Mapping[str, Any], incident: str,
+                  site_config: str | None = None) -> None:
+    """Record a ``slurm_robust.verdict`` (docs/SCHEMAS.md) where EpilogSlurmctld reads it
+    (``<verdict_dir>/<user>/<job>.jsonl``, via slurm_robust.reserve) and in the run's own
+    copy. Without the spool directory (no reserve set up on this cluster) only the run's
+    copy is written, and that is logged: the node is then not drained by the epilog."""
+    from slurm_robust.reserve.config import reserve_config
+    from slurm_robust.reserve.verdicts import VerdictError
+    from slurm_robust.reserve.verdicts import write_verdict as spool_verdict
+
+    user = os.environ.get("SLURM_JOB_USER") or pwd.getpwuid(os.geteuid()).pw_name
+    try:
+        root = reserve_config(load_site(site_config)).verdict_root
+        spool_verdict(root, user, job_id, node, reason, cls, dict(evidence), incident,
+                      run_dir=paths.root)
+        return
+    except (VerdictError, UsageError) as exc:
+        log.warning("verdict for %s kept in the run directory only: %s", node, exc)
+    append_record(paths.verdicts, make_record(VERDICT_SCHEMA, VERDICT_VERSION, {
+        "job_id": job_id, "node": node, "reason": reason, "class": cls,
+        "evidence": dict(evidence), "incident": incident}))
+
+
+def drain_directly(nodes: Sequence[str], reason: str) -> list[str]:
+    """Drain as a Slurm operator; returns the nodes drained (refusals are logged)."""
+    slurm, done = Slurm(), []
+    for node in nodes:
+        try:
+            slurm.drain(node, f"slurm_robust: {reason}")
+            done.append(node)
+        except SlurmCommandError as exc:
+            log.warning("could not drain %s directly (not a Slurm operator?): %s", node, exc)
+    return done
+
+
+def requeue_job(job_id: str, exclude: Sequence[str]) -> None:
+    """Requeue, keep the job off ``exclude``, and start it again as soon as possible.
+
+    Raises SlurmCommandError when the requeue itself is refused; the follow-up updates
+    are best effort (a job already running again cannot take ExcNodeList).
+    """
+    slurm = Slurm()
+    slurm.requeue(job_id, start_now=False)
+    fields: dict[str, str] = {"StartTime": "now"}
+    if exclude:
+        fields["ExcNodeList"] = ",".join(sorted(set(exclude)))
+    for attempt in range(5):
+        try:
+            slurm.update_job(job_id, **fields)
+            return
+        except SlurmCommandError as exc:
+            log.warning("update after requeue of %s failed (try %d): %s", job_id, attempt, exc)
+            time.sleep(0.5)
+
+
+def requeue_after_controller_loss(cfg: RunConfig, ident: Any, controller_node: str | None,
+                                  why: str, last_heard: float | None = None) -> bool:
+    """Called by an agent that lost the controller: exactly one agent (an O_EXCL lock
+    file per job step) records the incident in the run state, writes the verdict for
+    the controller's node and requeues the job. Returns whether this agent did it."""
+    paths = RunPaths.of(cfg.run_dir)
+    lock = paths.root / f"requeue-{ident.step_key}.lock"
+    try:
+        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o664))
+    except FileExistsError:
+        return False
+    now = time.time()
+    state = load_state(paths.state)
+    if state.finished:
+        return False
+    node = controller_node or "unknown"
+    state.incidents += 1
+    ranks = [slot * cfg.workers_per_node + i for slot, n in enumerate(state.slots)
+             if n == node for i in range(cfg.workers_per_node)]
+    logged = last_logged_step(paths.events)
+    last_step = max((s for s in (state.last_step, logged) if s is not None), default=None)
+    incident = make_incident(f"i{state.incidents}", "node_lost", "explicit", now,
+                             fault_time=last_heard, nodes=[node], ranks=ranks,
+                             last_step=last_step,
+                             evidence={"detected_by": ident.node, "why": why[:300],
+                                       "controller_lost": True})
+    incident.update(localized_at=now, rung="requeue")
+    state.open_incident = incident
+    state.restarts += 1
+    state.requeues += 1
+    state.blamed = sorted(set(state.blamed) | {node})
+    save_state(paths.state, state)
+    reason = f"node_lost: controller heartbeat lost ({why[:80]})"
+    write_verdict(paths, ident.job_id, node, reason, "node_lost", incident["evidence"],
+                  incident["incident"], cfg.site_config)
+    if cfg.drain:
+        drain_directly([node], reason)
+    requeue_job(ident.job_id, state.blamed)
+    return True

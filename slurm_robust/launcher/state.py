@@ -1,0 +1,70 @@
+"""The run state that outlives a Slurm requeue: ``<run_dir>/state.json``.
+
+Written atomically (temp file + rename) by the controller after every change that a
+restarted controller must know: the attempt counter (one count across in-job restarts
+and requeues), the restart count, error signatures seen (futile-restart detection),
+failures per node, which node held which slot, the blamed nodes, and an incident left
+open by a requeue (closed by the next allocation's controller once a step finishes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from slurm_robust.records import write_json_atomic
+
+STATE_VERSION = 1
+
+
+@dataclass
+class RunState:
+    """Persisted facts about a run (see the module docstring)."""
+
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    attempt: int = -1
+    restarts: int = 0
+    requeues: int = 0
+    signatures: dict[str, int] = field(default_factory=dict)
+    node_failures: dict[str, int] = field(default_factory=dict)
+    slots: list[str] = field(default_factory=list)
+    blamed: list[str] = field(default_factory=list)
+    last_step: int | None = None
+    no_progress: int = 0
+    open_incident: dict[str, Any] | None = None
+    incidents: int = 0
+    finished: str | None = None
+    verdict: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"v": STATE_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> RunState:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+
+def load_state(path: str | os.PathLike[str]) -> RunState:
+    """The saved state, or a fresh one when there is none yet.
+
+    A state file that is not valid JSON is an error (never silently reset: the restart
+    budget would start over): raises ValueError naming the file.
+    """
+    p = Path(path)
+    try:
+        raw = json.loads(p.read_text())
+    except FileNotFoundError:
+        return RunState()
+    except ValueError as exc:
+        raise ValueError(f"run state {p} is not valid JSON ({exc}); move it away to "
+                         "start the restart budget afresh") from exc
+    return RunState.from_dict(raw)
+
+
+def save_state(path: str | os.PathLike[str], state: RunState) -> None:
+    write_json_atomic(path, state.to_dict(), mode=0o664)

@@ -1,0 +1,98 @@
+"""Where a run is: its event log and state, summarised (``slurm-robust status``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from slurm_robust.errors import UsageError
+from slurm_robust.launcher.paths import RunPaths
+from slurm_robust.launcher.state import load_state
+from slurm_robust.records import EVENT_SCHEMA, VERDICT_SCHEMA, read_records
+
+
+def resolve_run_dir(target: str) -> str:
+    """A run directory, or a job id whose comment names one (via the Slurm layer)."""
+    if Path(target).is_dir():
+        return str(Path(target).absolute())
+    if target.isdigit():
+        from slurm_robust.launcher.executor import run_dir_from_comment
+        from slurm_robust.slurm import Slurm
+
+        job = Slurm().job(target)
+        run_dir = run_dir_from_comment(job.comment) if job else None
+        if run_dir:
+            return run_dir
+        raise UsageError(f"job {target} is not a running robust job known to Slurm; "
+                         "give its run directory instead")
+    raise UsageError(f"{target!r} is neither a run directory nor a job id")
+
+
+def run_status(target: str) -> dict[str, Any]:
+    run_dir = resolve_run_dir(target)
+    paths = RunPaths.of(run_dir)
+    read = read_records(paths.events, EVENT_SCHEMA)
+    events = read.records
+    if not events:
+        return {"run_dir": run_dir, "status": "pending", "events": 0,
+                "malformed_lines": read.malformed}
+    state = load_state(paths.state)
+    start = next((e for e in events if e["event"] == "run_start"), {})
+    steps = [e for e in events if e["event"] == "step"]
+    ends = [e for e in events if e["event"] == "run_end"]
+    incidents = [_incident_summary(e) for e in events if e["event"] == "incident"]
+    last = steps[-1] if steps else {}
+    verdicts = read_records(paths.verdicts, VERDICT_SCHEMA).records
+    return {
+        "run_dir": run_dir, "run_id": events[0].get("run_id"),
+        "job_id": events[-1].get("job_id"),
+        "status": ends[-1]["status"] if ends else "running",
+        "verdict": ends[-1].get("verdict") if ends else None,
+        "params_sha256": ends[-1].get("params_sha256") if ends else None,
+        "attempt": events[-1].get("attempt"), "restarts": state.restarts,
+        "requeues": state.requeues, "nodes": state.slots or start.get("nodes"),
+        "world_size": start.get("world_size"), "step": last.get("step"),
+        "loss": last.get("loss"), "last_step_time": last.get("time"),
+        "incidents": incidents, "open_incident": state.open_incident,
+        "verdicts": [{"node": v["node"], "class": v["class"], "reason": v["reason"]}
+                     for v in verdicts],
+        "events": len(events), "malformed_lines": read.malformed,
+    }
+
+
+def _incident_summary(e: dict[str, Any]) -> dict[str, Any]:
+    start = e.get("fault_time") or e.get("detected_at")
+    rec = e.get("recovered_at")
+    return {"incident": e["incident"], "class": e["class"], "rung": e["rung"],
+            "nodes": e["nodes"], "ranks": e["ranks"], "steps_lost": e["steps_lost"],
+            "restore_tier": e["restore_tier"],
+            "recovery_s": round(rec - start, 2) if rec and start else None,
+            "detect_s": round(e["detected_at"] - start, 2) if start else None}
+
+
+def format_status(s: dict[str, Any]) -> str:
+    if s.get("status") == "pending":
+        return f"{s['run_dir']}: no events yet (job pending or starting)"
+    lines = [f"run {s['run_id']}  job {s['job_id']}  {s['status']}  step {s['step']}  "
+             f"loss {_num(s['loss'])}  attempt {s['attempt']}  restarts {s['restarts']}",
+             f"  nodes: {', '.join(s['nodes'] or [])}  run dir: {s['run_dir']}"]
+    if s.get("verdict"):
+        lines.append(f"  verdict: {s['verdict']}")
+    if s.get("params_sha256"):
+        lines.append(f"  params_sha256: {s['params_sha256']}")
+    for i in s["incidents"]:
+        lines.append(f"  incident {i['incident']}: {i['class']} -> {i['rung']} on "
+                     f"{','.join(i['nodes']) or '-'} ranks {i['ranks']}; recovered in "
+                     f"{_num(i['recovery_s'])} s, {i['steps_lost']} step(s) lost, restored "
+                     f"from {i['restore_tier'] or '-'}")
+    if s.get("open_incident"):
+        o = s["open_incident"]
+        lines.append(f"  open incident {o['incident']}: {o['class']} -> {o['rung']} "
+                     "(recovering)")
+    for v in s["verdicts"]:
+        lines.append(f"  verdict for node {v['node']}: {v['class']}: {v['reason']}")
+    return "\n".join(lines)
+
+
+def _num(x: Any) -> str:
+    return "-" if x is None else (f"{x:.4g}" if isinstance(x, float) else str(x))

@@ -1,0 +1,223 @@
+"""Start, watch and stop the training workers of one node.
+
+Workers get a torchrun-compatible environment (RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
+TORCHELASTIC_RUN_ID) plus the robust one:
+
+    SLURM_ROBUST_ATTEMPT    the attempt number (one count across in-job restarts and requeues)
+    SLURM_ROBUST_RUN_DIR    the run directory
+    SLURM_ROBUST_PROGRESS   this worker's progress channel (a JSON-lines file, node-local)
+    SLURM_ROBUST_NODE       the Slurm node name
+    SLURM_ROBUST_JOB_ID     the job id (checkpoint paths carry it)
+    SLURM_ROBUST_CKPT       JSON: checkpoint tiers for slurm_robust.ckpt.CheckpointConfig
+    SLURM_ROBUST_RANK_NODES JSON list: the node of every rank
+
+Workers stay in the agent's process group, so Slurm's own cleanup (scancel, requeue)
+reaches them. Their stdout and stderr go to ``<run_dir>/logs/gen<g>/rank<r>.log``; the
+tail of that file is the evidence a failure is classified from.
+
+The progress channel: the training API appends one JSON line per finished step
+(``{"step", "loss", "grad_norm", "t"}``) and a few lifecycle lines (``restored``,
+``final``, ``anomaly``). Appending to a node-local tmpfs file costs microseconds, does
+not block on the agent, and survives the worker's crash for the agent to read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TAIL_BYTES = 32768
+
+
+@dataclass
+class Worker:
+    """One running (or exited) worker process."""
+
+    rank: int
+    local_rank: int
+    gen: int
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    progress_path: Path
+    started: float
+    offset: int = 0
+    partial: bytes = b""
+    exit_time: float | None = None
+    reported: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+
+def worker_env(base: Mapping[str, str], plan: Mapping[str, Any], rank: int, local_rank: int,
+               node: str, job_id: str, run_dir: str, progress: Path,
+               ckpt: Mapping[str, Any], extra: Mapping[str, str]) -> dict[str, str]:
+    """The environment of one worker (see the module docstring)."""
+    ranks = plan["ranks"]
+    env = dict(base)
+    env.update(extra)
+    env.update({
+        "RANK": str(rank), "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(plan["world_size"]), "LOCAL_WORLD_SIZE": str(len(ranks)),
+        "GROUP_RANK": str(plan["slot"]), "ROLE_RANK": str(rank),
+        "MASTER_ADDR": str(plan["master_addr"]), "MASTER_PORT": str(plan["master_port"]),
+        "TORCHELASTIC_RESTART_COUNT": str(plan["attempt"]),
+        "TORCHELASTIC_MAX_RESTARTS": str(plan.get("max_restarts", 0)),
+        "TORCHELASTIC_RUN_ID": str(plan.get("run_id", "")),
+        "SLURM_ROBUST_ATTEMPT": str(plan["attempt"]),
+        "SLURM_ROBUST_RUN_DIR": run_dir,
+        "SLURM_ROBUST_PROGRESS": str(progress),
+        "SLURM_ROBUST_NODE": node,
+        "SLURM_ROBUST_JOB_ID": job_id,
+        "SLURM_ROBUST_CKPT": json.dumps(dict(ckpt)),
+        "SLURM_ROBUST_RANK_NODES": json.dumps(plan["rank_nodes"]),
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+def spawn(command: list[str] | tuple[str, ...], env: dict[str, str], rank: int,
+          local_rank: int, gen: int, log_path: Path, progress: Path,
+          zygote: subprocess.Popen[bytes] | None = None) -> Worker:
+    """Start one worker (in a pre-started ``zygote`` when given); its output goes to
+    ``log_path`` (created)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    progress.parent.mkdir(parents=True, exist_ok=True)
+    progress.unlink(missing_ok=True)
+    progress.touch()
+    if zygote is not None and zygote.stdin is not None:
+        order = {"argv": list(command[1:]), "env": env, "cwd": os.getcwd(),
+                 "log": str(log_path)}
+        try:
+            zygote.stdin.write((json.dumps(order) + "\n").encode())
+            zygote.stdin.close()
+            return Worker(rank, local_rank, gen, zygote, log_path, progress, time.time(),
+                          extra={"zygote": True})
+        except (BrokenPipeError, OSError):
+            pass  # the zygote died: start the worker the plain way
+    with open(log_path, "ab") as log:
+        popen = subprocess.Popen(list(command), env=env, stdout=log,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return Worker(rank, local_rank, gen, popen, log_path, progress, time.time())
+
+
+class ZygotePool:
+    """Pre-started interpreters for this node's next workers (see zygote.py)."""
+
+    def __init__(self, command: list[str] | tuple[str, ...], preload: tuple[str, ...],
+                 env: Mapping[str, str], size: int) -> None:
+        from slurm_robust.launcher import zygote
+
+        self.enabled = bool(preload) and zygote.usable(command)
+        self.argv = zygote.argv_for(command, preload)
+        self.env = {**env, "PYTHONUNBUFFERED": "1"}
+        self.size = size
+        self.ready: list[subprocess.Popen[bytes]] = []
+
+    def fill(self) -> None:
+        self.ready = [z for z in self.ready if z.poll() is None]
+        while self.enabled and len(self.ready) < self.size:
+            self.ready.append(subprocess.Popen(self.argv, env=self.env, stdin=subprocess.PIPE,
+                                               stdout=subprocess.DEVNULL,
+                                               stderr=subprocess.DEVNULL))
+
+    def take(self) -> subprocess.Popen[bytes] | None:
+        while self.ready:
+            z = self.ready.pop(0)
+            if z.poll() is None:
+                return z
+        return None
+
+    def close(self) -> None:
+        for z in self.ready:
+            _signal(z.pid, signal.SIGKILL)
+            z.wait()
+        self.ready = []
+
+
+def exit_status(returncode: int) -> tuple[int | None, int | None]:
+    """(exit code, signal) from a Popen return code."""
+    return (None, -returncode) if returncode < 0 else (returncode, None)
+
+
+def read_progress(worker: Worker) -> list[dict[str, Any]]:
+    """New complete lines of the worker's progress channel since the last call."""
+    try:
+        with open(worker.progress_path, "rb") as fh:
+            fh.seek(worker.offset)
+            data = fh.read()
+    except FileNotFoundError:
+        return []
+    worker.offset += len(data)
+    data = worker.partial + data
+    lines = data.split(b"\n")
+    worker.partial = lines.pop()
+    out = []
+    for line in lines:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue  # a torn line of a killed writer; the next line is whole again
+        if isinstance(obj, dict):
+            obj["rank"] = worker.rank
+            out.append(obj)
+    return out
+
+
+def log_tail(path: Path, nbytes: int = TAIL_BYTES) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - nbytes))
+            return fh.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state of a process (R, S, D, T stopped, Z), None when gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[-1].split()[0]
+
+
+def stop_workers(workers: list[Worker], grace_s: float) -> None:
+    """SIGTERM, wait up to ``grace_s``, then SIGKILL what is left, and reap everything.
+
+    A stopped (SIGSTOP) worker cannot act on SIGTERM; SIGKILL still ends it.
+    """
+    alive = [w for w in workers if w.popen.poll() is None]
+    for w in alive:
+        _signal(w.popen.pid, signal.SIGTERM)
+        _signal(w.popen.pid, signal.SIGCONT)
+    deadline = time.time() + grace_s
+    while time.time() < deadline and any(w.popen.poll() is None for w in alive):
+        time.sleep(0.02)
+    for w in alive:
+        if w.popen.poll() is None:
+            _signal(w.popen.pid, signal.SIGKILL)
+    for w in alive:
+        try:
+            w.popen.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass  # stuck in the kernel (D state); nothing more a user process can do
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass

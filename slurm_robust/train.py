@@ -1,0 +1,258 @@
+"""The training-side API: rank layout, restore at start, a snapshot at every step's end.
+
+Usage (see examples/train_gpt.py)::
+
+    from slurm_robust import train
+
+    run = train.init()                          # torch.distributed from the env, rank layout
+    start = run.restore(model, optimizer)       # steps already done (0 on a fresh start)
+    for step in range(start, total_steps):
+        loss = compute_loss(batch(step)); loss.backward(); average_gradients()
+        run.before_update()                     # the previous snapshot's copy is done
+        optimizer.step()
+        run.step_end(step + 1, loss.item(), grad_norm, model, optimizer, data_position=step + 1)
+    run.finish(params_sha256=digest(model))
+
+Under the robust launcher (``SLURM_ROBUST_PROGRESS`` is set) ``step_end``:
+
+- checks the loss and grad norm: a non-finite value, or one above ``spike_factor`` x the
+  recent median, ends the worker with exit code 87 (nan) or 88 (loss_spike) *without*
+  snapshotting that state, so the restart restores the last good step;
+- hands the state to ``slurm_robust.ckpt`` (memory tier every step, peer backup, disk
+  tiers) and appends one line to the progress channel (a node-local file the agent reads;
+  a few microseconds, never blocks on the agent).
+
+A plain torchrun-style environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, no
+launcher) works too: ``restore`` returns 0 and ``step_end`` only checks values; the
+script then keeps its own checkpoints. ``finish(events_path=...)`` writes a ``run_end``
+event itself in that case.
+
+Fault injection (``slurm-robust inject nan``) sends SIGUSR1: the handler installed by
+``init`` poisons one parameter with NaN right after the next snapshot's copy finished,
+so the following step really produces a non-finite loss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from slurm_robust.launcher.classify import EXIT_NONFINITE, EXIT_SPIKE
+from slurm_robust.launcher.policy import step_anomaly
+
+POISON_SIGNAL = signal.SIGUSR1
+
+
+@dataclass
+class RobustRun:
+    """One rank's view of the run (returned by :func:`init`)."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    node: str
+    attempt: int
+    job_id: str
+    run_dir: str | None
+    backend: str
+    spike_factor: float = 5.0
+    restored_step: int | None = None
+    restore_tier: str | None = None
+    last_step: int | None = None
+    _mgr: Any = None
+    _progress_fd: int | None = None
+    _losses: list[float] = field(default_factory=list)
+    _norms: list[float] = field(default_factory=list)
+    _poison: bool = False
+
+    @property
+    def robust(self) -> bool:
+        """Whether a robust agent supervises this worker."""
+        return self._progress_fd is not None
+
+    # ----------------------------------------------------------------- restore
+    def restore(self, model: Any, optimizer: Any = None, scheduler: Any = None) -> int:
+        """Restore the newest common snapshot (collective); returns the steps done.
+
+        Returns 0 on a fresh start or without the launcher. The snapshot's
+        ``data_position`` is returned when it is an int (the example's step counter).
+        """
+        if not self.robust:
+            return 0
+        from slurm_robust import ckpt
+
+        spec = json.loads(os.environ.get("SLURM_ROBUST_CKPT") or "{}")
+        cfg = ckpt.CheckpointConfig(
+            shm_root=spec.get("shm_root") or ckpt.CheckpointConfig.shm_root,
+            local_root=spec.get("local_root"), durable_root=spec.get("durable_root"),
+            local_every=int(spec.get("local_every") or 0),
+            durable_every=int(spec.get("durable_every") or 0),
+            peer_backup=bool(spec.get("peer_backup", self.world_size > 1)),
+            peer_slots=int(spec.get("peer_slots") or 1))
+        rank_nodes = json.loads(os.environ.get("SLURM_ROBUST_RANK_NODES") or "null")
+        self._mgr = ckpt.CheckpointManager(cfg, self.rank, self.world_size, self.node,
+                                           self.job_id, rank_nodes=rank_nodes)
+        res = self._mgr.restore()
+        position: Any = 0
+        if res.step is not None:
+            position = ckpt.apply_state(res.state, model, optimizer, scheduler)
+            self.restore_tier = res.tiers.get(self.rank)
+        self.restored_step = res.step
+        self._report({"kind": "restored", "step": res.step, "tier": self.restore_tier,
+                      "seconds": round(res.seconds, 4)})
+        if isinstance(position, int):
+            return position
+        return res.step or 0
+
+    # ----------------------------------------------------------------- per step
+    def before_update(self) -> None:
+        """Call before the optimizer step: waits until the last snapshot's copy has
+        read the state (the only point where training waits for the checkpoint)."""
+        if self._mgr is not None:
+            self._mgr.wait()
+
+    def step_end(self, step: int, loss: float | None, grad_norm: float | None = None,
+                 model: Any = None, optimizer: Any = None, scheduler: Any = None,
+                 data_position: Any = None) -> None:
+        """Report the end of ``step`` (steps done so far) and snapshot the state."""
+        for name, value, history in (("loss", loss, self._losses),
+                                     ("grad_norm", grad_norm, self._norms)):
+            anomaly = step_anomaly(history, value, self.spike_factor)
+            if anomaly is not None:
+                self._abort(anomaly, name, step, value)
+            if value is not None:
+                history.append(float(value))
+                del history[:-64]
+        if self._mgr is not None and model is not None:
+            from slurm_robust import ckpt
+
+            self._mgr.snapshot(step, ckpt.capture_state(model, optimizer, scheduler,
+                                                        data_position=data_position))
+        self.last_step = step
+        self._report({"kind": "step", "step": step, "loss": loss, "grad_norm": grad_norm,
+                      "t": time.time()})
+        if self._poison and model is not None:
+            self._apply_poison(model)
+
+    def finish(self, params_sha256: str | None = None, events_path: str | None = None) -> None:
+        """End of training: flush the checkpoint pipeline, report the final digest."""
+        if self._mgr is not None:
+            self._mgr.close()
+            self._mgr = None
+        step = self.last_step
+        self._report({"kind": "final", "step": step, "params_sha256": params_sha256,
+                      "t": time.time()})
+        if not self.robust and events_path and self.rank == 0:
+            _standalone_run_end(events_path, self.job_id, params_sha256, step)
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    # ----------------------------------------------------------------- internals
+    def _report(self, item: dict[str, Any]) -> None:
+        if self._progress_fd is None:
+            return
+        # NaN and Infinity are written as JSON's common extension; the agent's reader
+        # (json.loads) accepts them, and they are evidence worth keeping.
+        line = json.dumps(item, separators=(",", ":"), default=str) + "\n"
+        os.write(self._progress_fd, line.encode())
+
+    def _abort(self, anomaly: str, name: str, step: int, value: float | None) -> None:
+        msg = f"slurm_robust: {anomaly}: {name} is {value} at step {step}"
+        print(msg, file=sys.stderr, flush=True)
+        self._report({"kind": "anomaly", "what": anomaly, "name": name, "step": step,
+                      "value": str(value)})
+        if self._mgr is not None:
+            # Let the snapshots already taken complete, so the restart finds them.
+            self._mgr.flush(timeout=30.0)
+        os._exit(EXIT_NONFINITE if anomaly == "nan" else EXIT_SPIKE)
+
+    def _apply_poison(self, model: Any) -> None:
+        import torch
+
+        self._poison = False
+        if self._mgr is not None:
+            self._mgr.wait()  # the snapshot just taken must not read the poison
+        with torch.no_grad():
+            next(iter(model.parameters())).fill_(float("nan"))
+        print("slurm_robust: injected NaN into the first parameter", file=sys.stderr,
+              flush=True)
+
+
+def init(backend: str | None = None, timeout_s: float = 1800.0) -> RobustRun:
+    """Initialise torch.distributed from the torchrun-style environment.
+
+    Uses NCCL when CUDA is available, else gloo (unless ``backend`` says otherwise);
+    a world of one skips the process group. Installs the faulthandler stack-dump
+    handler (for hang captures where ptrace is refused) and the NaN-injection handler.
+    """
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout_s))
+    run = RobustRun(rank=rank, local_rank=local_rank, world_size=world,
+                    node=os.environ.get("SLURM_ROBUST_NODE")
+                    or os.environ.get("SLURMD_NODENAME") or "local",
+                    attempt=int(os.environ.get("SLURM_ROBUST_ATTEMPT")
+                                or os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0),
+                    job_id=os.environ.get("SLURM_ROBUST_JOB_ID")
+                    or os.environ.get("SLURM_JOB_ID") or "local",
+                    run_dir=os.environ.get("SLURM_ROBUST_RUN_DIR"), backend=backend)
+    progress = os.environ.get("SLURM_ROBUST_PROGRESS")
+    if progress:
+        run._progress_fd = os.open(progress, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    if run.run_dir:
+        from slurm_robust.stacks.handler import DEFAULT_TEMPLATE, install_stack_dump_handler
+
+        install_stack_dump_handler(os.path.join(run.run_dir, DEFAULT_TEMPLATE))
+
+    def _poison(signum: int, frame: Any) -> None:
+        run._poison = True
+
+    signal.signal(POISON_SIGNAL, _poison)
+    previous_hook = sys.excepthook
+
+    def _flush_then_report(*exc_info: Any) -> None:
+        # An uncaught exception ends the worker: let the snapshots already taken
+        # complete first, so the restart loses no finished step.
+        if run._mgr is not None:
+            try:
+                run._mgr.flush(timeout=10.0)
+            except Exception:  # noqa: BLE001 - the original error is the one to show
+                pass
+        previous_hook(*exc_info)
+
+    sys.excepthook = _flush_then_report
+    return run
+
+
+def params_digest(model: Any) -> str:
+    """SHA-256 over the model's parameters and buffers, by name in sorted order."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _standalone_run_end(path: str, job_id: str, sha: str | None, step: Any) -> None:
+    from slurm_robust.launcher.events import EventLog
+
+    EventLog(path, run_id=f"standalone-{job_id}", job_id=None).run_end(
+        "completed", step if isinstance(step, int) else None, sha, None)

@@ -1,0 +1,102 @@
+"""The Python executor (submitit-style) and `slurm-robust launch` on the mini-cluster."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_robust.launcher.errors import RunStopped
+from slurm_robust.launcher.executor import RobustExecutor
+from slurm_robust.records import read_records
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def train_fn(steps: int, bug_at: int | None = None) -> dict:
+    """Runs on every rank: a tiny linear model, data parallel, through slurm_robust.train."""
+    import torch
+
+    from slurm_robust import train
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    run = train.init()
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    start = run.restore(model, opt)
+    for step in range(start, steps):
+        if bug_at is not None and step + 1 == bug_at:
+            raise KeyError("deliberate")
+        g = torch.Generator().manual_seed(step * 100 + run.rank)
+        x = torch.randn(32, 16, generator=g)
+        loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        for p in model.parameters():
+            torch.distributed.all_reduce(p.grad)
+            p.grad /= run.world_size
+        run.before_update()
+        opt.step()
+        run.step_end(step + 1, loss.item(), None, model, opt, data_position=step + 1)
+    digest = train.params_digest(model)
+    run.finish(params_sha256=digest)
+    return {"rank": run.rank, "world": run.world_size, "sha": digest}
+
+
+def test_executor_submit_returns_rank0_result(minicluster, monkeypatch):
+    for key, value in minicluster.env.items():
+        monkeypatch.setenv(key, value)
+    folder = minicluster.cfg.shared_dir / f"test-executor-{int(time.time() * 1000)}"
+    ex = RobustExecutor(folder=folder, spares=1, hang_floor_s=20)
+    ex.update_parameters(nodes=2, time=10, local_every=0, durable_every=0)
+    with pytest.raises(Exception, match="unknown parameter"):
+        ex.update_parameters(gpus=8)
+    job = ex.submit(train_fn, 20)
+    assert job.job_id.isdigit()
+    result = job.result(poll_s=1)
+    assert result["rank"] == 0 and result["world"] == 2
+    ends = [e for e in job.events() if e["event"] == "run_end"]
+    assert ends[-1]["status"] == "completed" and ends[-1]["params_sha256"] == result["sha"]
+
+
+def test_executor_stopped_run_raises_its_verdict(minicluster, monkeypatch):
+    for key, value in minicluster.env.items():
+        monkeypatch.setenv(key, value)
+    folder = minicluster.cfg.shared_dir / f"test-executor-stop-{int(time.time() * 1000)}"
+    ex = RobustExecutor(folder=folder, nodes=2, time=10, spares=0)
+    job = ex.submit(train_fn, 20, bug_at=5)
+    with pytest.raises(RunStopped, match="KeyError"):
+        job.result(poll_s=1)
+
+
+def test_launch_inside_own_sbatch_script(minicluster):
+    run_dir = minicluster.cfg.shared_dir / f"test-launch-{int(time.time() * 1000)}"
+    script = run_dir.with_suffix(".sbatch")
+    script.write_text("\n".join([
+        "#!/bin/bash", "#SBATCH -N 3", "#SBATCH --requeue", "#SBATCH -t 10",
+        f"cd {REPO}",
+        f"{sys.executable} -m slurm_robust.cli.main launch --spares 1 --folder {run_dir} -- "
+        f"{sys.executable} examples/train_gpt.py --steps 15", ""]))
+    out = subprocess.run(["sbatch", "--parsable", "-o", f"{run_dir}.out", str(script)],
+                         env=minicluster.env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.strip().split(";")[0]
+    deadline = time.time() + 240
+    ends: list = []
+    while time.time() < deadline and not ends:
+        time.sleep(1)
+        ends = [e for e in read_records(run_dir / "events.jsonl").records
+                if e["event"] == "run_end"]
+    subprocess.run(["scancel", job], env=minicluster.env, timeout=30)
+    assert ends and ends[-1]["status"] == "completed", f"see {run_dir}.out"
+    start = next(e for e in read_records(run_dir / "events.jsonl").records
+                 if e["event"] == "run_start")
+    assert len(start["nodes"]) == 2 and len(start["spares"]) == 1
+    assert start["job_id"] == job and os.path.exists(run_dir / "agents")

@@ -1,0 +1,269 @@
+"""The robust launcher on the real mini-cluster: one run per injected fault.
+
+Every run is examples/train_gpt.py on NODES worker nodes (+ spares), CPU, gloo, a tiny
+GPT; every recovered run must end with the same params_sha256 as the fault-free run of
+the same configuration (computed once per module, standalone, torchrun-style). Faults
+are injected with the real CLI (`slurm-robust inject ...`), i.e. real signals on real
+processes; kill-node kills a node's slurmd. Nodes are revived at the end of each test.
+
+The mini-cluster's `train` partition has 4 nodes shared with other tests, so these runs
+use 2 worker nodes + 1 spare (the same code path as 4 + 1; set
+SLURM_ROBUST_TEST_NODES=3 to run 3 + 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_robust.launcher.paths import RunPaths
+from slurm_robust.launcher.state import load_state
+from slurm_robust.records import read_records
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "train_gpt.py"
+NODES = int(os.environ.get("SLURM_ROBUST_TEST_NODES", "2"))
+STEPS = 40
+TRAIN_ARGS = ["--steps", str(STEPS), "--min-step-time", "0.2"]
+CLI = [sys.executable, "-m", "slurm_robust.cli.main"]
+
+
+@pytest.fixture(scope="module")
+def baseline_sha() -> str:
+    """The fault-free digest: the example run standalone (torchrun-style env, no Slurm)."""
+    procs = []
+    for rank in range(NODES):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(NODES), LOCAL_RANK="0",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29700 + os.getpid() % 200))
+        for var in ("SLURM_ROBUST_PROGRESS", "SLURM_ROBUST_RUN_DIR"):
+            env.pop(var, None)
+        procs.append(subprocess.Popen([sys.executable, str(EXAMPLE), *TRAIN_ARGS[:2]],
+                                      env=env, stdout=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    line = next(ln for ln in outs[0].splitlines() if ln.startswith("params_sha256="))
+    return line.split("=")[1].split()[0]
+
+
+class Run:
+    """A submitted robust run and helpers to follow it."""
+
+    def __init__(self, cluster, name: str, spares: int, extra: list[str] | None = None,
+                 user: str | None = None, train_args: list[str] | None = None) -> None:
+        self.env = cluster.env
+        shared = cluster.cfg.shared_dir
+        self.run_dir = str(shared / f"test-{name}-{int(time.time() * 1000)}")
+        argv = [*CLI, "submit", "--nodes", str(NODES), "--spares", str(spares),
+                "--time", "15", "--folder", self.run_dir, "--json", "--hang-timeout", "8",
+                *(extra or []), "--", sys.executable, str(EXAMPLE),
+                *(train_args or TRAIN_ARGS)]
+        if user is not None:
+            argv = ["runuser", "-u", user, "--", "env", *[f"{k}={self.env[k]}" for k in
+                    ("SLURM_CONF", "SLURM_ROBUST_CLUSTER_DIR")], *argv]
+        out = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=120,
+                             cwd=REPO)
+        assert out.returncode == 0, out.stderr
+        self.job_id = json.loads(out.stdout)["job_id"]
+        self.paths = RunPaths.of(self.run_dir)
+
+    def events(self, kind: str | None = None) -> list[dict]:
+        recs = read_records(self.paths.events).records
+        return [e for e in recs if kind is None or e["event"] == kind]
+
+    def wait_step(self, step: int, timeout: float = 180.0) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if any(e["step"] >= step for e in self.events("step")):
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"step {step} not reached in {timeout} s; {self.tail()}")
+
+    def wait_end(self, timeout: float = 240.0) -> dict:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            ends = self.events("run_end")
+            if ends:
+                return ends[-1]
+            time.sleep(0.5)
+        raise AssertionError(f"run did not end in {timeout} s; {self.tail()}")
+
+    def inject(self, fault: str, *args: str) -> dict:
+        out = subprocess.run([*CLI, "inject", fault, "--job", self.job_id, "--json", *args],
+                             env=self.env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    def controller_node(self) -> str:
+        return json.loads(self.paths.controller.read_text())["node"]
+
+    def tail(self) -> str:
+        return f"run dir {self.run_dir}, last events: {self.events()[-3:]}"
+
+    def cancel(self) -> None:
+        subprocess.run(["scancel", self.job_id], env=self.env, timeout=30)
+
+
+@pytest.fixture
+def runs(minicluster):
+    started: list[Run] = []
+    killed: list[str] = []
+
+    def submit(name: str, spares: int = 1, **kw) -> Run:
+        run = Run(minicluster, name, spares, **kw)
+        started.append(run)
+        return run
+
+    submit.killed = killed  # type: ignore[attr-defined]
+    yield submit
+    for run in started:
+        run.cancel()
+    if killed:
+        from slurm_robust.launcher.inject import revive_node
+
+        for node in killed:
+            revive_node(node)
+
+
+def the_incident(run: Run) -> dict:
+    incidents = run.events("incident")
+    assert len(incidents) == 1, incidents
+    return incidents[0]
+
+
+def recovery_s(inc: dict, injected: dict) -> float:
+    return inc["recovered_at"] - injected["time"]
+
+
+def test_fault_free_run_matches_standalone_digest(runs, baseline_sha):
+    run = runs("clean")
+    end = run.wait_end()
+    assert end["status"] == "completed" and end["params_sha256"] == baseline_sha
+    assert run.events("incident") == []
+    steps = [e["step"] for e in run.events("step")]
+    assert steps == list(range(1, STEPS + 1))
+
+
+def test_kill_worker_restarts_in_place(runs, baseline_sha):
+    run = runs("killworker")
+    run.wait_step(10)
+    injected = run.inject("kill-worker", "--rank", str(NODES - 1))
+    end = run.wait_end()
+    inc = the_incident(run)
+    assert (inc["class"], inc["rung"]) == ("worker_crash", "in_place")
+    assert inc["ranks"] == [NODES - 1] and inc["restore_tier"] == "memory"
+    assert inc["steps_lost"] <= 1
+    assert recovery_s(inc, injected) < 10.0, inc
+    assert end["status"] == "completed" and end["params_sha256"] == baseline_sha
+
+
+def test_stop_worker_is_a_hang_with_stacks(runs, baseline_sha):
+    run = runs("stopworker")
+    run.wait_step(10)
+    injected = run.inject("stop-worker", "--rank", "0")
+    end = run.wait_end()
+    inc = the_incident(run)
+    assert (inc["class"], inc["rung"]) == ("hang", "in_place")
+    detect = inc["detected_at"] - injected["time"]
+    assert detect < 8.0 + 3.0, inc                 # the configured floor, plus a step
+    assert inc["ranks"] == [0]                       # the stopped worker is named
+    capture = Path(inc["evidence"]["stacks"])
+    assert sorted(p.name for p in capture.glob("rank*.json")) == \
+        [f"rank{r}.json" for r in range(NODES)]
+    assert inc["localized_at"] > inc["detected_at"]  # stacks before the kill
+    assert end["status"] == "completed" and end["params_sha256"] == baseline_sha
+
+
+def test_nan_is_caught_at_its_step_and_rolled_back(runs, baseline_sha):
+    run = runs("nan")
+    run.wait_step(10)
+    run.inject("nan", "--rank", "0")
+    end = run.wait_end()
+    inc = the_incident(run)
+    assert (inc["class"], inc["category"], inc["rung"]) == ("nan", "implicit", "in_place")
+    bad_step = int(inc["evidence"]["line"].rsplit("step", 1)[1])
+    assert inc["restored_step"] == bad_step - 1      # the last good snapshot
+    assert end["status"] == "completed" and end["params_sha256"] == baseline_sha
+
+
+def test_kill_node_activates_spare_from_peer_backup(runs, baseline_sha):
+    run = runs("killnode")
+    run.wait_step(10)
+    victim = next(n for n in load_state(run.paths.state).slots
+                  if n != run.controller_node())
+    injected = run.inject("kill-node", "--node", victim)
+    runs.killed.append(victim)
+    end = run.wait_end()
+    inc = the_incident(run)
+    assert (inc["class"], inc["rung"]) == ("node_lost", "spare")
+    assert inc["nodes"] == [victim] and inc["restore_tier"] == "peer"
+    assert recovery_s(inc, injected) < 20.0, inc
+    verdicts = read_records(run.paths.verdicts).records
+    assert [(v["node"], v["class"], v["job_id"]) for v in verdicts] == \
+        [(victim, "node_lost", run.job_id)]
+    assert victim not in load_state(run.paths.state).slots
+    assert end["status"] == "completed" and end["params_sha256"] == baseline_sha
+
+
+def test_kill_controller_node_without_spare_requeues(runs, baseline_sha):
+    run = runs("requeue", spares=0)
+    run.wait_step(10)
+    victim = run.controller_node()
+    injected = run.inject("kill-node", "--node", victim)
+    runs.killed.append(victim)
+    end = run.wait_end(timeout=300)
+    inc = the_incident(run)
+    assert (inc["class"], inc["rung"]) == ("node_lost", "requeue")
+    assert inc["nodes"] == [victim] and inc["last_step"] >= 10
+    # Restored from whatever tier survived where Slurm placed the job (memory or peer on
+    # nodes it kept, else disk), or from scratch: the count of lost steps says which.
+    assert inc["steps_lost"] == inc["last_step"] - (inc["restored_step"] or 0)
+    assert recovery_s(inc, injected) < 60.0, inc
+    state = load_state(run.paths.state)
+    assert state.requeues == 1 and victim not in state.slots
+    assert {e["attempt"] for e in run.events("attempt_start")} == {0, 1}
+    assert end["status"] == "completed" and end["params_sha256"] == baseline_sha
+
+
+def test_type_error_stops_after_one_retry(runs):
+    run = runs("typeerror", train_args=["--steps", str(STEPS), "--bug-at-step", "8"])
+    end = run.wait_end()
+    assert end["status"] == "stopped" and "TypeError" in end["verdict"]
+    incidents = run.events("incident")
+    assert [i["rung"] for i in incidents] == ["in_place", "stop"]
+    assert {i["class"] for i in incidents} == {"user_code"}
+    assert incidents[0]["evidence"]["exception"] == "TypeError"
+
+
+def _user_can_run(user: str) -> str | None:
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        return f"no user {user!r}"
+    out = subprocess.run(["runuser", "-u", user, "--", sys.executable, "-c", "import torch"],
+                         capture_output=True, text=True, timeout=120)
+    return None if out.returncode == 0 else \
+        f"user {user!r} cannot run {sys.executable}: {out.stderr.strip()[-200:]}"
+
+
+def test_unprivileged_user_kill_worker(runs, baseline_sha, minicluster):
+    why = _user_can_run(minicluster.cfg.user)
+    if why:
+        pytest.skip(why)
+    run = runs("unpriv", user=minicluster.cfg.user)
+    run.wait_step(10)
+    run.inject("kill-worker", "--rank", str(NODES - 1))
+    end = run.wait_end()
+    inc = the_incident(run)
+    assert (inc["class"], inc["rung"]) == ("worker_crash", "in_place")
+    assert end["status"] == "completed" and end["params_sha256"] == baseline_sha
+    assert Path(run.run_dir, "events.jsonl").stat().st_uid == \
+        pwd.getpwnam(minicluster.cfg.user).pw_uid

@@ -1,0 +1,101 @@
+"""The launcher's pure decisions: hang threshold, step anomalies, the ladder, slots."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from slurm_robust.launcher.policy import (
+    LadderInput,
+    assign_slots,
+    blamed_nodes,
+    decide,
+    hang_timeout,
+    is_hung,
+    step_anomaly,
+)
+
+
+def ladder(**kw) -> LadderInput:
+    base = dict(cls="worker_crash", blamed=(), controller_node="node1", spares_left=1,
+                restarts=0, max_restarts=10, signature=None, signature_seen=0, no_progress=0,
+                max_no_progress=3)
+    base.update(kw)
+    return LadderInput(**base)
+
+
+def test_hang_timeout_is_floor_or_multiple_of_median():
+    assert hang_timeout([], 20.0, 10.0) == 20.0
+    assert hang_timeout([0.1] * 10, 20.0, 10.0) == 20.0
+    assert hang_timeout([3.0, 3.0, 100.0], 20.0, 10.0) == 30.0
+
+
+def test_is_hung_uses_startup_timeout_before_first_step():
+    assert not is_hung(0.0, 100.0, [], 20.0, 10.0, started=False, startup_timeout_s=180.0)
+    assert is_hung(0.0, 181.0, [], 20.0, 10.0, started=False, startup_timeout_s=180.0)
+    assert is_hung(0.0, 21.0, [0.5], 20.0, 10.0, started=True, startup_timeout_s=180.0)
+    assert not is_hung(0.0, 19.0, [0.5], 20.0, 10.0, started=True, startup_timeout_s=180.0)
+
+
+def test_step_anomaly_nan_inf_and_spike():
+    history = [2.0] * 10
+    assert step_anomaly(history, math.nan, 5.0) == "nan"
+    assert step_anomaly(history, math.inf, 5.0) == "nan"
+    assert step_anomaly(history, 10.1, 5.0) == "loss_spike"
+    assert step_anomaly(history, 9.9, 5.0) is None
+    assert step_anomaly(history, None, 5.0) is None
+
+
+def test_no_spike_before_enough_history():
+    assert step_anomaly([1.0, 1.0], 100.0, 5.0) is None
+
+
+def test_transient_fault_restarts_in_place():
+    d = decide(ladder())
+    assert d.rung == "in_place" and d.evict == ()
+
+
+def test_blamed_node_uses_spare_and_is_evicted():
+    d = decide(ladder(cls="node_lost", blamed=("node3",)))
+    assert d.rung == "spare" and d.evict == ("node3",)
+
+
+def test_no_spare_left_requeues():
+    d = decide(ladder(cls="node_lost", blamed=("node3",), spares_left=0))
+    assert d.rung == "requeue" and d.evict == ("node3",)
+
+
+def test_controller_node_blamed_requeues_even_with_spares():
+    d = decide(ladder(cls="node_lost", blamed=("node1",), spares_left=2))
+    assert d.rung == "requeue"
+
+
+def test_same_user_error_after_restart_stops_with_verdict():
+    first = decide(ladder(cls="user_code", signature="TypeError@t.py:3", signature_seen=0))
+    again = decide(ladder(cls="user_code", signature="TypeError@t.py:3", signature_seen=1))
+    assert first.rung == "in_place"
+    assert again.rung == "stop" and "TypeError@t.py:3" in again.reason
+
+
+def test_no_progress_and_budget_stop():
+    assert decide(ladder(no_progress=3)).rung == "stop"
+    assert decide(ladder(restarts=10)).rung == "stop"
+    assert "budget" in decide(ladder(restarts=10)).reason
+
+
+def test_blamed_nodes_by_class_or_repeat_count():
+    assert blamed_nodes("cuda_error", ["n1"], {}, 3) == ("n1",)
+    assert blamed_nodes("worker_crash", ["n1"], {"n1": 2}, 3) == ()
+    assert blamed_nodes("worker_crash", ["n1"], {"n1": 3}, 3) == ("n1",)
+
+
+def test_assign_slots_keeps_surviving_nodes_in_place():
+    slots, spares = assign_slots(["a", "b", "c"], ["b", "c", "d", "e"], 3)
+    assert slots == ["d", "b", "c"] and spares == ["e"]
+
+
+def test_assign_slots_fresh_and_too_few():
+    assert assign_slots([], ["a", "b", "c"], 2) == (["a", "b"], ["c"])
+    with pytest.raises(ValueError, match="2 node"):
+        assign_slots([], ["a", "b"], 3)
