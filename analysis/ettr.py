@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
 from slurm_robust.analysis.loaders import RunLog
 
 DEFAULT_WINDOW_S = 3600.0

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 import pandas as pd
+
 from slurm_robust.analysis.frames import LoadIssues
 from slurm_robust.analysis.slurm_text import (
     EVENT_FIELDS,

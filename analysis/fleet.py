@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from slurm_robust.analysis.nodes import DRAIN_KINDS
 from slurm_robust.analysis.slurm_text import collapse_requeues
 

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from slurm_robust import records as rec
 from slurm_robust.analysis.frames import LoadIssues, records_to_frame
 from slurm_robust.analysis.taxonomy import (
     CATEGORIES,
@@ -36,8 +38,6 @@ from slurm_robust.analysis.taxonomy import (
     RUN_STATUSES,
     RUNGS,
 )
-
-from slurm_robust import records as rec
 
 EVENTS_FILE = "events.jsonl"
 VERDICTS_FILE = "verdicts.jsonl"

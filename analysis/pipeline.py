@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from slurm_robust.analysis import ettr
 from slurm_robust.analysis import incidents as inc_mod
 from slurm_robust.analysis.fleet import FleetView, fleet_view

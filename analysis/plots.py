@@ -11,6 +11,7 @@ import io
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from slurm_robust.analysis.taxonomy import CATEGORIES, RUNGS
 
 if TYPE_CHECKING:

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
 from slurm_robust.analysis.pipeline import Analysis
 from slurm_robust.analysis.plots import draw_all
-
 from slurm_robust.records import write_json_atomic
 
 INCIDENT_COLUMNS = ["run_id", "incident", "category", "class", "rung", "nodes",

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from slurm_robust.analysis.frames import as_category
 
 # The fields fetch asks sacct for, free text last.

@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slurm_robust import records as rec
 from slurm_robust.analysis.loaders import EVENTS_FILE, VERDICTS_FILE
 from slurm_robust.analysis.taxonomy import CLASS_CATEGORY, RUNGS
-
-from slurm_robust import records as rec
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
 from slurm_robust.analysis.frames import as_category
 from slurm_robust.analysis.loaders import RunLog
 from slurm_robust.analysis.pipeline import Inputs

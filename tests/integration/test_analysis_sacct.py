@@ -6,10 +6,10 @@ import json
 import time
 
 import pytest
+
 from slurm_robust.analysis.fetch import TIME_ENV, fetch_slurm_records
 from slurm_robust.analysis.frames import LoadIssues
 from slurm_robust.analysis.synth import Fault, synth_run, write_run_dir
-
 from slurm_robust.cli.main import main
 from slurm_robust.slurm import Slurm
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
+
 from slurm_robust.analysis import bench
 from slurm_robust.analysis.pipeline import analyse
 from slurm_robust.analysis.synth_fleet import synth_fleet

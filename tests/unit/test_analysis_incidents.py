@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from slurm_robust.analysis import incidents as inc_mod
 from slurm_robust.analysis.fleet import cause_table, fleet_view, peak_nodes
 from slurm_robust.analysis.frames import records_to_frame

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from slurm_robust import records as rec
 from slurm_robust.analysis.loaders import (
     load_health,
     load_run_dirs,
     load_verdicts,
 )
 from slurm_robust.analysis.synth import Fault, synth_run, write_run_dir
-
-from slurm_robust import records as rec
 
 
 def _health(node: str, status: str, run_id: str, t: float) -> dict:

@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
-from slurm_robust.analysis.synth import Fault, synth_run, write_run_dir
 
+from slurm_robust.analysis.synth import Fault, synth_run, write_run_dir
 from slurm_robust.cli.main import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -6,6 +6,7 @@ import json
 from datetime import UTC
 
 import pytest
+
 from slurm_robust.analysis.slurm_text import (
     EVENT_FIELDS,
     SACCT_FIELDS,
