@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_robust.cluster.config import ClusterConfig
+from slurm_robust.cluster.config import REPO_ROOT, ClusterConfig
 from slurm_robust.cluster.daemons import (
     ClusterError,
     Daemon,
@@ -94,6 +94,26 @@ def ensure_user(name: str) -> None:
                    check=True, capture_output=True, timeout=30)
 
 
+def ensure_reachable(paths: list[Path]) -> list[Path]:
+    """Give "others" search (x) permission on the ancestors of ``paths`` that lack it.
+
+    The unprivileged test user must be able to run the venv's interpreter (under
+    /root/.pyenv on this kind of machine, and /root is 0700) and read the checkout.
+    Only the search bit is added, never read or write; returns the directories changed.
+    """
+    changed: list[Path] = []
+    for path in paths:
+        for d in reversed(Path(path).resolve().parents):
+            try:
+                mode = d.stat().st_mode
+            except OSError:
+                continue
+            if not mode & 0o001:
+                d.chmod((mode & 0o7777) | 0o001)
+                changed.append(d)
+    return changed
+
+
 def _write_if_changed(path: Path, content: str, mode: int = 0o644) -> bool:
     try:
         if path.read_text() == content:
@@ -164,6 +184,9 @@ class MiniCluster:
                 raise ClusterError("missing Debian packages: " + " ".join(missing))
             install_packages(missing)
         ensure_user(self.cfg.user)
+        if os.geteuid() == 0:
+            for d in ensure_reachable([Path(self.cfg.python), REPO_ROOT, self.cfg.root]):
+                log.warning("added o+x to %s so user %r can reach it", d, self.cfg.user)
         conf_changed = self._write_files()
         before = self.running()
         env = self.cfg.env()

@@ -39,3 +39,18 @@ def test_plugstack_only_loads_a_built_plugin(tmp_path):
     cfg = _cfg(tmp_path)
     assert "optional" not in render_plugstack_conf(cfg, None)
     assert "optional /x.so journal=" in render_plugstack_conf(cfg, Path("/x.so"))
+
+
+def test_ensure_reachable_adds_only_the_search_bit(tmp_path):
+    from slurm_robust.cluster.manager import ensure_reachable
+
+    private = tmp_path / "home"
+    target = private / "venv" / "bin"
+    target.mkdir(parents=True)
+    private.chmod(0o700)
+    (private / "venv").chmod(0o750)
+    changed = ensure_reachable([target / "python"])
+    assert private in changed and private / "venv" in changed
+    assert private.stat().st_mode & 0o777 == 0o701
+    assert (private / "venv").stat().st_mode & 0o777 == 0o751
+    assert ensure_reachable([target / "python"]) == []
