@@ -109,6 +109,19 @@ class CkptPaths:
         return self.memory_dir / f"backup{k}"
 
     @property
+    def memory_shared(self) -> Path:
+        """The level above this job's memory copies, shared by every user's jobs."""
+        return Path(self.config.shm_root)
+
+    @property
+    def local_shared(self) -> Path:
+        return Path(self.config.local_root or ".") / self.node
+
+    @property
+    def durable_shared(self) -> Path:
+        return Path(self.config.durable_root or ".")
+
+    @property
     def local_dir(self) -> Path | None:
         if not self.config.local_root:
             return None
@@ -129,6 +142,26 @@ class CkptPaths:
         if self.durable_dir is None:
             raise UsageError("no durable tier: CheckpointConfig.durable_root is not set")
         return self.durable_dir / f"step{step:010d}" / f"rank{self.rank}"
+
+
+def ensure_dir(path: Path, shared_root: Path) -> None:
+    """Create ``path``; levels up to ``shared_root`` are shared, the rest private.
+
+    Roots such as ``/dev/shm/slurm_robust/<node>`` are used by every user's jobs, so a
+    level we create at or above ``shared_root`` gets mode 1777 (sticky, like /tmp);
+    the job's own levels below it are 0700. Existing directories are left as they are.
+    """
+    shared = shared_root.resolve()
+    for d in [*reversed(path.parents), path]:
+        if d.exists():
+            continue
+        is_shared = d.resolve() == shared or d.resolve() in shared.parents
+        try:
+            d.mkdir(mode=0o700)
+        except FileExistsError:
+            continue  # another rank made it first
+        if is_shared:
+            d.chmod(0o1777)
 
 
 def purge_job_memory(config: CheckpointConfig, job_id: str, node: str | None = None) -> int:

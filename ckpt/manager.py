@@ -298,7 +298,8 @@ class CheckpointManager:
             old = self._slots[k]
             if old is not None:
                 old.release()
-            self._slots[k] = SlotBuffer(self.paths.slot(k), nbytes, pin=pin)
+            self._slots[k] = SlotBuffer(self.paths.slot(k), nbytes, pin=pin,
+                                        shared_root=self.paths.memory_shared)
         self._signature = sig
         self._prefer_older_slot()
 
@@ -414,7 +415,7 @@ class CheckpointManager:
         if buf is None or buf.nbytes != nbytes:
             if buf is not None:
                 buf.release()
-            buf = SlotBuffer(self.paths.backup(j), nbytes)
+            buf = SlotBuffer(self.paths.backup(j), nbytes, shared_root=self.paths.memory_shared)
             self._backups[j] = buf
         buf.invalidate()
         return buf.flat
@@ -427,10 +428,12 @@ class CheckpointManager:
         t0 = time.perf_counter()
         for tier in tiers:
             if tier == "local":
-                write_disk_copy(slot.numpy(), meta, self.paths.local(step))
+                write_disk_copy(slot.numpy(), meta, self.paths.local(step),
+                                self.paths.local_shared)
                 prune_local(self.paths, self.config.keep_local)
             else:
-                write_disk_copy(slot.numpy(), meta, self.paths.durable(step))
+                write_disk_copy(slot.numpy(), meta, self.paths.durable(step),
+                                self.paths.durable_shared)
                 prune_durable(self.paths, self.config.keep_durable)
         self.stats.disk_s += time.perf_counter() - t0
         self.stats.disk_writes += len(tiers)

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from slurm_robust.ckpt.blob import DATA_SUFFIX, META_SUFFIX, TensorSpec
+from slurm_robust.ckpt.config import ensure_dir
 from slurm_robust.ckpt.errors import CheckpointError
 
 log = logging.getLogger("slurm_robust.ckpt")
@@ -42,12 +43,13 @@ class SlotBuffer:
     device-to-host copies into it asynchronous.
     """
 
-    def __init__(self, base: Path, nbytes: int, pin: bool = False) -> None:
+    def __init__(self, base: Path, nbytes: int, pin: bool = False,
+                 shared_root: Path | None = None) -> None:
         self.base = base
         self.nbytes = nbytes
         self.data_path = base.with_name(base.name + DATA_SUFFIX)
         self.meta_path = base.with_name(base.name + META_SUFFIX)
-        base.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        ensure_dir(base.parent, shared_root if shared_root is not None else base.parent.parent)
         self.invalidate()
         fd = os.open(self.data_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:

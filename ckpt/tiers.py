@@ -19,7 +19,7 @@ from slurm_robust.ckpt.blob import (
     verify,
     write_file_atomic,
 )
-from slurm_robust.ckpt.config import CkptPaths
+from slurm_robust.ckpt.config import CkptPaths, ensure_dir
 from slurm_robust.ckpt.plan import CopyInfo
 
 log = logging.getLogger("slurm_robust.ckpt")
@@ -27,9 +27,11 @@ _STEP_RE = re.compile(r"^step(\d+)$")
 _WRITE_CHUNK = 64 << 20
 
 
-def write_disk_copy(data: np.ndarray, meta: bytes, base: Path) -> None:
-    """Write a copy to disk: data first (fsync, rename), then the meta completion mark."""
-    base.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+def write_disk_copy(data: np.ndarray, meta: bytes, base: Path, shared_root: Path) -> None:
+    """Write a copy to disk: data first (fsync, rename), then the meta completion mark.
+
+    Directories up to ``shared_root`` are created shared (see ``ensure_dir``)."""
+    ensure_dir(base.parent, shared_root)
     view = memoryview(data)
     chunks = [view[i:i + _WRITE_CHUNK] for i in range(0, view.nbytes, _WRITE_CHUNK)]
     write_file_atomic(base.with_name(base.name + DATA_SUFFIX), chunks, durable=True)

@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         for node in killed:
             revive_node(node)
     print("\n" + format_status(status))
+    post_mortem(run_dir, env)
     if not args.no_verify and status.get("params_sha256"):
         ref = fault_free_digest(args.nodes, train[1:])
         same = ref == status["params_sha256"]
@@ -118,6 +119,21 @@ def inject(job: str, fault: str, run_dir: str, env: dict[str, str]) -> dict:
         print(f"\ninjection of {fault} failed: {out.stderr.strip()}")
         return {}
     return json.loads(out.stdout)
+
+
+def post_mortem(run_dir: str, env: dict[str, str]) -> None:
+    """Write the run's post-mortem report and print its headline figures."""
+    out_dir = str(Path(run_dir) / "report")
+    out = subprocess.run([*CLI, "report", run_dir, "-o", out_dir, "--json"], env=env,
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        print(f"post-mortem report failed: {out.stderr.strip()}")
+        return
+    print(f"post-mortem: {out_dir}/report.html (and report.md)")
+    head = json.loads(out.stdout)
+    keys = ("ettr", "incidents", "by_class", "by_rung", "mean_time_to_detect_s",
+            "mean_time_to_recover_s", "steps_redone")
+    print(json.dumps({k: head.get(k) for k in keys}, indent=1, default=str))
 
 
 def fault_free_digest(world: int, train_args: list[str]) -> str:

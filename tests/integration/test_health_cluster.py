@@ -36,6 +36,29 @@ def site(minicluster: Any) -> Iterator[Any]:
     yield cfg
 
 
+@pytest.fixture()
+def fresh_history(site: Any) -> Iterator[None]:
+    """node2's journal set aside for the test, then merged back.
+
+    A node that failed and was resumed within the repeat window (an earlier run of this
+    test on a developer's cluster) would rightly be a repeat offender; this test is
+    about a first failure.
+    """
+    from slurm_robust.health.journal import journal_path
+
+    path = journal_path("node2", site)
+    saved = path.with_name(path.name + ".saved")
+    if path.exists():
+        path.rename(saved)
+    try:
+        yield
+    finally:
+        if saved.exists():
+            new = path.read_bytes() if path.exists() else b""
+            saved.write_bytes(saved.read_bytes() + new)
+            saved.rename(path)
+
+
 def node_quiet(minicluster: Any, node: str) -> bool:
     """No job, prolog or epilog on the node (so none can still act on an injection)."""
     n = minicluster.slurm.node(node)
@@ -75,7 +98,7 @@ def cli(minicluster: Any, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_injected_xid_requeues_job_drains_node_and_resume_returns_it(
-        minicluster: Any, site: Any) -> None:
+        minicluster: Any, site: Any, fresh_history: None) -> None:
     slurm, jobs = minicluster.slurm, []
     assert not slurm.node("node2").drained, "node2 must start in service"
     try:
