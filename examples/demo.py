@@ -8,7 +8,7 @@
    bit-identical to a fault-free run (the same example run standalone);
 5. returns any node it killed to service.
 
-    python examples/demo.py [--nodes 2] [--steps 80] [--schedule 15:kill-worker,...]
+    python examples/demo.py [--nodes 3] [--steps 80] [--schedule 15:kill-worker,...]
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ DEFAULT_SCHEDULE = "15:kill-worker,30:nan,45:kill-node,60:stop-worker"
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--nodes", type=int, default=3,
+                   help="worker nodes (+1 spare); 3 fills the 4-node train partition")
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--schedule", default=DEFAULT_SCHEDULE,
                    help="comma-separated STEP:FAULT (kill-worker, stop-worker, nan, "

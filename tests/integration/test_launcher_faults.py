@@ -6,9 +6,10 @@ the same configuration (computed once per module, standalone, torchrun-style). F
 are injected with the real CLI (`slurm-robust inject ...`), i.e. real signals on real
 processes; kill-node kills a node's slurmd. Nodes are revived at the end of each test.
 
-The mini-cluster's `train` partition has 4 nodes shared with other tests, so these runs
-use 2 worker nodes + 1 spare (the same code path as 4 + 1; set
-SLURM_ROBUST_TEST_NODES=3 to run 3 + 1).
+The mini-cluster's `train` partition has 4 nodes, so these runs use 3 worker nodes + 1
+spare (the same code path as 4 + 1, which needs a 5-node partition); set
+SLURM_ROBUST_TEST_NODES to change it. Without a spare left, the requeued job needs a
+node from the reserve, which the slurmctld-side handoff moves into `train`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "train_gpt.py"
-NODES = int(os.environ.get("SLURM_ROBUST_TEST_NODES", "2"))
+NODES = int(os.environ.get("SLURM_ROBUST_TEST_NODES", "3"))
 STEPS = 40
 TRAIN_ARGS = ["--steps", str(STEPS), "--min-step-time", "0.2"]
 CLI = [sys.executable, "-m", "slurm_robust.cli.main"]
