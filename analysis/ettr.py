@@ -318,14 +318,23 @@ def overall_ettr(per_run: pd.DataFrame) -> float:
     return float(per_run["productive_s"].sum() / wall) if wall > 0 else float("nan")
 
 
+def default_every(spans: pd.DataFrame, window_s: float) -> float:
+    """The sampling step: window/12, or finer when every run is shorter than the window
+    (a few minutes of rehearsal would otherwise get a single sample and no curve)."""
+    longest = float(spans["wall_s"].max()) if len(spans) else 0.0
+    if 0.0 < longest < window_s:
+        return min(window_s / 12, max(1.0, longest / 200))
+    return window_s / 12
+
+
 def sliding_ettr(intervals: pd.DataFrame, spans: pd.DataFrame,
                  window_s: float = DEFAULT_WINDOW_S, every_s: float | None = None,
                  ) -> pd.DataFrame:
     """Window and cumulative ETTR on a grid: run, time, window_ettr, cumulative_ettr."""
     if window_s <= 0:
         raise ValueError(f"window_s must be > 0, got {window_s}")
-    every = float(every_s if every_s is not None else window_s / 12)
     live = spans[spans["wall_s"] > 0]
+    every = float(every_s if every_s is not None else default_every(live, window_s))
     counts = np.ceil(live["wall_s"].to_numpy() / every).astype(np.int64)
     starts = np.repeat(live["start"].to_numpy(), counts)
     ends = np.repeat(live["end"].to_numpy(), counts)

@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             revive_node(node)
     print("\n" + format_status(status))
     post_mortem(run_dir, env)
+    node_lifecycle(job, killed, env)
     if not args.no_verify and status.get("params_sha256"):
         ref = fault_free_digest(args.nodes, train[1:])
         same = ref == status["params_sha256"]
@@ -120,6 +121,30 @@ def inject(job: str, fault: str, run_dir: str, env: dict[str, str]) -> dict:
         print(f"\ninjection of {fault} failed: {out.stderr.strip()}")
         return {}
     return json.loads(out.stdout)
+
+
+def node_lifecycle(job: str, killed: list[str], env: dict[str, str]) -> None:
+    """After the job ends, EpilogSlurmctld applies its verdicts: show the blamed nodes
+    drained with their reasons, then run the deep check that returns them to service."""
+    from slurm_robust.slurm import Slurm
+
+    slurm = Slurm({k: env[k] for k in ("SLURM_CONF",)})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        j = slurm.job(job)
+        if j is None or j.finished:
+            break
+        time.sleep(0.5)
+    time.sleep(1.0)  # EpilogSlurmctld runs as the job completes
+    for node in killed:
+        info = slurm.node(node)
+        state = f"drained: {info.reason}" if info.drained else f"{info.state}"
+        print(f"node {node} after the job: {state}")
+        if info.drained:
+            out = subprocess.run([*CLI, "node", "resume", node], env=env, capture_output=True,
+                                 text=True, check=False)
+            last = (out.stdout.strip().splitlines() or [out.stderr.strip()])[-1]
+            print(f"  slurm-robust node resume {node}: {last}")
 
 
 def post_mortem(run_dir: str, env: dict[str, str]) -> None:

@@ -241,3 +241,16 @@ def test_run_entirely_outside_the_period_has_no_wall_time():
     an = analysed(records, since=T0 + 1000)
     assert an.per_run.iloc[0]["wall_s"] == 0.0
     assert an.headline()["ettr"] is None and an.sliding.empty
+
+
+def test_short_runs_get_a_fine_sampling_grid():
+    import pandas as pd
+
+    from slurm_robust.analysis.ettr import default_every
+
+    short = pd.DataFrame({"wall_s": [43.0, 20.0]})
+    assert default_every(short, 3600.0) == 1.0          # 43 s / 200, at least 1 s
+    medium = pd.DataFrame({"wall_s": [1200.0]})
+    assert default_every(medium, 3600.0) == 6.0         # 1200 s / 200
+    long = pd.DataFrame({"wall_s": [7200.0, 30.0]})
+    assert default_every(long, 3600.0) == 300.0         # window / 12, as before
