@@ -49,6 +49,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=0,
                    help="standalone only: torch.save a checkpoint every N steps")
     p.add_argument("--ckpt-dir", default=None, help="standalone checkpoint directory")
+    p.add_argument("--progress-file", default=None,
+                   help="standalone only: rank 0 appends 'STEP UNIXTIME' after each step "
+                        "(how the plain-Slurm baseline of `bench recovery` follows a run)")
     p.add_argument("--events", default=None,
                    help="standalone only: event log to write run_end into")
     return p.parse_args(argv)
@@ -147,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
                      data_position=step + 1)
         if not run.robust and args.save_every and (step + 1) % args.save_every == 0:
             save_own_checkpoint(args, run.rank, step + 1, model, opt, sched)
+        if args.progress_file and run.rank == 0:
+            with open(args.progress_file, "a") as fh:
+                fh.write(f"{step + 1} {time.time():.3f}\n")
         pad = args.min_step_time - (time.time() - t0)
         if pad > 0:
             time.sleep(pad)

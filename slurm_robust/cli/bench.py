@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, str] = {
     "ckpt": "slurm_robust.ckpt.bench",
     "stacks": "slurm_robust.stacks.bench",
     "analysis": "slurm_robust.analysis.bench",
+    "recovery": "slurm_robust.launcher.bench",
 }
 
 HELP = "run a benchmark and print its numbers as JSON"
