@@ -135,12 +135,15 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         if args.bug_at_step is not None and step + 1 == args.bug_at_step:
             _ = "step " + (step + 1)  # the deliberate user-code error: str + int
-        data = batch(args, step, run.rank)
-        logits = model(data[:, :-1])
-        loss = nn.functional.cross_entropy(logits.reshape(-1, args.vocab),
-                                           data[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=False)
-        loss.backward()
+        # This rank's own work, timed for fail-slow detection; the all-reduce is not in
+        # it (there a fast rank waits for a slow one).
+        with run.busy():
+            data = batch(args, step, run.rank)
+            logits = model(data[:, :-1])
+            loss = nn.functional.cross_entropy(logits.reshape(-1, args.vocab),
+                                               data[:, 1:].reshape(-1))
+            opt.zero_grad(set_to_none=False)
+            loss.backward()
         average_gradients(params, run.world_size)
         grad_norm = float(nn.utils.clip_grad_norm_(params, 1.0))
         run.before_update()

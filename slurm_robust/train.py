@@ -7,7 +7,9 @@ Usage (see examples/train_gpt.py)::
     run = train.init()                          # torch.distributed from the env, rank layout
     start = run.restore(model, optimizer)       # steps already done (0 on a fresh start)
     for step in range(start, total_steps):
-        loss = compute_loss(batch(step)); loss.backward(); average_gradients()
+        with run.busy():                        # optional: this rank's own compute
+            loss = compute_loss(batch(step)); loss.backward()
+        average_gradients()
         run.before_update()                     # the previous snapshot's copy is done
         optimizer.step()
         run.step_end(step + 1, loss.item(), grad_norm, model, optimizer, data_position=step + 1)
@@ -22,6 +24,14 @@ Under the robust launcher (``SLURM_ROBUST_PROGRESS`` is set) ``step_end``:
   tiers) and appends one line to the progress channel (a node-local file the agent reads;
   a few microseconds, never blocks on the agent).
 
+Fail-slow detection needs each rank's *busy* time, not its step-end time: with a
+synchronous gradient collective every rank ends the step together (the fast ones wait
+inside the collective). ``with run.busy():`` around the rank's own work (data, forward,
+backward; not the collective, not idle waits) measures it; the step's progress line then
+carries ``busy_s``, the time spent inside such blocks since the previous ``step_end``.
+It is optional: a script that never uses it gets no fail-slow detection, nothing else
+changes.
+
 A plain torchrun-style environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, no
 launcher) works too: ``restore`` returns 0 and ``step_end`` only checks values; the
 script then keeps its own checkpoints. ``finish(events_path=...)`` writes a ``run_end``
@@ -34,12 +44,14 @@ so the following step really produces a non-finite loss.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -71,6 +83,7 @@ class RobustRun:
     _losses: list[float] = field(default_factory=list)
     _norms: list[float] = field(default_factory=list)
     _poison: bool = False
+    _busy_s: float | None = None
 
     @property
     def robust(self) -> bool:
@@ -112,6 +125,19 @@ class RobustRun:
         return res.step or 0
 
     # ----------------------------------------------------------------- per step
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        """Time this rank's own work (wrap data, forward and backward; keep the
+        gradient collective and any idle wait outside): the step's ``busy_s``, the
+        input of fail-slow detection, is the time spent in these blocks since the
+        previous ``step_end``. Two clock reads per block.
+        """
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self._busy_s = (self._busy_s or 0.0) + time.monotonic() - start
+
     def before_update(self) -> None:
         """Call before the optimizer step: waits until the last snapshot's copy has
         read the state (the only point where training waits for the checkpoint)."""
@@ -136,8 +162,12 @@ class RobustRun:
             self._mgr.snapshot(step, ckpt.capture_state(model, optimizer, scheduler,
                                                         data_position=data_position))
         self.last_step = step
-        self._report({"kind": "step", "step": step, "loss": loss, "grad_norm": grad_norm,
-                      "t": time.time()})
+        item = {"kind": "step", "step": step, "loss": loss, "grad_norm": grad_norm,
+                "t": time.time()}
+        if self._busy_s is not None:
+            item["busy_s"] = round(self._busy_s, 6)
+            self._busy_s = None
+        self._report(item)
         if self._poison and model is not None:
             self._apply_poison(model)
 

@@ -76,7 +76,7 @@ def _plain_run(slurm: Any, cfg: Any, args: argparse.Namespace,
     marker = str(run_dir / "ckpt")
     worker = [sys.executable, str(EXAMPLE), *train, "--save-every", str(args.save_every),
               "--ckpt-dir", marker, "--progress-file", str(progress)]
-    port = 29500 + os.getpid() % 300
+    port = 40000 + os.getpid() % 1000  # clear of the launcher's rendezvous ports
     task = ('RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=0 '
             'exec "$0" "$@"')
     script = "\n".join([

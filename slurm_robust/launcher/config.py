@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.errors import UsageError
+from slurm_robust.launcher.policy import PORT_SPAN
+from slurm_robust.stacks.failslow import FailSlowOptions
 
 SPARES_ENV = "SLURM_ROBUST_SPARES"
 HANG_TIMEOUT_ENV = "SLURM_ROBUST_HANG_TIMEOUT"
@@ -49,8 +51,9 @@ class RunConfig:
         peer_backup: keep each rank's snapshot also on a peer node.
         peer_slots: backup buffers per peer (2: a node lost while its newest backup is in
             flight still leaves the previous one; 1 halves that memory but opens the window).
-        master_port: base TCP port of the workers' rendezvous; generation g uses base + g
-            (a fresh port per restart avoids sockets in TIME_WAIT).
+        master_port: base TCP port of the workers' rendezvous; each job uses its own
+            block of ports above it and each attempt a fresh one (see
+            policy.rendezvous_port), so jobs sharing a host and restarts never collide.
         controller_port: TCP port of the controller (0: any free port).
         site_config: path of the site config (node-local roots); None: the default lookup.
         env: extra environment for the workers.
@@ -60,6 +63,12 @@ class RunConfig:
             zygote.py); empty: start every worker with a plain exec.
         drain: also drain blamed nodes directly (needs a Slurm operator account; the
             verdict file is written either way).
+        fail_slow: detect a persistently slow rank from the ``busy_s`` the training API
+            reports (``with run.busy():``) and evict its node like a node fault.
+        fail_slow_interval_s: seconds per round (ByteRobust: 10).
+        fail_slow_window, fail_slow_min_votes: a node flagged slowest in at least
+            min_votes of the last window rounds (and more often than any other) is evicted.
+        fail_slow_factor: a rank is slow above this multiple of the median busy time.
     """
 
     command: tuple[str, ...]
@@ -89,6 +98,11 @@ class RunConfig:
     grace_s: float = 1.0
     drain: bool = False
     prewarm: tuple[str, ...] = ("torch",)
+    fail_slow: bool = True
+    fail_slow_interval_s: float = 10.0
+    fail_slow_window: int = 5
+    fail_slow_min_votes: int = 3
+    fail_slow_factor: float = 1.5
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -112,11 +126,26 @@ class RunConfig:
                              f"heartbeat_timeout_s ({self.heartbeat_timeout_s})")
         if self.spike_factor <= 1:
             raise UsageError(f"spike_factor is {self.spike_factor}; use > 1")
-        if not 1024 <= self.master_port <= 65000:
-            raise UsageError(f"master_port {self.master_port} is outside 1024..65000")
+        if not 1024 <= self.master_port <= 65535 - PORT_SPAN:
+            raise UsageError(f"master_port {self.master_port} is outside "
+                             f"1024..{65535 - PORT_SPAN} (ports up to base + {PORT_SPAN} "
+                             "are used)")
         if self.stack_method not in ("auto", "py-spy", "faulthandler"):
             raise UsageError(f"stack_method {self.stack_method!r}: use auto, py-spy "
                              "or faulthandler")
+        self.fail_slow_options()  # raises UsageError on bad thresholds
+
+    def fail_slow_options(self) -> FailSlowOptions:
+        """The fail-slow vote's thresholds for this run's world size.
+
+        One slow rank is always allowed to count as one fault: the library's default
+        share (a quarter of the ranks) would otherwise flag nothing in a world of 3.
+        """
+        share = max(FailSlowOptions.max_slow_fraction, min(0.5, 1.5 / self.world_size))
+        return FailSlowOptions(interval_s=self.fail_slow_interval_s,
+                               window=self.fail_slow_window,
+                               min_votes=self.fail_slow_min_votes,
+                               slow_factor=self.fail_slow_factor, max_slow_fraction=share)
 
     @property
     def world_size(self) -> int:

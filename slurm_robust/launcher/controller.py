@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from slurm_robust.launcher import recovery
+from slurm_robust.launcher import failslow, recovery
 from slurm_robust.launcher.agent import Identity
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.events import EventLog
@@ -31,6 +31,7 @@ from slurm_robust.launcher.policy import assign_slots, is_hung
 from slurm_robust.launcher.protocol import Channel, ChannelClosed, host_address
 from slurm_robust.launcher.state import load_state, save_state
 from slurm_robust.records import write_json_atomic
+from slurm_robust.stacks.failslow import FailSlowMonitor
 
 log = logging.getLogger("slurm_robust.launcher.controller")
 
@@ -96,6 +97,7 @@ class Controller:
         self.spares: list[int] = []
         self.evicted: set[int] = set()
         self.plans: dict[int, dict[str, Any]] = {}
+        self.failslow: FailSlowMonitor | None = None  # one per generation (recovery.py)
         self.step_times: list[float] = []
         self.last_step_time: float | None = None
         self.last_persist = 0.0
@@ -213,6 +215,10 @@ class Controller:
             gen.finals[rank] = item
         elif kind == "step":
             step = int(item["step"])
+            busy = failslow.busy_of(item)
+            if busy is not None and self.failslow is not None and 0 <= rank < \
+                    self.cfg.world_size:
+                self.failslow.record(rank, busy, now)
             gen.pending.setdefault(step, {})[rank] = item
             if len(gen.pending[step]) == self.cfg.world_size:
                 self.on_step_complete(gen, step, gen.pending.pop(step), now)
@@ -268,6 +274,10 @@ class Controller:
             elif is_hung(gen.last_progress, now, self.step_times, self.cfg.hang_floor_s,
                          self.cfg.hang_factor, gen.steps_done > 0, self.cfg.startup_timeout_s):
                 recovery.start_hang_capture(self, gen, now)
+            elif self.failslow is not None:
+                decision = self.failslow.poll(now)
+                if decision is not None:
+                    recovery.handle_fail_slow(self, gen, decision, now)
 
     def _gather(self, now: float) -> None:
         if self.state.finished:

@@ -9,7 +9,8 @@ kill-worker    SIGKILL one worker
 stop-worker    SIGSTOP one worker (a hang; the launcher's SIGKILL still ends it)
 nan            SIGUSR1 one worker: slurm_robust.train poisons a parameter with NaN
                after the next snapshot, so the following step's loss is NaN
-slow-worker    SIGSTOP/SIGCONT duty cycle on one worker for ``duration`` seconds
+slow-worker    SIGSTOP/SIGCONT duty cycle on one worker for ``duration`` seconds (half
+               of every ``period`` stopped: the worker runs about half as fast)
 kill-node      mini-cluster only: SIGKILL the node's slurmd, every process of the job
                on that node (its slurmstepds, the agent, the workers), and wipe the
                node's shared-memory and local checkpoint directories of the job
@@ -74,7 +75,8 @@ def check_pid(pid: int, job_id: str) -> None:
 
 
 def inject(fault: str, job_id: str, node: str | None = None, rank: int | None = None,
-           run_dir: str | None = None, duration_s: float = 10.0) -> dict[str, Any]:
+           run_dir: str | None = None, duration_s: float = 10.0,
+           period_s: float = 0.2) -> dict[str, Any]:
     """Inject ``fault`` into job ``job_id``; returns what was done (also recorded)."""
     if fault not in FAULTS:
         raise InjectionError(f"unknown fault {fault!r}; choose from {', '.join(FAULTS)}")
@@ -100,8 +102,11 @@ def inject(fault: str, job_id: str, node: str | None = None, rank: int | None = 
                                      "slurm_robust.train, so it cannot take a NaN injection")
             os.kill(pid, signal.SIGUSR1)
         else:
-            record["duration_s"] = duration_s
-            slow_down(pid, duration_s)
+            if not 0.002 <= period_s <= duration_s:
+                raise InjectionError(f"slow-worker: period {period_s} s must be in "
+                                     f"0.002..duration ({duration_s} s)")
+            record.update(duration_s=duration_s, period_s=period_s)
+            slow_down(pid, duration_s, period_s)
     out = RunPaths.of(run_dir).inject / f"{time.strftime('%H%M%S')}-{int(now * 1000) % 1000:03d}" \
         f"-{fault}.json"
     write_json_atomic(out, record, mode=0o664)

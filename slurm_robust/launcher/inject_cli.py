@@ -29,7 +29,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("--run-dir", default=None,
                        help="the run directory (default: from the job's comment)")
         if fault == "slow-worker":
-            p.add_argument("--duration", type=float, default=10.0)
+            p.add_argument("--duration", type=float, default=10.0,
+                           help="seconds (it ends early when the worker exits)")
+            p.add_argument("--period", type=float, default=0.2,
+                           help="seconds per stop/continue cycle; keep it well below a "
+                                "step's compute time so every step is slowed alike")
         p.add_argument("--json", action="store_true")
         p.set_defaults(_inject=_run_fault, _fault=fault)
 
@@ -39,7 +43,8 @@ def _run_fault(args: argparse.Namespace) -> int:
     from slurm_robust.slurm import check_job_id
 
     record = inject(args._fault, check_job_id(args.job), node=args.node, rank=args.rank,
-                    run_dir=args.run_dir, duration_s=getattr(args, "duration", 10.0))
+                    run_dir=args.run_dir, duration_s=getattr(args, "duration", 10.0),
+                    period_s=getattr(args, "period", 0.2))
     if args.json:
         print(json.dumps(record, indent=2))
     else:

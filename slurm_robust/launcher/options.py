@@ -34,6 +34,14 @@ def add_robust_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local-every", type=int, default=None, metavar="STEPS")
     p.add_argument("--durable-every", type=int, default=None, metavar="STEPS")
     p.add_argument("--heartbeat-timeout", type=float, default=None, metavar="S")
+    p.add_argument("--fail-slow-interval", type=float, default=None, metavar="S",
+                   help="fail-slow detection: seconds per round (default 10; a node "
+                        "flagged slowest in 3 of 5 rounds is evicted)")
+    p.add_argument("--fail-slow-factor", type=float, default=None, metavar="F",
+                   help="fail-slow detection: a rank is slow above F x the median busy "
+                        "time (default 1.5)")
+    p.add_argument("--no-fail-slow", action="store_true",
+                   help="turn fail-slow detection off")
     p.add_argument("--drain", action="store_true",
                    help="also drain blamed nodes directly (Slurm operators only)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -51,6 +59,8 @@ def build_config(args: argparse.Namespace, nodes: int, gpus_per_node: int | None
                       ("hang_factor", "hang_factor"), ("max_restarts", "max_restarts"),
                       ("local_every", "local_every"), ("durable_every", "durable_every"),
                       ("heartbeat_timeout", "heartbeat_timeout_s"),
+                      ("fail_slow_interval", "fail_slow_interval_s"),
+                      ("fail_slow_factor", "fail_slow_factor"),
                       ("workers_per_node", "workers_per_node")):
         value = getattr(args, flag)
         if value is not None:
@@ -58,7 +68,8 @@ def build_config(args: argparse.Namespace, nodes: int, gpus_per_node: int | None
     values.setdefault("workers_per_node", gpus_per_node or 1)
     run_dir = args.folder or str(Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
     return RunConfig(command=tuple(command), run_dir=run_dir, nodes=nodes,
-                     drain=bool(args.drain), **values)
+                     drain=bool(args.drain),
+                     fail_slow=not getattr(args, "no_fail_slow", False), **values)
 
 
 def parse_time_minutes(text: str) -> int:

@@ -8,13 +8,15 @@ The ladder (ARCHITECTURE.md "Recovery ladder")::
     stop      the same user-code error after a clean restart, no progress across
               max_no_progress attempts, or the restart budget spent
     requeue   a node is blamed and no spare is left, or the controller's node is lost
-    spare     a node is blamed (explicit node fault, lost heartbeat, repeated failures)
+    spare     a node is blamed (explicit node fault, lost heartbeat, repeated failures,
+              a persistently slow rank)
     in_place  anything else: transient or unclear
 """
 
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,6 +27,9 @@ RUNGS = ("in_place", "spare", "requeue", "stop")
 SPIKE_MIN_HISTORY = 8
 #: Recent steps the medians are taken over.
 WINDOW = 32
+#: Classes that blame every node they name at once: node faults, and fail-slow (the
+#: vote over several rounds already is the repeated evidence).
+EVICTING_CLASSES = NODE_CLASSES | {"fail_slow"}
 
 
 def median(values: Sequence[float]) -> float | None:
@@ -66,9 +71,9 @@ def step_anomaly(history: Sequence[float], value: float | None, factor: float) -
 
 def blamed_nodes(cls: str, nodes: Sequence[str], failures_by_node: dict[str, int],
                  threshold: int) -> tuple[str, ...]:
-    """Nodes named as culprits: every node for a node-class fault, else the nodes whose
-    failure count in this run reached ``threshold``."""
-    if cls in NODE_CLASSES:
+    """Nodes named as culprits: every node for a node-class or fail-slow fault, else the
+    nodes whose failure count in this run reached ``threshold``."""
+    if cls in EVICTING_CLASSES:
         return tuple(dict.fromkeys(nodes))
     return tuple(n for n in dict.fromkeys(nodes) if failures_by_node.get(n, 0) >= threshold)
 
@@ -125,6 +130,20 @@ def decide(x: LadderInput) -> Decision:
         return Decision("spare", f"node(s) {', '.join(x.blamed)} blamed ({x.cls}); "
                                  "activating spare(s)", x.blamed)
     return Decision("in_place", f"{x.cls}: restarting in place from the latest snapshot")
+
+
+PORT_SPAN = 8192  # rendezvous ports used above the configured base
+
+
+def rendezvous_port(base: int, job_id: str | None, attempt: int) -> int:
+    """The workers' MASTER_PORT for one attempt: spread by job, fresh per attempt.
+
+    Jobs that share a host (the mini-cluster, or nodes shared between jobs) must not pick
+    the same port, and each attempt takes a new one so sockets in TIME_WAIT never block a
+    restart: 256 job buckets of 32 attempts each above ``base``.
+    """
+    bucket = zlib.crc32(str(job_id or "").encode()) % (PORT_SPAN // 32)
+    return base + bucket * 32 + attempt % 32
 
 
 def assign_slots(previous: Sequence[str | None], available: Sequence[str],

@@ -13,10 +13,18 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from slurm_robust.ckpt.config import TIERS
+from slurm_robust.launcher import failslow
 from slurm_robust.launcher.events import make_incident
-from slurm_robust.launcher.policy import Decision, LadderInput, blamed_nodes, decide
+from slurm_robust.launcher.policy import (
+    Decision,
+    LadderInput,
+    blamed_nodes,
+    decide,
+    rendezvous_port,
+)
 from slurm_robust.launcher.requeue import drain_directly, requeue_job, write_verdict
 from slurm_robust.slurm import SlurmCommandError
+from slurm_robust.stacks.failslow import FailSlowDecision
 
 if TYPE_CHECKING:
     from slurm_robust.launcher.controller import Controller, Generation
@@ -42,9 +50,11 @@ def begin_generation(ctl: Controller, slots: list[int], now: float) -> None:
     st.slots = [ctl.agents[i].node for i in slots]
     g = ctl.cfg.workers_per_node
     rank_nodes = [ctl.agents[i].node for i in slots for _ in range(g)]
+    ctl.failslow = failslow.new_monitor(ctl.cfg, rank_nodes)
     common = {"gen": gen.number, "attempt": st.attempt, "world_size": ctl.cfg.world_size,
               "master_addr": ctl.agents[slots[0]].addr,
-              "master_port": ctl.cfg.master_port + st.attempt % 1000,
+              "master_port": rendezvous_port(ctl.cfg.master_port, ctl.ident.job_id,
+                                             st.attempt),
               "rank_nodes": rank_nodes, "run_id": st.run_id,
               "max_restarts": ctl.cfg.max_restarts}
     ctl.plans = {}
@@ -181,6 +191,15 @@ def _requeue(ctl: Controller, decision: Decision) -> None:
         requeue_job(ctl.ident.job_id, st.blamed)
     except SlurmCommandError as exc:
         finish(ctl, "failed", f"requeue refused by Slurm: {exc}")
+
+
+def handle_fail_slow(ctl: Controller, gen: Generation, decision: FailSlowDecision,
+                     now: float) -> None:
+    """The fail-slow vote named a group: evict its node(s) through the ladder."""
+    ctl.state.incidents += 1
+    incident = failslow.incident_of(decision, f"i{ctl.state.incidents}", ctl.state.last_step,
+                                    now, ctl.cfg.fail_slow_interval_s)
+    handle(ctl, gen, incident, None, list(decision.eviction.nodes), now)
 
 
 def start_hang_capture(ctl: Controller, gen: Generation, now: float) -> None:

@@ -17,9 +17,11 @@ reaches them. Their stdout and stderr go to ``<run_dir>/logs/gen<g>/rank<r>.log`
 tail of that file is the evidence a failure is classified from.
 
 The progress channel: the training API appends one JSON line per finished step
-(``{"step", "loss", "grad_norm", "t"}``) and a few lifecycle lines (``restored``,
-``final``, ``anomaly``). Appending to a node-local tmpfs file costs microseconds, does
-not block on the agent, and survives the worker's crash for the agent to read.
+(``{"step", "loss", "grad_norm", "t"}``, plus ``busy_s`` when the script times its own
+compute with ``run.busy()``: the input of fail-slow detection) and a few lifecycle lines
+(``restored``, ``final``, ``anomaly``). Appending to a node-local tmpfs file costs
+microseconds, does not block on the agent, and survives the worker's crash for the
+agent to read.
 """
 
 from __future__ import annotations

@@ -144,6 +144,21 @@ def recovery_s(inc: dict, injected: dict) -> float:
     return inc["recovered_at"] - injected["time"]
 
 
+def report_headline(run: Run) -> dict:
+    """The post-mortem's headline figures for the run (the analysis reads the real log)."""
+    out = subprocess.run([*CLI, "report", run.run_dir, "-o", f"{run.run_dir}/report",
+                          "--json"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def assert_report_counts(run: Run, cls: str, rung: str) -> None:
+    head = report_headline(run)
+    assert head["incidents"] == 1
+    assert head["by_class"] == {cls: 1}
+    assert {k: v for k, v in head["by_rung"].items() if v} == {rung: 1}
+
+
 def test_fault_free_run_matches_standalone_digest(runs, baseline_sha):
     run = runs("clean")
     end = run.wait_end()
@@ -212,6 +227,54 @@ def test_kill_node_activates_spare_from_peer_backup(runs, baseline_sha):
         [(victim, "node_lost", run.job_id)]
     assert victim not in load_state(run.paths.state).slots
     assert end["status"] == "completed" and end["params_sha256"] == baseline_sha
+    assert_report_counts(run, "node_lost", "spare")
+
+
+def wait_drained(cluster, node: str, timeout: float = 60.0) -> bool:
+    """Whether EpilogSlurmctld drained ``node`` (it applies the job's verdicts at job end)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cluster.slurm.node(node).drained:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def test_slow_worker_is_evicted_to_a_spare(runs, baseline_sha, minicluster):
+    # Rounds of 1.5 s (ByteRobust: 10 s); a node flagged in 3 of 5 rounds is evicted.
+    # Steps padded to 0.5 s leave ~17 s of training after the injection.
+    run = runs("failslow", extra=["--fail-slow-interval", "1.5"],
+               train_args=["--steps", str(STEPS), "--min-step-time", "0.5"])
+    run.wait_step(5)
+    slots = load_state(run.paths.state).slots
+    rank = next(r for r, n in enumerate(slots) if n != run.controller_node())
+    victim = slots[rank]
+    runs.killed.append(victim)  # its verdict drains it at job end; resumed at teardown
+    try:
+        # A 20 ms stop/continue cycle halves the speed of every step's compute (~40 ms
+        # here); the injection ends once the evicted worker is gone.
+        injected = run.inject("slow-worker", "--rank", str(rank), "--duration", "50",
+                              "--period", "0.02")
+        end = run.wait_end()
+        inc = the_incident(run)
+        assert (inc["class"], inc["category"], inc["rung"]) == \
+            ("fail_slow", "implicit", "spare")
+        assert inc["nodes"] == [victim] and inc["ranks"] == [rank]
+        detect = inc["detected_at"] - injected["time"]
+        assert detect < 2 * 5 * 1.5, inc             # within two windows of rounds
+        assert inc["evidence"]["votes"][f"pp:[{rank}]"] >= 3
+        assert recovery_s(inc, injected) < detect + 10.0, inc
+        verdicts = read_records(run.paths.verdicts).records
+        assert [(v["node"], v["class"], v["job_id"]) for v in verdicts] == \
+            [(victim, "fail_slow", run.job_id)]
+        assert victim not in load_state(run.paths.state).slots
+        assert end["status"] == "completed" and end["params_sha256"] == baseline_sha
+        assert_report_counts(run, "fail_slow", "spare")
+    finally:
+        # The teardown resumes the node; it must not run before the epilog drained it.
+        if read_records(run.paths.verdicts).records:
+            run.cancel()
+            assert wait_drained(minicluster, victim), f"{victim} not drained at job end"
 
 
 def test_kill_controller_node_without_spare_requeues(runs, baseline_sha):
@@ -232,6 +295,7 @@ def test_kill_controller_node_without_spare_requeues(runs, baseline_sha):
     assert state.requeues == 1 and victim not in state.slots
     assert {e["attempt"] for e in run.events("attempt_start")} == {0, 1}
     assert end["status"] == "completed" and end["params_sha256"] == baseline_sha
+    assert_report_counts(run, "node_lost", "requeue")
 
 
 def test_type_error_stops_after_one_retry(runs):

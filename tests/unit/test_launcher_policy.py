@@ -99,3 +99,12 @@ def test_assign_slots_fresh_and_too_few():
     assert assign_slots([], ["a", "b", "c"], 2) == (["a", "b"], ["c"])
     with pytest.raises(ValueError, match="2 node"):
         assign_slots([], ["a", "b"], 3)
+
+
+def test_rendezvous_ports_differ_between_jobs_and_attempts():
+    from slurm_robust.launcher.policy import PORT_SPAN, rendezvous_port
+
+    ports = {rendezvous_port(29500, job, a) for job in ("101", "102") for a in range(3)}
+    assert len(ports) == 6
+    assert all(29500 <= p < 29500 + PORT_SPAN for p in ports)
+    assert rendezvous_port(29500, "101", 1) == rendezvous_port(29500, "101", 1)
