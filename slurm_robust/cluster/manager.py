@@ -228,9 +228,23 @@ class MiniCluster:
         _write_if_changed(c.slurmdbd_conf,
                           render_slurmdbd_conf(c, password_file.read_text().strip()), 0o600)
         _write_if_changed(c.robust_conf, render_robust_conf(c))
+        self._ensure_verdict_spool()
         for path, text in wrapper_files(c, programs).items():
             changed |= _write_if_changed(path, text, 0o755)
         return changed
+
+    def _ensure_verdict_spool(self) -> None:
+        """The spool where jobs leave verdicts for EpilogSlurmctld (root-owned, 1777).
+
+        An admin creates it once on a real cluster; without it a job's first verdicts
+        could not be handed to the slurmctld side.
+        """
+        from slurm_robust.reserve.config import reserve_config
+        from slurm_robust.reserve.verdicts import ensure_verdict_root
+        from slurm_robust.site_config import load_site_config
+
+        site = load_site_config(self.cfg.robust_conf)
+        ensure_verdict_root(Path(reserve_config(site).verdict_root))
 
     def _start_munge(self, env: dict[str, str]) -> None:
         c = self.cfg

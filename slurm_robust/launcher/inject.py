@@ -143,15 +143,24 @@ def kill_node(job_id: str, node: str) -> dict[str, Any]:
     slurmd = int(pidfile.read_text().strip())
     if "slurmd" not in procfs.cmdline(slurmd):
         raise InjectionError(f"pid {slurmd} from {pidfile} is not a slurmd")
-    os.kill(slurmd, signal.SIGKILL)
+    # A real node vanishes at once. Killing its processes one by one would let a
+    # survivor react to the others' deaths (srun, seeing its tasks or its node's daemons
+    # go, terminates the step on every node), so freeze the job's processes first, then
+    # kill the slurmd, then the frozen processes.
     victims = job_processes(job_id, node)
-    for pid in victims:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    _signal_all(victims, signal.SIGSTOP)
+    os.kill(slurmd, signal.SIGKILL)
+    _signal_all(victims, signal.SIGKILL)
     wiped = wipe_node_dirs(job_id, node)
     return {"slurmd_pid": slurmd, "killed": victims, "wiped": wiped}
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def job_processes(job_id: str, node: str) -> list[int]:

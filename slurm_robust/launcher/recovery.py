@@ -264,6 +264,11 @@ def resolve_open_incident(ctl: Controller, gen: Generation, step: int, now: floa
     if incident is None or (restored is not None and step <= restored):
         return
     last = incident.get("last_step")
+    if restored is not None and (last is None or restored > last):
+        # A controller lost with its node may not have logged the newest finished step,
+        # but the snapshot holds it: that step was done before the fault.
+        last = restored
+        incident["last_step"] = last
     incident.update(recovered_at=now, restored_step=restored, restore_tier=tier,
                     steps_lost=max(0, (last or 0) - (restored or 0)))
     _write_incident(ctl, incident)

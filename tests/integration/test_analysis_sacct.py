@@ -6,6 +6,8 @@ import json
 import time
 
 import pytest
+from cluster_helpers import shared_out_dir as _out_dir
+from cluster_helpers import wait_until as _wait_until
 
 from slurm_robust.analysis.fetch import TIME_ENV, fetch_slurm_records
 from slurm_robust.analysis.frames import LoadIssues
@@ -16,21 +18,8 @@ from slurm_robust.slurm import Slurm
 pytestmark = pytest.mark.integration
 
 
-def wait_until(what, probe, timeout_s=90.0, interval_s=0.5):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-def _out_dir(minicluster, name):
-    path = minicluster.cfg.shared_dir / "tests" / name
-    path.mkdir(parents=True, exist_ok=True)
-    path.chmod(0o1777)
-    return path
+def wait_until(what, probe, timeout_s=90.0, interval_s=0.3):
+    return _wait_until(what, probe, timeout_s, interval_s)
 
 
 def test_fetch_reads_failed_and_requeued_jobs_and_node_events(minicluster):

@@ -7,28 +7,13 @@ import subprocess
 import time
 
 import pytest
+from cluster_helpers import shared_out_dir as _out_dir
+from cluster_helpers import wait_until
 
 from slurm_robust.cluster.manager import MiniCluster
 from slurm_robust.slurm import SlurmCommandError
 
 pytestmark = pytest.mark.integration
-
-
-def wait_until(what, probe, timeout_s=60.0, interval_s=0.3):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-def _out_dir(minicluster, name):
-    path = minicluster.cfg.shared_dir / "tests" / name
-    path.mkdir(parents=True, exist_ok=True)
-    path.chmod(0o1777)
-    return path
 
 
 def test_two_node_job_completes_and_sacct_reports_it(minicluster):

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cluster_helpers import wait_until
 
 from slurm_robust.health import run_suite
 from slurm_robust.records import read_records
@@ -34,16 +35,6 @@ pytestmark = pytest.mark.integration
 
 RESV = "rtest_handoff"
 JOB_SCRIPT = "#!/bin/sh\nsleep 600\n"
-
-
-def wait_until(what, probe, timeout_s=60.0, interval_s=0.3):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 @pytest.fixture()

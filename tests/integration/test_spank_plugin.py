@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cluster_helpers import wait_until as _wait_until
 
 from slurm_robust.cluster.templates import SPANK_PLUGIN
 from slurm_robust.records import TASK_EXIT_SCHEMA, read_records
@@ -22,19 +23,13 @@ pytestmark = [
                        reason=f"{SPANK_PLUGIN} is not built: run `make -C spank`"),
 ]
 
+
+def wait_until(what, probe, timeout_s=120.0, interval_s=0.3):
+    return _wait_until(what, probe, timeout_s, interval_s)
+
 ONCE = RetryPolicy(attempts=1)
 OPTIONS = ["--robust=[PROFILE]", "--robust-spares=K", "--robust-ckpt-every=N",
            "--robust-hang-timeout=SECONDS"]
-
-
-def wait_until(what, probe, timeout_s=120.0, interval_s=0.3):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 @pytest.fixture(scope="module")
