@@ -143,14 +143,17 @@ def kill_node(job_id: str, node: str) -> dict[str, Any]:
     slurmd = int(pidfile.read_text().strip())
     if "slurmd" not in procfs.cmdline(slurmd):
         raise InjectionError(f"pid {slurmd} from {pidfile} is not a slurmd")
-    # A real node vanishes at once. Killing its processes one by one would let a
-    # survivor react to the others' deaths (srun, seeing its tasks or its node's daemons
-    # go, terminates the step on every node), so freeze the job's processes first, then
-    # kill the slurmd, then the frozen processes.
+    # A real node vanishes at once; here its processes die one by one, so the order
+    # matters. srun (on the batch node) goes first: alive, it answers its step's
+    # distress by killing the step's tasks on every node -- when the batch slurmstepd
+    # sees the batch script die it sends srun SIGCONT+SIGTERM, and srun forwards
+    # SIGKILL. No SIGSTOP either: stopped members of a process group orphaned by the
+    # kill get SIGHUP+SIGCONT from the kernel, with the same effect.
     victims = job_processes(job_id, node)
-    _signal_all(victims, signal.SIGSTOP)
+    sruns = [p for p in victims if procfs.cmdline(p).startswith("srun")]
+    _signal_all(sruns, signal.SIGKILL)
     os.kill(slurmd, signal.SIGKILL)
-    _signal_all(victims, signal.SIGKILL)
+    _signal_all([p for p in victims if p not in sruns], signal.SIGKILL)
     wiped = wipe_node_dirs(job_id, node)
     return {"slurmd_pid": slurmd, "killed": victims, "wiped": wiped}
 
