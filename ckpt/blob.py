@@ -57,35 +57,30 @@ def flatten(state: Any, tensor_type: type) -> tuple[Any, list[Any]]:
     """Split ``state`` into a skeleton and its tensors (instances of ``tensor_type``)."""
     tensors: list[Any] = []
 
-    def walk(obj: Any) -> Any:
+    def leaf(obj: Any) -> Any:
         if isinstance(obj, tensor_type):
             tensors.append(obj)
             return TensorRef(len(tensors) - 1)
-        if isinstance(obj, dict):
-            return type(obj)((k, walk(v)) for k, v in obj.items())
-        if isinstance(obj, list):
-            return [walk(v) for v in obj]
-        if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-            return tuple(walk(v) for v in obj)
         return obj
 
-    return walk(state), tensors
+    return _map_leaves(state, leaf), tensors
 
 
 def unflatten(skeleton: Any, tensors: list[Any]) -> Any:
     """Inverse of :func:`flatten`."""
-    def walk(obj: Any) -> Any:
-        if isinstance(obj, TensorRef):
-            return tensors[obj.index]
-        if isinstance(obj, dict):
-            return type(obj)((k, walk(v)) for k, v in obj.items())
-        if isinstance(obj, list):
-            return [walk(v) for v in obj]
-        if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-            return tuple(walk(v) for v in obj)
-        return obj
+    return _map_leaves(skeleton,
+                       lambda obj: tensors[obj.index] if isinstance(obj, TensorRef) else obj)
 
-    return walk(skeleton)
+
+def _map_leaves(obj: Any, leaf: Any) -> Any:
+    """Rebuild dicts, lists and plain tuples with ``leaf`` applied to everything else."""
+    if isinstance(obj, dict):
+        return type(obj)((k, _map_leaves(v, leaf)) for k, v in obj.items())
+    if isinstance(obj, list):
+        return [_map_leaves(v, leaf) for v in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_map_leaves(v, leaf) for v in obj)
+    return leaf(obj)
 
 
 def pack_layout(items: list[tuple[str, tuple[int, ...], int]]) -> tuple[list[TensorSpec], int]:

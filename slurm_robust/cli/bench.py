@@ -9,8 +9,9 @@ numbers, never by timed tests.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
+
+from slurm_robust.cli.main import import_optional
 
 BENCHMARKS: dict[str, str] = {
     "prolog": "slurm_robust.health.bench",
@@ -27,12 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench", metavar="NAME")
     sub.required = True
     for name, modname in BENCHMARKS.items():
-        try:
-            module = importlib.import_module(modname)
-        except ModuleNotFoundError as exc:
-            if exc.name == modname:
-                continue
-            raise
+        module = import_optional(modname)
+        if module is None:
+            continue
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         p.add_argument("--json", action="store_true", help="print one line of JSON")
         module.add_arguments(p)

@@ -13,7 +13,8 @@ Each module exposes ``register(subparsers)`` adding its actions with ``_run`` de
 from __future__ import annotations
 
 import argparse
-import importlib
+
+from slurm_robust.cli.main import import_optional
 
 HELP = "inject faults: node probe values, or real faults in a running robust job"
 FAMILIES = ("slurm_robust.health.inject_cli", "slurm_robust.launcher.inject_cli")
@@ -23,13 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="fault", metavar="FAULT")
     sub.required = True
     for modname in FAMILIES:
-        try:
-            module = importlib.import_module(modname)
-        except ModuleNotFoundError as exc:
-            if exc.name == modname:
-                continue
-            raise
-        module.register(sub)
+        module = import_optional(modname)
+        if module is not None:
+            module.register(sub)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -36,13 +36,19 @@ SUBCOMMANDS: dict[str, str] = {
 LOG_LEVEL_ENV = "SLURM_ROBUST_LOG_LEVEL"
 
 
-def _load(name: str) -> ModuleType | None:
+def import_optional(modname: str) -> ModuleType | None:
+    """Import a feature module, or None when that module itself is absent from this build
+    (a missing dependency inside it still raises)."""
     try:
-        return importlib.import_module(SUBCOMMANDS[name])
+        return importlib.import_module(modname)
     except ModuleNotFoundError as exc:
-        if exc.name == SUBCOMMANDS[name]:
-            return None  # that feature is not part of this build
+        if exc.name == modname:
+            return None
         raise
+
+
+def _load(name: str) -> ModuleType | None:
+    return import_optional(SUBCOMMANDS[name])
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
