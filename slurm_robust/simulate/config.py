@@ -60,6 +60,11 @@ class FailureMix:
     rate_per_machine_day: float
     classes: tuple[FailureClass, ...]
     source: str
+    #: Chance that a machine-evicting incident is a switch failure taking down a block
+    #: of ``switch_machines`` job slots at once (the paper's warm-standby evaluation,
+    #: section 8.2: 1 % and 32 machines).
+    switch_prob: float = 0.0
+    switch_machines: int = 32
 
     def __post_init__(self) -> None:
         if not self.rate_per_machine_day >= 0:
@@ -74,9 +79,15 @@ class FailureMix:
                 raise UsageError(f"failure mix {self.source}: {c.name!r} needs share >= 0 "
                                  "and persistent in [0, 1]")
 
+        if not 0.0 <= self.switch_prob <= 1.0 or self.switch_machines < 1:
+            raise UsageError(f"failure mix {self.source}: switch_prob must be in [0, 1] and "
+                             "switch_machines >= 1")
+
     def to_json(self) -> dict[str, Any]:
         return {"rate_per_machine_day": self.rate_per_machine_day,
-                "classes": [c.to_json() for c in self.classes], "source": self.source}
+                "classes": [c.to_json() for c in self.classes],
+                "switch_prob": self.switch_prob, "switch_machines": self.switch_machines,
+                "source": self.source}
 
 
 def _split(name: str, detect_s: float | None = None) -> tuple[Dist, Dist]:
@@ -124,7 +135,8 @@ def byterobust_mix() -> FailureMix:
         FailureClass("Code/data change", "code_change", s["Code/data change"],
                      *_split("Code change", 0.0)),
     ]
-    mix = FailureMix(0.0, tuple(rows), "byterobust")
+    mix = FailureMix(0.0, tuple(rows), "byterobust", paper.SWITCH_FAILURE_PROB,
+                     paper.SWITCH_FAILURE_MACHINES)
     return replace(mix, rate_per_machine_day=paper.MACHINE_FAIL_PER_DAY
                    / (evicting_share(mix) / 100.0))
 
@@ -218,7 +230,13 @@ def mix_from_json(data: dict[str, Any], source: str) -> FailureMix:
         rate = float(data["rate_per_machine_day"])
     except (KeyError, TypeError, ValueError) as exc:
         raise UsageError(f"failure mix {source}: needs a number rate_per_machine_day") from exc
-    return FailureMix(rate, tuple(classes), source)
+    try:
+        switch_prob = float(data.get("switch_prob", 0.0))
+        switch_machines = int(data.get("switch_machines", 32))
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"failure mix {source}: switch_prob and switch_machines must be "
+                         "numbers") from exc
+    return FailureMix(rate, tuple(classes), source, switch_prob, switch_machines)
 
 
 def times_from_json(data: dict[str, Any], base: RecoveryTimes, source: str) -> RecoveryTimes:

@@ -23,7 +23,7 @@ from slurm_robust.simulate.fleet import Fleet, Place
 from slurm_robust.simulate.job import UNLIMITED, Job, LadderLimits
 from slurm_robust.simulate.metrics import summarize
 from slurm_robust.simulate.reserve import Reserve
-from slurm_robust.simulate.trace import draw_trace
+from slurm_robust.simulate.trace import TraceIncident, draw_trace
 
 QUANTILE = 0.99
 
@@ -42,6 +42,7 @@ class SimConfig:
     refill_spares: refill in-job spares from the reserve as the paper's standby pool is
         (this project's launcher cannot grow a running allocation; see SIMULATOR.md).
     wait_for_nodes: False assumes a requeued job always finds free machines at once.
+    trace: replay these incidents instead of drawing them (tests, recorded traces).
     """
 
     machines: int
@@ -57,6 +58,7 @@ class SimConfig:
     limits: LadderLimits = field(default_factory=LadderLimits)
     wait_for_nodes: bool = True
     run_dir: str | None = None
+    trace: tuple[TraceIncident, ...] | None = None
 
 
 @dataclass
@@ -89,11 +91,12 @@ def simulate(cfg: SimConfig) -> SimResult:
     spares = auto_spares(cfg.machines, cfg.mix) if cfg.spares is None else cfg.spares
     fleet = Fleet(env, cfg.times, cfg.seed, count)
     sink = EventSink(cfg.run_dir)
-    trace = draw_trace(cfg.mix, cfg.times, cfg.machines, cfg.days, cfg.seed)
+    trace = list(cfg.trace) if cfg.trace is not None else draw_trace(
+        cfg.mix, cfg.times, cfg.machines, cfg.days, cfg.seed)
     robust = cfg.machines + max(spares, 0)
     reserve = Reserve(env, fleet, robust, cfg.reserve, machine_fail_prob(cfg.mix), count)
     job = Job(env, fleet, reserve, trace, cfg.machines, spares, cfg.times.step, cfg.limits,
-              cfg.refill_spares, sink, count, cfg.wait_for_nodes)
+              cfg.refill_spares, sink, count, cfg.wait_for_nodes, cfg.mix.switch_machines)
     pool = max(8, math.ceil(0.02 * cfg.machines)) if cfg.pool is None else cfg.pool
     for _ in range(reserve.target() + pool):
         fleet.add(Place.POOL, 0.0)

@@ -31,6 +31,7 @@ import simpy
 
 from slurm_robust.launcher.classify import CATEGORY
 from slurm_robust.launcher.policy import LadderInput, blamed_nodes, decide
+from slurm_robust.simulate import paper
 from slurm_robust.simulate.config import FAIL_SLOW_VOTE, HANG_TIMEOUT
 from slurm_robust.simulate.detectors import fail_slow_vote, hang_detection_s, launch_default
 from slurm_robust.simulate.eventlog import EventSink
@@ -85,7 +86,8 @@ class Job:
     def __init__(self, env: simpy.Environment, fleet: Fleet, reserve: Reserve,
                  trace: list[TraceIncident], machines: int, spares: int, step_s: float,
                  limits: LadderLimits, refill: bool, sink: EventSink,
-                 count: Callable[[], None], wait_for_nodes: bool = True) -> None:
+                 count: Callable[[], None], wait_for_nodes: bool = True,
+                 switch_machines: int = 32) -> None:
         self.env, self.fleet, self.reserve = env, fleet, reserve
         self.trace = trace
         self.step = step_s
@@ -104,6 +106,7 @@ class Job:
         self.steps_done = 0
         self.spares_used = 0
         self.wait_for_nodes = wait_for_nodes
+        self.switch_machines = switch_machines
         self.running_since: float | None = None
 
     def finish(self, end: float) -> None:
@@ -158,8 +161,8 @@ class Job:
             running = run_at
             self._segment(seg_start, steps)
             evicted = yield from self._incident(inc, k, machine, steps, seg_start)
-            if inc.fclass.cls != "fail_slow" and inc.persistent and machine not in evicted \
-                    and k < len(inc.recur_after):
+            recurs = inc.persistent and inc.fclass.cls != "fail_slow" and not inc.switch
+            if recurs and machine not in evicted and k < len(inc.recur_after):
                 seq += 1
                 heapq.heappush(pending, (running + inc.recur_after[k], seq, inc.index, k + 1,
                                          machine))
@@ -176,7 +179,14 @@ class Job:
         lost = fault - seg_start - steps * self.step
         name = self._name(machine)
         named = [name]
-        if fc.detect == FAIL_SLOW_VOTE:
+        cls = fc.cls
+        if inc.switch:
+            # Every machine behind the switch loses its heartbeat: a node fault on each.
+            size = self.switch_machines
+            block = self.slots[inc.slot // size * size:(inc.slot // size + 1) * size]
+            named, cls = [self._name(m) for m in block], "node_lost"
+            det, loc = paper.DETECT_SWITCH_S, 0.0
+        elif fc.detect == FAIL_SLOW_VOTE:
             det, loc, voted = fail_slow_vote([self._name(m) for m in self.slots], inc.slot,
                                              inc.slow_factor, self.step)
             named = list(voted) or named
@@ -187,7 +197,6 @@ class Job:
         detected = self.env.now
         yield self._wait(loc)
         localized = self.env.now
-        cls = fc.cls
         st = self.state
         st.no_progress = 0 if steps > 0 else st.no_progress + 1
         for n in named:

@@ -44,6 +44,12 @@ TABLE5_SPARES = {128: 2, 256: 2, 512: 3, 1024: 4}
 #: Section 6.2 / 8.2: warm standby vs requeue, and vs an oracle with unlimited standbys.
 WARM_VS_REQUEUE = 10.87
 WARM_VS_ORACLE_PCT = 5.19
+#: Section 8.2's warm-standby evaluation: a fixed 1 % chance that an eviction is a
+#: switch failure taking down 32 machines; Table 3: a switch is declared down after two
+#: 30 s port checks.
+SWITCH_FAILURE_PROB = 0.01
+SWITCH_FAILURE_MACHINES = 32
+DETECT_SWITCH_S = 2 * DETECT_NIC_S
 #: Section 8: cumulative ETTR "up to 97 %", at most 50 min unproductive in a 1-hour window.
 CUMULATIVE_ETTR = 0.97
 MAX_UNPRODUCTIVE_PER_HOUR_MIN = 50.0

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from slurm_robust.launcher.policy import EVICTING_CLASSES
 from slurm_robust.simulate.config import DAY_S, FailureClass, FailureMix, RecoveryTimes
 from slurm_robust.simulate.dists import Dist
 
@@ -42,6 +43,7 @@ class TraceIncident:
     resubmit: float
     refill: float
     slow_factor: float  # fail-slow: how much slower the machine's ranks are
+    switch: bool  # a switch failure: a block of job slots is lost at once
 
 
 def _draw(d: Dist | str, rng: np.random.Generator) -> float:
@@ -77,5 +79,6 @@ def draw_trace(mix: FailureMix, times: RecoveryTimes, machines: int, days: float
             recur_after=tuple(float(x) for x in sub.exponential(RECUR_MEAN_S, max_recur)),
             restart=times.restart.sample(sub), spare=times.spare.sample(sub),
             requeue=times.requeue.sample(sub), resubmit=times.resubmit.sample(sub),
-            refill=refill.sample(sub), slow_factor=float(sub.uniform(1.6, 3.0))))
+            refill=refill.sample(sub), slow_factor=float(sub.uniform(1.6, 3.0)),
+            switch=bool(sub.random() < mix.switch_prob) and fc.cls in EVICTING_CLASSES))
     return out
