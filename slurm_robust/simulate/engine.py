@@ -68,6 +68,7 @@ class SimResult:
     job: Job
     events: int
     records: int
+    node_entries: int
     elapsed_s: float
 
 
@@ -122,5 +123,5 @@ def simulate(cfg: SimConfig) -> SimResult:
         "rate_per_machine_day": cfg.mix.rate_per_machine_day,
         "max_restarts": cfg.limits.max_restarts,
     })
-    return SimResult(cfg, summary, job, counter[0], sink.written,
+    return SimResult(cfg, summary, job, counter[0], sink.written, sink.node_entries,
                      time.perf_counter() - t0)

@@ -40,6 +40,7 @@ class EventSink:
         self.attempt = 0
         self.buffer: list[dict[str, Any]] = []
         self.written = 0
+        self.node_entries = 0  # machine names written in node lists (cost grows with them)
 
     def _emit(self, event: str, fields: dict[str, Any], now: float) -> None:
         self.written += 1
@@ -58,11 +59,13 @@ class EventSink:
         self.buffer = []
 
     def run_start(self, nodes: list[str], spares: list[str], now: float) -> None:
+        self.node_entries += len(nodes) + len(spares)
         self._emit("run_start", {"nodes": nodes, "spares": spares, "world_size": len(nodes),
                                  "layout": {"dp": len(nodes)},
                                  "config": {"simulated": True}}, now)
 
     def attempt_start(self, nodes: list[str], restored_step: int | None, now: float) -> None:
+        self.node_entries += len(nodes)
         if restored_step is not None:
             self.attempt += 1
         self._emit("attempt_start", {"nodes": nodes, "restored_step": restored_step,
@@ -73,15 +76,15 @@ class EventSink:
         """Records for ``n`` steps done from ``start``: one per minute, and the last."""
         if n <= 0:
             return
-        if self.path is None:
-            minutes = int((start + n * step_s) // RECORD_EVERY_S - start // RECORD_EVERY_S)
-            self.written += min(n, minutes + 1)
-            return
         done = start + step_s * np.arange(1, n + 1)
         minute = np.floor(done / RECORD_EVERY_S)
         keep = np.ones(n, dtype=bool)
         keep[:-1] = minute[1:] != minute[:-1]
-        for i in np.flatnonzero(keep):
+        kept = np.flatnonzero(keep)
+        if self.path is None:
+            self.written += len(kept)
+            return
+        for i in kept:
             self._emit("step", {"step": first_done + int(i) + 1, "step_time_s": step_s,
                                 "loss": None, "grad_norm": None, "rank": None},
                        float(done[i]))

@@ -36,6 +36,7 @@ class Fleet:
         self.times = times
         self.rng = np.random.default_rng([seed, 3])
         self.place: list[Place] = []
+        self.names: list[str] = []  # cached: names are looked up per incident and record
         self.last_deep_pass: list[float | None] = []
         self.pool: dict[int, None] = {}  # insertion-ordered set of idle pool machines
         self.changed = env.event()
@@ -46,14 +47,14 @@ class Fleet:
     def add(self, place: Place, fresh_at: float | None = 0.0) -> int:
         m = len(self.place)
         self.place.append(place)
+        self.names.append(f"m{m:05d}")
         self.last_deep_pass.append(fresh_at)
         if place is Place.POOL:
             self.pool[m] = None
         return m
 
-    @staticmethod
-    def name(m: int) -> str:
-        return f"m{m:05d}"
+    def name(self, m: int) -> str:
+        return self.names[m]
 
     @staticmethod
     def index(name: str) -> int:

@@ -98,6 +98,7 @@ class Job:
         self.unlimited = spares == UNLIMITED
         self.want_spares = 0 if self.unlimited else spares
         self.slots = [fleet.add(Place.JOB) for _ in range(machines)]
+        self.slot_of = {m: i for i, m in enumerate(self.slots)}  # O(1) replacement
         self.spares = [fleet.add(Place.JOB) for _ in range(self.want_spares)]
         self.state = JobState()
         self.incidents: list[IncidentResult] = []
@@ -119,7 +120,18 @@ class Job:
     # -- helpers ---------------------------------------------------------------------
 
     def _name(self, m: int) -> str:
-        return self.fleet.name(m)
+        return self.fleet.names[m]
+
+    def _names(self, machines: list[int]) -> list[str]:
+        if self.sink.path is None:
+            return []  # nothing is written: skip the O(machines) list
+        names = self.fleet.names
+        return [names[m] for m in machines]
+
+    def _replace(self, old: int, new: int) -> None:
+        pos = self.slot_of.pop(old)
+        self.slots[pos] = new
+        self.slot_of[new] = pos
 
     def _set_spares(self, spares: list[int]) -> None:
         self.spares = spares
@@ -133,9 +145,9 @@ class Job:
     # -- the run ---------------------------------------------------------------------
 
     def run(self) -> Generator[Any, Any, None]:
-        self.sink.run_start([self._name(m) for m in self.slots],
-                            [self._name(m) for m in self.spares], 0.0)
-        self.sink.attempt_start([self._name(m) for m in self.slots], None, 0.0)
+        self.sink.run_start(self._names(self.slots),
+                            self._names(self.spares), 0.0)
+        self.sink.attempt_start(self._names(self.slots), None, 0.0)
         running = 0.0
         pending: list[tuple[float, int, int, int, int]] = []  # (run_at, seq, inc, k, m)
         nxt = 0
@@ -231,7 +243,7 @@ class Job:
                 yield self._wait(inc.requeue)
         result.recovered = self.env.now
         self.sink.incident(result, CATEGORY[cls], self.steps_done)
-        self.sink.attempt_start([self._name(m) for m in self.slots], self.steps_done,
+        self.sink.attempt_start(self._names(self.slots), self.steps_done,
                                 self.env.now)
         return evicted
 
@@ -243,8 +255,7 @@ class Job:
     def _use_spares(self, evicted: tuple[int, ...]) -> None:
         spares = list(self.spares)
         for m in evicted:
-            pos = self.slots.index(m)
-            self.slots[pos] = self.fleet.add(Place.JOB) if self.unlimited else spares.pop(0)
+            self._replace(m, self.fleet.add(Place.JOB) if self.unlimited else spares.pop(0))
             self.spares_used += 1
             if self.refill:
                 self.env.process(self._refill_one())
@@ -282,7 +293,7 @@ class Job:
             [self.fleet.add(Place.JOB) for _ in range(need)]
         self.reserve.blocked = False
         for m in evicted:
-            self.slots[self.slots.index(m)] = got.pop(0)
+            self._replace(m, got.pop(0))
         self._set_spares([*self.spares, *got])
         self.reserve.reconcile()
 
@@ -294,5 +305,5 @@ class Job:
         result.queue_wait_s = self.env.now - start
         yield self._wait(inc.requeue)
         self.state = JobState()
-        self.sink.run_start([self._name(m) for m in self.slots],
-                            [self._name(m) for m in self.spares], self.env.now)
+        self.sink.run_start(self._names(self.slots),
+                            self._names(self.spares), self.env.now)

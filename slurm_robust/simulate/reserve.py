@@ -71,8 +71,8 @@ class Reserve:
     def spare_count(self) -> int:
         return len(spares(self.snapshot(), self.cfg))
 
-    def _record(self) -> None:
-        n = self.spare_count()
+    def _record(self, snap: Snapshot | None = None) -> None:
+        n = len(spares(snap or self.snapshot(), self.cfg))
         if self.occupancy[-1][1] != n:
             self.occupancy.append((self.env.now, n))
 
@@ -81,8 +81,12 @@ class Reserve:
         if self.blocked:
             return
         self.count()
-        actions = plan_reconcile(self.snapshot(), self.cfg, self.target(),
+        snap = self.snapshot()
+        actions = plan_reconcile(snap, self.cfg, self.target(),
                                  frozenset(self.fleet.name(m) for m in self.checking))
+        if not actions:
+            self._record(snap)
+            return
         for a in actions:
             m = self.fleet.index(a.node)
             if a.kind == "deep_check":
