@@ -42,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sweep", action="store_true",
                         help="also run the what-if sweeps (spares, requeue delay, rungs)")
+    parser.add_argument("--sweep-seeds", type=int, default=3,
+                        help="seeds averaged per sweep row (%(default)s)")
     parser.add_argument("--paper-check", action="store_true",
                         help="also compare with the paper's numbers (4 configurations x "
                              "--check-seeds seeds)")
@@ -135,7 +137,9 @@ def run(args: argparse.Namespace) -> int:
     if args.sweep:
         from slurm_robust.simulate import sweep
 
-        rows = sweep.run_sweeps(cfg)
+        if args.sweep_seeds < 1:
+            raise UsageError("--sweep-seeds must be >= 1")
+        rows = sweep.run_sweeps(cfg, args.sweep_seeds)
         summary["sweep"] = rows
         if out is not None:
             (out / "sweep.json").write_text(json.dumps(rows, indent=2) + "\n")

@@ -34,7 +34,7 @@ class Fleet:
                  count: Callable[[], None]) -> None:
         self.env = env
         self.times = times
-        self.rng = np.random.default_rng([seed, 3])
+        self.seed = seed
         self.place: list[Place] = []
         self.names: list[str] = []  # cached: names are looked up per incident and record
         self.last_deep_pass: list[float | None] = []
@@ -43,6 +43,7 @@ class Fleet:
         self.count = count
         self.repairs = 0
         self.checks = 0
+        self.draws: dict[int, int] = {}  # machine -> lifecycle draws so far
 
     def add(self, place: Place, fresh_at: float | None = 0.0) -> int:
         m = len(self.place)
@@ -83,15 +84,22 @@ class Fleet:
         self.move(m, Place.CHECK)
         self.env.process(self._lifecycle(m))
 
+    def _rng(self, m: int) -> np.random.Generator:
+        # One stream per machine and lifecycle: the n-th check of machine m draws the
+        # same numbers in every what-if, whatever else happened in between.
+        n = self.draws[m] = self.draws.get(m, 0) + 1
+        return np.random.default_rng([self.seed, 3, m, n])
+
     def _lifecycle(self, m: int) -> Generator[Any, Any, None]:
         self.checks += 1
         self.count()
-        yield self.env.timeout(self.times.deep_check.sample(self.rng))
-        if self.rng.random() < self.times.deep_check_fail:
+        rng = self._rng(m)
+        yield self.env.timeout(self.times.deep_check.sample(rng))
+        if rng.random() < self.times.deep_check_fail:
             self.repairs += 1
             self.move(m, Place.REPAIR)
             self.count()
-            yield self.env.timeout(self.times.repair.sample(self.rng))
+            yield self.env.timeout(self.times.repair.sample(rng))
         # A repaired machine passes the deep suite before it is returned.
         self.last_deep_pass[m] = self.env.now
         self.move(m, Place.POOL)
@@ -105,6 +113,6 @@ class Fleet:
         back = self.place[m]
         self.move(m, Place.CHECK)
         self.count()
-        yield self.env.timeout(self.times.deep_check.sample(self.rng))
+        yield self.env.timeout(self.times.deep_check.sample(self._rng(m)))
         self.last_deep_pass[m] = self.env.now
         self.move(m, back)

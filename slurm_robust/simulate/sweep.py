@@ -1,14 +1,17 @@
 """What-if sweeps for admins: ETTR and spare cost against spares, requeue delay, rungs.
 
-Every point reruns the same seed, so all points see the same faults (common random
-numbers, see :mod:`.trace`) and differences come from the setting alone. The result is
-one table (rows as dicts; :func:`markdown` renders it) and one plot (:func:`plot`).
+Every point reruns the same seeds, so all points see the same faults (common random
+numbers, see :mod:`.trace`) and differences come from the setting alone; each row is the
+mean over ``seeds`` seeds, because rare events (a switch failure while the idle pool is
+short) move a single run a lot. The result is one table (rows as dicts;
+:func:`markdown` renders it) and one plot (:func:`plot`).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from statistics import mean
 from typing import Any
 
 from slurm_robust.simulate.dists import Dist
@@ -18,34 +21,39 @@ from slurm_robust.simulate.job import UNLIMITED
 REQUEUE_FACTORS = (0.5, 1.0, 2.0, 4.0)
 
 
-def _row(sweep: str, value: str, cfg: SimConfig) -> dict[str, Any]:
-    s = simulate(cfg).summary
-    return {"sweep": sweep, "value": value, "ettr": round(s["ettr"], 5),
-            "spare_cost_pct": round(s["spare_cost_pct"], 3),
-            "requeues": s["by_rung"]["requeue"], "stops": s["by_rung"]["stop"],
-            "evicting_failover_mean_s": None if s["evicting_failover_mean_s"] is None
-            else round(s["evicting_failover_mean_s"], 1)}
+def _row(sweep: str, value: str, cfg: SimConfig, seeds: int) -> dict[str, Any]:
+    runs = [simulate(replace(cfg, seed=cfg.seed + i)).summary for i in range(seeds)]
+    failover = [s["evicting_failover_mean_s"] for s in runs
+                if s["evicting_failover_mean_s"] is not None]
+    return {"sweep": sweep, "value": value, "seeds": seeds,
+            "ettr": round(mean(s["ettr"] for s in runs), 5),
+            "spare_cost_pct": round(mean(s["spare_cost_pct"] for s in runs), 3),
+            "requeues": round(mean(s["by_rung"]["requeue"] for s in runs), 1),
+            "stops": round(mean(s["by_rung"]["stop"] for s in runs), 1),
+            "evicting_failover_mean_s": round(mean(failover), 1) if failover else None}
 
 
-def run_sweeps(base: SimConfig) -> list[dict[str, Any]]:
+def run_sweeps(base: SimConfig, seeds: int = 3) -> list[dict[str, Any]]:
     base = replace(base, run_dir=None)
     auto = auto_spares(base.machines, base.mix)
     rows = []
     for k in sorted({0, 1, 2, auto, 2 * auto, 4 * auto}):
-        rows.append(_row("spares", str(k), replace(base, spares=k)))
-    rows.append(_row("spares", "unlimited", replace(base, spares=UNLIMITED)))
+        rows.append(_row("spares", str(k), replace(base, spares=k), seeds))
+    rows.append(_row("spares", "unlimited", replace(base, spares=UNLIMITED), seeds))
     for f in REQUEUE_FACTORS:
         t = base.times
         times = replace(t, requeue=Dist(t.requeue.kind, t.requeue.a * f, t.requeue.b * f,
                                         tuple(v * f for v in t.requeue.values)))
-        rows.append(_row("requeue_delay", f"x{f:g}", replace(base, times=times)))
-    rows.append(_row("rungs", "all", base))
-    rows.append(_row("rungs", "no spare", replace(base, spares=0)))
-    rows.append(_row("rungs", "no requeue (unlimited spares)", replace(base, spares=UNLIMITED)))
+        rows.append(_row("requeue_delay", f"x{f:g}", replace(base, times=times), seeds))
+    rows.append(_row("rungs", "all", base, seeds))
+    rows.append(_row("rungs", "no spare", replace(base, spares=0), seeds))
+    rows.append(_row("rungs", "no requeue (unlimited spares)", replace(base, spares=UNLIMITED),
+                     seeds))
     rows.append(_row("rungs", "no stop (unlimited restarts)",
                      replace(base, limits=replace(base.limits, max_restarts=10**9,
-                                                  max_no_progress=10**9))))
-    rows.append(_row("rungs", "spares refilled (paper)", replace(base, refill_spares=True)))
+                                                  max_no_progress=10**9)), seeds))
+    rows.append(_row("rungs", "spares refilled (paper)", replace(base, refill_spares=True),
+                     seeds))
     return rows
 
 

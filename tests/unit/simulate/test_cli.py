@@ -38,7 +38,7 @@ def test_sweep_table_and_plot(tmp_path: Path) -> None:
     base = SimConfig(machines=100, days=10, mix=replace(byterobust_mix(),
                                                         rate_per_machine_day=0.02),
                      times=byterobust_times(100), seed=1)
-    rows = sweep.run_sweeps(base)
+    rows = sweep.run_sweeps(base, seeds=1)
     assert {r["sweep"] for r in rows} == {"spares", "requeue_delay", "rungs"}
     no_spare = next(r for r in rows if r["value"] == "no spare")
     oracle = next(r for r in rows if r["value"].startswith("no requeue"))
