@@ -115,7 +115,8 @@ def summary_markdown(s: dict[str, Any]) -> str:
         f"{s['reserve_empty_pct']:.2f} % of the time), handed over {s['handed_over']}",
         f"- mean failover of machine-evicting incidents: "
         f"{s['evicting_failover_mean_s'] or 0:.1f} s",
-        f"- spare cost: {s['spare_cost_pct']:.2f} % of the job's machine-time", "",
+        "- spare cost: " + ("n/a (unlimited spares)" if s["spare_cost_pct"] is None
+                            else f"{s['spare_cost_pct']:.2f} % of the job's machine-time"), "",
         "| downtime | hours | share |", "|---|---|---|",
         *(f"| {k} | {v / 3600:.2f} | {100 * v / down:.1f} % |" for k, v in d.items()), ""]
     return "\n".join(lines)

@@ -110,6 +110,9 @@ def simulate(cfg: SimConfig) -> SimResult:
     job.finish(end)
     summary = summarize(job.incidents, job.segments, cfg.times.step, end, cfg.machines,
                         job.spare_level, reserve.occupancy)
+    if spares == UNLIMITED:
+        # The oracle's spares appear from nowhere: they have no cost to count.
+        summary["spare_cost_pct"] = summary["spare_machine_days"] = None
     summary.update({
         "machines": cfg.machines, "gpus_per_machine": cfg.gpus_per_machine,
         "days": cfg.days, "seed": cfg.seed, "spares": "unlimited" if spares == UNLIMITED

@@ -27,7 +27,8 @@ def _row(sweep: str, value: str, cfg: SimConfig, seeds: int) -> dict[str, Any]:
                 if s["evicting_failover_mean_s"] is not None]
     return {"sweep": sweep, "value": value, "seeds": seeds,
             "ettr": round(mean(s["ettr"] for s in runs), 5),
-            "spare_cost_pct": round(mean(s["spare_cost_pct"] for s in runs), 3),
+            "spare_cost_pct": None if runs[0]["spare_cost_pct"] is None
+            else round(mean(s["spare_cost_pct"] for s in runs), 3),
             "requeues": round(mean(s["by_rung"]["requeue"] for s in runs), 1),
             "stops": round(mean(s["by_rung"]["stop"] for s in runs), 1),
             "evicting_failover_mean_s": round(mean(failover), 1) if failover else None}
@@ -61,8 +62,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     head = ("| sweep | value | ETTR | spare cost (% of job machine-time) | requeues | stops "
             "| mean failover of evictions (s) |\n|---|---|---|---|---|---|---|\n")
     return head + "".join(
-        f"| {r['sweep']} | {r['value']} | {100 * r['ettr']:.2f} % | {r['spare_cost_pct']:.2f} "
+        f"| {r['sweep']} | {r['value']} | {100 * r['ettr']:.2f} % | {_num(r['spare_cost_pct'])} "
         f"| {r['requeues']} | {r['stops']} | {r['evicting_failover_mean_s']} |\n" for r in rows)
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
 
 
 def plot(rows: list[dict[str, Any]], path: str | Path) -> None:
@@ -82,7 +87,9 @@ def plot(rows: list[dict[str, Any]], path: str | Path) -> None:
         ax.set_ylabel("cumulative ETTR (%)")
         ax.set_title(name)
         cost = ax.twinx()
-        cost.plot(range(len(sub)), [r["spare_cost_pct"] for r in sub], "o-", color="tab:red")
+        cost.plot(range(len(sub)), [float("nan") if r["spare_cost_pct"] is None
+                                    else r["spare_cost_pct"] for r in sub], "o-",
+                  color="tab:red")
         cost.set_ylabel("spare cost (% of job machine-time)", color="tab:red")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
