@@ -149,20 +149,21 @@ class Job:
                             self._names(self.spares), 0.0)
         self.sink.attempt_start(self._names(self.slots), None, 0.0)
         running = 0.0
-        pending: list[tuple[float, int, int, int, int]] = []  # (run_at, seq, inc, k, m)
+        # Recurrences of persistent faults: (run_at, seq, incident, k-th, machine).
+        pending: list[tuple[float, int, TraceIncident, int, int]] = []
         nxt = 0
         seq = 0
         while True:
             primary = self.trace[nxt].run_at if nxt < len(self.trace) else math.inf
             if pending and pending[0][0] < primary:
-                run_at, _, idx, k, machine = heapq.heappop(pending)
-                inc = self.trace[idx]
+                run_at, _, inc, k, machine = heapq.heappop(pending)
                 if self.slots[inc.slot] != machine:
                     continue  # the faulty machine has left the slot: no recurrence
             else:
                 if primary == math.inf:
                     self.running_since = self.env.now
                     yield self.env.event()  # never fires: runs to the horizon
+                    return
                 run_at, inc, k, machine = primary, self.trace[nxt], 0, self.slots[
                     self.trace[nxt].slot]
                 nxt += 1
@@ -176,7 +177,7 @@ class Job:
             recurs = inc.persistent and inc.fclass.cls != "fail_slow" and not inc.switch
             if recurs and machine not in evicted and k < len(inc.recur_after):
                 seq += 1
-                heapq.heappush(pending, (running + inc.recur_after[k], seq, inc.index, k + 1,
+                heapq.heappush(pending, (running + inc.recur_after[k], seq, inc, k + 1,
                                          machine))
 
     def _segment(self, start: float, steps: int) -> None:
@@ -236,7 +237,7 @@ class Job:
             if decision.rung == "in_place":
                 yield self._wait(inc.restart)
             elif decision.rung == "spare":
-                self._use_spares(evicted)
+                self._use_spares(evicted, inc.refill)
                 yield self._wait(inc.spare)
             else:
                 yield from self._requeue(evicted, result)
@@ -252,20 +253,20 @@ class Job:
             self.reserve.evictions.append(self.env.now)
             self.fleet.evict(m)
 
-    def _use_spares(self, evicted: tuple[int, ...]) -> None:
+    def _use_spares(self, evicted: tuple[int, ...], refill_s: float) -> None:
         spares = list(self.spares)
         for m in evicted:
             self._replace(m, self.fleet.add(Place.JOB) if self.unlimited else spares.pop(0))
             self.spares_used += 1
             if self.refill:
-                self.env.process(self._refill_one())
+                self.env.process(self._refill_one(refill_s))
         self._set_spares(spares)
         self._evict(evicted)
         self.reserve.reconcile()
 
-    def _refill_one(self) -> Generator[Any, Any, None]:
+    def _refill_one(self, delay_s: float) -> Generator[Any, Any, None]:
         """The paper's asynchronous standby refill (``--refill-spares``)."""
-        yield self._wait(self.trace[0].refill if self.trace else 0.0)
+        yield self._wait(delay_s)
         while True:
             m = self.reserve.take_one()
             if m is None and self.fleet.pool:

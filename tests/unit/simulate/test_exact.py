@@ -77,3 +77,28 @@ def test_persistent_fault_recurs_until_the_node_is_blamed() -> None:
     rungs = [r.rung for r in result.job.incidents]
     assert rungs == ["in_place", "in_place", "spare"]
     assert len({r.nodes for r in result.job.incidents}) == 1
+
+
+def test_refilled_spares_avoid_the_requeue() -> None:
+    trace = [incident(1000.0, GPU, slot=2, index=0), incident(5000.0, GPU, slot=4, index=1)]
+    result = simulate(config(trace, spares=1, refill_spares=True))
+    # The spare used at the first fault is refilled from the reserve 800 s later.
+    assert result.summary["by_rung"]["spare"] == 2
+    assert result.summary["by_rung"]["requeue"] == 0
+
+
+def test_switch_failure_blames_its_block_and_waits_for_machines() -> None:
+    from dataclasses import replace
+
+    trace = [incident(1000.0, GPU, slot=40, switch=True)]
+    cfg = config(trace, machines=64, spares=2, pool=8)
+    cfg = replace(cfg, times=replace(cfg.times, deep_check_fail=0.0))  # all come back
+    short = simulate(cfg).job.incidents[0]
+    assert short.rung == "requeue" and short.cls == "node_lost"
+    assert len(short.nodes) == 32
+    # 32 lost slots, 8 idle machines plus the reserve's hand-over: the job waits for the
+    # evicted machines' deep checks (15 min) to bring enough back.
+    assert short.queue_wait_s == pytest.approx(900.0)
+    assert short.recovered - short.localized == pytest.approx(900.0 + 800.0)
+    ample = simulate(config(trace, machines=64, spares=2, pool=64)).job.incidents[0]
+    assert ample.queue_wait_s == 0.0

@@ -37,3 +37,8 @@ def test_ettr_does_not_fall_as_spares_grow(seed: int, low: int, more: int) -> No
     a, b, oracle = _ettr(seed, low), _ettr(seed, low + more), _ettr(seed, UNLIMITED)
     assert a <= b + 1e-12
     assert b <= oracle + 1e-12
+
+
+def test_spares_matter_on_this_mix() -> None:
+    # Guards the property above against being vacuous: spares do change the outcome.
+    assert _ettr(0, 0) < _ettr(0, 5)
