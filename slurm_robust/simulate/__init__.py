@@ -10,6 +10,7 @@ that ``slurm-robust report`` reads. Modules, one job each:
 - :mod:`.config`: the failure mix, recovery times and run settings, and their files.
 - :mod:`.measured`: recovery times measured in this project's rehearsal event logs.
 - :mod:`.trace`: the pre-drawn incident trace (common random numbers across what-ifs).
+- :mod:`.detectors`: hang and fail-slow times from the launcher's own detectors.
 - :mod:`.fleet`: machines, drain, deep check, repair and the idle pool.
 - :mod:`.reserve`: the reserve partition under the real sizing and reconcile planning.
 - :mod:`.job`: the job under the real ladder.
@@ -17,4 +18,5 @@ that ``slurm-robust report`` reads. Modules, one job each:
 - :mod:`.metrics`: ETTR (cumulative, 1-hour sliding), downtime split, summary.
 - :mod:`.eventlog`: the run event log (docs/SCHEMAS.md ``slurm_robust.event``).
 - :mod:`.sweep`: what-if sweeps as one table and one plot.
+- :mod:`.acceptance`: the side-by-side check against the paper's numbers.
 """
