@@ -1,0 +1,104 @@
+"""Exact small cases: known faults and times give a known ETTR and downtime split."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_robust.simulate.engine import simulate
+from slurm_robust.simulate.job import UNLIMITED
+
+from .helpers import GPU, config, incident
+
+DAY = 86400.0
+
+
+def test_no_fault_is_all_productive() -> None:
+    s = simulate(config([], spares=0)).summary
+    assert s["ettr"] == 1.0
+    assert s["incidents"] == 0
+    assert s["sliding_ettr_min"] == 1.0
+
+
+def test_one_fault_in_place_exact_ettr_and_split() -> None:
+    # Fault at 1000.5 s of training: 100 steps done, 0.5 s of the 101st lost; then 30 s
+    # detection, 20 s localisation, 60 s restart; training resumes at 1110.5 s and
+    # finishes floor((86400 - 1110.5) / 10) = 8528 more steps.
+    s = simulate(config([incident(1000.5)], spares=0)).summary
+    assert s["by_rung"]["in_place"] == 1
+    assert s["downtime_s"] == {"detection": 30.0, "localisation": 20.0, "failover": 60.0,
+                               "recompute": 0.5}
+    assert s["productive_s"] == pytest.approx((100 + 8528) * 10.0)
+    assert s["ettr"] == pytest.approx(86280.0 / DAY, abs=1e-12)
+
+
+def test_node_fault_uses_a_spare_then_requeues_when_none_is_left() -> None:
+    trace = [incident(1000.0, GPU, slot=2, index=0), incident(5000.0, GPU, slot=4, index=1)]
+    result = simulate(config(trace, spares=1))
+    s = result.summary
+    assert s["by_rung"] == {"in_place": 0, "spare": 1, "requeue": 1, "stop": 0}
+    spare, requeue = result.job.incidents
+    assert spare.recovered - spare.localized == pytest.approx(70.0)
+    # The pool has idle machines, so the requeue waits for nothing but its own time.
+    assert requeue.queue_wait_s == 0.0
+    assert requeue.recovered - requeue.localized == pytest.approx(800.0)
+    assert s["spares_used"] == 1
+    assert s["evicting_failover_mean_s"] == pytest.approx((70.0 + 800.0) / 2)
+
+
+def test_controller_node_fault_requeues_even_with_spares() -> None:
+    s = simulate(config([incident(1000.0, GPU, slot=0)], spares=UNLIMITED)).summary
+    assert s["by_rung"]["requeue"] == 1
+
+
+def test_restart_budget_stops_and_resubmits() -> None:
+    from dataclasses import replace
+
+    from slurm_robust.simulate.job import LadderLimits
+
+    trace = [incident(1000.0 * (i + 1), index=i) for i in range(3)]
+    cfg = config(trace, spares=0, limits=replace(LadderLimits(), max_restarts=2))
+    result = simulate(cfg)
+    rungs = [r.rung for r in result.job.incidents]
+    assert rungs == ["in_place", "in_place", "stop"]
+    stop = result.job.incidents[-1]
+    # Resubmission: the operator's delay, then the scheduling (requeue) time.
+    assert stop.recovered - stop.localized == pytest.approx(1800.0 + 800.0)
+
+
+def test_persistent_fault_recurs_until_the_node_is_blamed() -> None:
+    # A persistent network error comes back after each restart; the third failure on the
+    # same machine reaches node_failures_to_blame (3) and the ladder evicts it.
+    from slurm_robust.simulate.config import FailureClass
+    from slurm_robust.simulate.dists import fixed
+
+    net = FailureClass("ib", "network_error", 1.0, fixed(30.0), fixed(30.0), persistent=1.0)
+    trace = [incident(1000.0, net, slot=5, persistent=True, recur_after=(300.0,) * 8)]
+    result = simulate(config(trace, spares=2))
+    rungs = [r.rung for r in result.job.incidents]
+    assert rungs == ["in_place", "in_place", "spare"]
+    assert len({r.nodes for r in result.job.incidents}) == 1
+
+
+def test_refilled_spares_avoid_the_requeue() -> None:
+    trace = [incident(1000.0, GPU, slot=2, index=0), incident(5000.0, GPU, slot=4, index=1)]
+    result = simulate(config(trace, spares=1, refill_spares=True))
+    # The spare used at the first fault is refilled from the reserve 800 s later.
+    assert result.summary["by_rung"]["spare"] == 2
+    assert result.summary["by_rung"]["requeue"] == 0
+
+
+def test_switch_failure_blames_its_block_and_waits_for_machines() -> None:
+    from dataclasses import replace
+
+    trace = [incident(1000.0, GPU, slot=40, switch=True)]
+    cfg = config(trace, machines=64, spares=2, pool=8)
+    cfg = replace(cfg, times=replace(cfg.times, deep_check_fail=0.0))  # all come back
+    short = simulate(cfg).job.incidents[0]
+    assert short.rung == "requeue" and short.cls == "node_lost"
+    assert len(short.nodes) == 32
+    # 32 lost slots, 8 idle machines plus the reserve's hand-over: the job waits for the
+    # evicted machines' deep checks (15 min) to bring enough back.
+    assert short.queue_wait_s == pytest.approx(900.0)
+    assert short.recovered - short.localized == pytest.approx(900.0 + 800.0)
+    ample = simulate(config(trace, machines=64, spares=2, pool=64)).job.incidents[0]
+    assert ample.queue_wait_s == 0.0
