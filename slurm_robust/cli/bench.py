@@ -1,6 +1,6 @@
 """``slurm-robust bench NAME``: benchmarks that print their numbers as JSON.
 
-Each benchmark lives beside its feature in a module exposing ``HELP``,
+Each benchmark is a module of ``slurm_robust.rehearsal.bench`` exposing ``HELP``,
 ``add_arguments(parser)`` and ``run(args) -> dict``; the dict is printed as JSON
 (``--json``) or as indented JSON for people. Targets are checked by reading these
 numbers, never by timed tests.
@@ -14,11 +14,11 @@ import json
 from slurm_robust.cli.main import import_optional
 
 BENCHMARKS: dict[str, str] = {
-    "prolog": "slurm_robust.health.bench",
-    "ckpt": "slurm_robust.ckpt.bench",
-    "stacks": "slurm_robust.stacks.bench",
-    "analysis": "slurm_robust.analysis.bench",
-    "recovery": "slurm_robust.launcher.bench",
+    "prolog": "slurm_robust.rehearsal.bench.prolog",
+    "ckpt": "slurm_robust.rehearsal.bench.ckpt",
+    "stacks": "slurm_robust.rehearsal.bench.stacks",
+    "analysis": "slurm_robust.rehearsal.bench.analysis",
+    "recovery": "slurm_robust.rehearsal.bench.recovery",
 }
 
 HELP = "run a benchmark and print its numbers as JSON"

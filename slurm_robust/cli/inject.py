@@ -1,11 +1,11 @@
 """``slurm-robust inject ...``: fault injection for tests and rehearsals.
 
-Two families, each registered by its feature:
+Two families, both rehearsal tooling in ``slurm_robust.rehearsal.inject``:
 
-- node probes (``probe``, ``clear``): ``slurm_robust.health.inject_cli``; a probe returns a
-  chosen value on one node, everything after it is the real code path;
+- node probes (``probe``, ``clear``): ``slurm_robust.rehearsal.inject.probes_cli``; a probe
+  returns a chosen value on one node, everything after it is the real code path;
 - job faults (``kill-worker``, ``stop-worker``, ``nan``, ``kill-node``, ``slow-worker``):
-  ``slurm_robust.launcher.inject_cli``; real signals on real processes.
+  ``slurm_robust.rehearsal.inject.job_cli``; real signals on real processes.
 
 Each module exposes ``register(subparsers)`` adding its actions with ``_run`` defaults.
 """
@@ -17,7 +17,8 @@ import argparse
 from slurm_robust.cli.main import import_optional
 
 HELP = "inject faults: node probe values, or real faults in a running robust job"
-FAMILIES = ("slurm_robust.health.inject_cli", "slurm_robust.launcher.inject_cli")
+FAMILIES = ("slurm_robust.rehearsal.inject.probes_cli",
+            "slurm_robust.rehearsal.inject.job_cli")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

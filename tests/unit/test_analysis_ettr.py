@@ -14,8 +14,8 @@ from slurm_robust.analysis import ettr
 from slurm_robust.analysis.loaders import events_from_records, load_health, load_verdicts
 from slurm_robust.analysis.pipeline import Inputs, analyse
 from slurm_robust.analysis.slurm_text import parse_node_events
-from slurm_robust.analysis.synth import Fault, synth_run
 from slurm_robust.analysis.taxonomy import CLASSES, RUNGS
+from slurm_robust.rehearsal.synth.runs import Fault, synth_run
 
 T0 = 1_000_000.0
 

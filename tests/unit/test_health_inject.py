@@ -12,7 +12,7 @@ import pytest
 
 from slurm_robust.errors import UsageError
 from slurm_robust.health import Status, run_suite
-from slurm_robust.health.inject import (
+from slurm_robust.rehearsal.inject.probes import (
     InjectionRefusedError,
     clear_injections,
     inject_probe,

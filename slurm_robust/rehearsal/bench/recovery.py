@@ -31,7 +31,7 @@ from typing import Any
 from slurm_robust.errors import SlurmRobustError
 
 HELP = "recovery from a killed worker: robust launcher vs plain Slurm --requeue + torch.save"
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "train_gpt.py"
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from slurm_robust.health.inject import clear_injections, inject_probe, parse_value
 from slurm_robust.health.probes import PROBES
+from slurm_robust.rehearsal.inject.probes import clear_injections, inject_probe, parse_value
 from slurm_robust.site_config import load_site_config
 from slurm_robust.slurm import check_node_name
 

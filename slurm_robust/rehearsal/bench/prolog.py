@@ -21,7 +21,7 @@ from typing import Any
 from slurm_robust.errors import SlurmRobustError
 
 HELP = "median wall time of the node prolog over N runs (Python start included)"
-PROLOG = Path(__file__).resolve().parents[2] / "prolog" / "prolog.py"
+PROLOG = Path(__file__).resolve().parents[3] / "prolog" / "prolog.py"
 TARGET_MEDIAN_S = 1.5
 RUN_TIMEOUT_S = 60
 

@@ -16,9 +16,9 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from slurm_robust.ckpt.blob import checksum
 from slurm_robust.ckpt.config import CheckpointConfig, purge_job_memory
-from slurm_robust.ckpt.gptmini import GPT, GPTConfig, n_params
 from slurm_robust.ckpt.manager import CheckpointManager, CheckpointStats
 from slurm_robust.ckpt.state import capture_state
+from slurm_robust.rehearsal.workloads.gpt import GPT, GPTConfig, n_params
 
 SHM_ROOT = "/dev/shm/slurm_robust_bench"
 

@@ -1,13 +1,14 @@
 """``slurm-robust bench analysis``: time and peak memory of the analysis at fleet scale.
 
 What it measures: for each size, a child process builds a synthetic fleet directly as
-arrays (:func:`synth_fleet.synth_fleet`: per job one run of 8 step records, a 10% chance
-of one incident with its rollback, attempt/run records, one health record, one sacct
-record plus one per requeue, and node events and verdicts for blamed nodes), then times
-:func:`pipeline.analyse` over it: ETTR per run, overall and on a 5-minute grid of 1-hour
-windows; per-incident metrics and the class/rung tables; the node table; the fleet view
-with reserve sizing. Not included: reading JSON text and drawing plots (the report draws
-at most 8 runs). Peak memory is the child's peak RSS (inputs and analysis together).
+arrays (:func:`slurm_robust.rehearsal.synth.fleet.synth_fleet`: per job one run of 8 step
+records, a 10% chance of one incident with its rollback, attempt/run records, one health
+record, one sacct record plus one per requeue, and node events and verdicts for blamed
+nodes), then times :func:`pipeline.analyse` over it: ETTR per run, overall and on a
+5-minute grid of 1-hour windows; per-incident metrics and the class/rung tables; the node
+table; the fleet view with reserve sizing. Not included: reading JSON text and drawing
+plots (the report draws at most 8 runs). Peak memory is the child's peak RSS (inputs and
+analysis together).
 It also checks the answers against the generator's exact ground truth.
 
 Target: 1M jobs in under 60 s and under 4 GiB, time growing about linearly.
@@ -44,7 +45,7 @@ def _peak_mib() -> float:
 def measure(n_jobs: int, seed: int = 0) -> dict[str, Any]:
     """Build and analyse one synthetic fleet in this process; returns the numbers."""
     from slurm_robust.analysis.pipeline import analyse
-    from slurm_robust.analysis.synth_fleet import synth_fleet
+    from slurm_robust.rehearsal.synth.fleet import synth_fleet
 
     t0 = time.perf_counter()
     inputs, truth = synth_fleet(n_jobs, seed=seed)
@@ -76,7 +77,7 @@ def measure(n_jobs: int, seed: int = 0) -> dict[str, Any]:
 
 def _child(n_jobs: int, seed: int) -> dict[str, Any]:
     # A fresh process per size, so each peak RSS is that size's own.
-    argv = [sys.executable, "-m", "slurm_robust.analysis.bench", str(n_jobs), str(seed)]
+    argv = [sys.executable, "-m", "slurm_robust.rehearsal.bench.analysis", str(n_jobs), str(seed)]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise SlurmRobustError(f"analysis benchmark at {n_jobs} jobs failed "

@@ -1,6 +1,6 @@
 """Check and time the GPU path of the checkpoint package; prints one JSON object.
 
-    python -m slurm_robust.ckpt.gpu_check [--steps N] [--layers N]
+    python -m slurm_robust.rehearsal.bench.ckpt_gpu [--steps N] [--layers N]
 
 What it checks on a CUDA machine:
 
@@ -30,9 +30,9 @@ from typing import Any
 import torch
 
 from slurm_robust.ckpt.config import CheckpointConfig, purge_job_memory
-from slurm_robust.ckpt.gptmini import GPT, GPTConfig, n_params
 from slurm_robust.ckpt.manager import CheckpointManager
 from slurm_robust.ckpt.state import capture_state
+from slurm_robust.rehearsal.workloads.gpt import GPT, GPTConfig, n_params
 
 
 def _train_step(model: GPT, opt: torch.optim.Optimizer, idx: torch.Tensor,

@@ -1,7 +1,7 @@
 """``slurm-robust inject {kill-worker,stop-worker,nan,kill-node,slow-worker} --job J``.
 
 Registered by ``slurm_robust.cli.inject`` (``register(subparsers)``); the work is done by
-:mod:`slurm_robust.launcher.inject`.
+:mod:`slurm_robust.rehearsal.inject.job`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_fault(args: argparse.Namespace) -> int:
-    from slurm_robust.launcher.inject import inject
+    from slurm_robust.rehearsal.inject.job import inject
     from slurm_robust.slurm import check_job_id
 
     record = inject(args._fault, check_job_id(args.job), node=args.node, rank=args.rank,

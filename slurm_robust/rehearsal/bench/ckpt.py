@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
-    from slurm_robust.ckpt.bench_modes import copy_bandwidth
+    from slurm_robust.rehearsal.bench.ckpt_modes import copy_bandwidth
 
     params = dict(QUICK if args.quick else FULL)
     for key in ("rounds", "steps", "batch"):
@@ -120,7 +120,7 @@ def _rank_main(rank: int, world: int, port: int, params: dict[str, Any], algo: s
     import torch
     import torch.distributed as dist
 
-    from slurm_robust.ckpt.bench_modes import ModeRunner
+    from slurm_robust.rehearsal.bench.ckpt_modes import ModeRunner
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,

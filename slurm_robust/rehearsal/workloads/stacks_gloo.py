@@ -2,8 +2,8 @@
 
 Used by the stack-analysis tests, the benchmark and anyone rehearsing a hang::
 
-    python -m slurm_robust.stacks.workload --rank R --world 8 --store /tmp/x/store \\
-        --ready-dir /tmp/x/ready --hang-rank 3 --hang-at 5 --hang-in main
+    python -m slurm_robust.rehearsal.workloads.stacks_gloo --rank R --world 8 \\
+        --store /tmp/x/store --ready-dir /tmp/x/ready --hang-rank 3 --hang-at 5 --hang-in main
 
 Each rank runs ``all_reduce`` over a small tensor, fed by a DataLoader with one worker
 process (so each rank has a data-loader child, as real jobs do). At step

@@ -64,8 +64,8 @@ def _layout_for(ranks: int):
 
 
 def bench_aggregate(ranks: int, from_disk: bool = False) -> dict[str, Any]:
+    from slurm_robust.rehearsal.synth.stacks import synthetic_capture
     from slurm_robust.stacks.analyze import analyze
-    from slurm_robust.stacks.synthetic import synthetic_capture
 
     layout = _layout_for(ranks)
     # One machine (a TP group) of the middle pipeline stuck in all_gather, the rest of
