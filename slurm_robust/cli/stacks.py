@@ -112,9 +112,9 @@ def _parse_pids(text: str) -> dict[int, int]:
 
 
 def _analyze(args: argparse.Namespace) -> int:
+    from slurm_robust.layout import ParallelLayout, parse_layout
     from slurm_robust.stacks.analyze import AnalyzeOptions, analyze, explain
     from slurm_robust.stacks.dumps import read_capture
-    from slurm_robust.stacks.layout import ParallelLayout, parse_layout
     from slurm_robust.stacks.signature import SignatureOptions
 
     directory = find_capture_dir(Path(args.dir))

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_robust.errors import UsageError
+from slurm_robust.layout import ParallelLayout
 from slurm_robust.stacks.groups import Eviction, select_eviction
-from slurm_robust.stacks.layout import ParallelLayout
 
 
 @dataclass(frozen=True)

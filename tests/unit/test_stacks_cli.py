@@ -12,9 +12,9 @@ import time
 import pytest
 
 from slurm_robust.cli.main import main
+from slurm_robust.layout import parse_layout
 from slurm_robust.rehearsal.synth.stacks import synthetic_capture
 from slurm_robust.stacks.dumps import write_rank_dump
-from slurm_robust.stacks.layout import parse_layout
 
 SLEEPER = "import time\ndef hold_here():\n    time.sleep(60)\nhold_here()\n"
 

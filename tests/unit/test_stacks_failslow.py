@@ -7,6 +7,7 @@ import random
 import pytest
 
 from slurm_robust.errors import UsageError
+from slurm_robust.layout import parse_layout
 from slurm_robust.stacks.failslow import (
     FailSlowMonitor,
     FailSlowOptions,
@@ -15,7 +16,6 @@ from slurm_robust.stacks.failslow import (
     vote,
 )
 from slurm_robust.stacks.groups import select_eviction
-from slurm_robust.stacks.layout import parse_layout
 
 LAYOUT = parse_layout("tp=2,pp=2,dp=4", ranks_per_node=2)  # 16 ranks on 8 machines
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from slurm_robust.layout import parse_layout
 from slurm_robust.stacks.analyze import analyze, explain
 from slurm_robust.stacks.capture import CaptureOptions, capture_local
 from slurm_robust.stacks.dumps import read_capture
-from slurm_robust.stacks.layout import parse_layout
 
 pytestmark = pytest.mark.slow
 

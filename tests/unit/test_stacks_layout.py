@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slurm_robust.errors import UsageError
+from slurm_robust.layout import Coords, ParallelLayout, parse_layout
 from slurm_robust.stacks.groups import select_eviction
-from slurm_robust.stacks.layout import Coords, ParallelLayout, parse_layout
 
 
 def test_megatron_order_tp_fastest_then_dp_then_pp():

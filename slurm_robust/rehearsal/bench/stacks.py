@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _layout_for(ranks: int):
-    from slurm_robust.stacks.layout import ParallelLayout
+    from slurm_robust.layout import ParallelLayout
 
     # tp=8 (one machine), pp=10, dp the rest: 10,000 ranks -> dp=125, 1,250 machines.
     # Other sizes not divisible by 80 run data-parallel only, 8 ranks a machine.

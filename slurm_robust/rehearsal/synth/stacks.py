@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from slurm_robust.layout import ParallelLayout
 from slurm_robust.stacks.dumps import Frame, ProcessDump, RankDump, ThreadStack
-from slurm_robust.stacks.layout import ParallelLayout
 
 SITE = "/opt/venv/lib/python3.11/site-packages"
 STDLIB = "/usr/lib/python3.11"

@@ -1,9 +1,15 @@
 """Parallel layout of a training job: which TP, PP and DP group each rank belongs to.
 
-Ranks are laid out in Megatron-LM's default order ``tp-cp-ep-dp-pp`` (with cp = ep = 1):
+One layout for every feature: the stack analysis and fail-slow detection (groups, nodes,
+eviction) and the checkpoint peer choice (:mod:`slurm_robust.ckpt.layout`). A leaf: it
+imports only :mod:`slurm_robust.errors`.
+
+By default ranks are laid out in Megatron-LM's order ``tp-cp-ep-dp-pp`` (with cp = ep = 1):
 tensor-parallel rank varies fastest, then data-parallel, then pipeline stage::
 
     rank = tp_rank + tp * (dp_rank + dp * pp_rank)
+
+``order`` names another order, fastest-varying dimension first (e.g. ``dp-tp-pp``).
 
 So with ``tp=2, pp=2, dp=2`` ranks 0,1 form a TP group, ranks 0,2 a DP group and
 ranks 0,4 a PP group (a pipeline). torch's ``DeviceMesh(("pp", "dp", "tp"))`` with a
@@ -13,9 +19,6 @@ A rank belongs to exactly one group per dimension; two distinct ranks share at m
 one group. Nodes: ranks are packed onto nodes in rank order (``ranks_per_node`` and an
 optional list of node names), or given by an explicit ``{rank: node}`` mapping, which
 is what a capture records.
-
-Other features import this module (the checkpoint peer selection uses
-:meth:`ParallelLayout.shares_any_group`); it imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ from slurm_robust.errors import UsageError
 
 DIMENSIONS: tuple[str, ...] = ("tp", "pp", "dp")
 
+#: Megatron-LM's default rank order: TP varies fastest, then DP, then PP.
+DEFAULT_ORDER = "tp-dp-pp"
+
 
 class Coords(NamedTuple):
     """A rank's position in each parallel dimension."""
@@ -39,12 +45,14 @@ class Coords(NamedTuple):
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """TP x PP x DP layout in Megatron order, plus where each rank runs.
+    """TP x PP x DP layout and rank order, plus where each rank runs.
 
     Parameters
     ----------
     tp, pp, dp:
         Group sizes; the world size is their product.
+    order:
+        The dimensions from fastest- to slowest-varying in the rank number.
     ranks_per_node:
         Ranks packed per node in rank order (rank // ranks_per_node is the node index).
         Ignored when ``node_map`` is given.
@@ -56,21 +64,27 @@ class ParallelLayout:
     Raises
     ------
     UsageError
-        On a non-positive size, or a node map that does not cover the world.
+        On a non-positive size, an order that does not name tp, dp and pp once, or a node
+        map that does not cover the world.
     """
 
     tp: int = 1
     pp: int = 1
     dp: int = 1
+    order: str = DEFAULT_ORDER
     ranks_per_node: int | None = None
     node_names: tuple[str, ...] = ()
-    node_map: Mapping[int, str] = field(default_factory=dict)
+    # A dict cannot be hashed; equal layouts still compare their node maps.
+    node_map: Mapping[int, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         for dim in DIMENSIONS:
             value = getattr(self, dim)
             if not isinstance(value, int) or value < 1:
                 raise UsageError(f"layout: {dim} must be a positive integer, got {value!r}")
+        if sorted(self.order.split("-")) != sorted(DIMENSIONS):
+            raise UsageError(f"layout: order {self.order!r} must name tp, dp, pp once, "
+                             f"fastest first, e.g. {DEFAULT_ORDER!r}")
         if self.ranks_per_node is not None and self.ranks_per_node < 1:
             raise UsageError(f"layout: ranks_per_node must be >= 1, got {self.ranks_per_node}")
         if self.node_map:
@@ -79,9 +93,22 @@ class ParallelLayout:
                 raise UsageError(f"layout: node map lacks {len(missing)} rank(s), first "
                                  f"{missing[:5]}; world size is {self.world_size}")
 
+    @classmethod
+    def data_parallel(cls, world_size: int) -> ParallelLayout:
+        """Pure data parallelism over ``world_size`` ranks."""
+        return cls(tp=1, pp=1, dp=world_size)
+
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
+
+    def as_dict(self) -> dict[str, int | str]:
+        """Sizes and order, as checkpoint manifests record them."""
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "order": self.order}
+
+    def dims(self) -> list[tuple[str, int]]:
+        """(dimension, size) from the fastest- to the slowest-varying."""
+        return [(d, getattr(self, d)) for d in self.order.split("-")]
 
     def size(self, dim: str) -> int:
         """Size of the groups of ``dim`` (``tp``, ``pp`` or ``dp``)."""
@@ -96,14 +123,21 @@ class ParallelLayout:
     def coords(self, rank: int) -> Coords:
         """The (tp, pp, dp) ranks of a global rank."""
         self.check_rank(rank)
-        tp_rank = rank % self.tp
-        dp_rank = (rank // self.tp) % self.dp
-        pp_rank = rank // (self.tp * self.dp)
-        return Coords(tp=tp_rank, pp=pp_rank, dp=dp_rank)
+        out: dict[str, int] = {}
+        for name, size in self.dims():
+            out[name] = rank % size
+            rank //= size
+        return Coords(**out)
 
-    def rank_of(self, coords: Coords) -> int:
-        """Inverse of :meth:`coords`."""
-        return coords.tp + self.tp * (coords.dp + self.dp * coords.pp)
+    def rank_of(self, coords: Coords | Mapping[str, int]) -> int:
+        """Inverse of :meth:`coords`; coordinates wrap around modulo each size (so a shifted
+        coordinate names a rank, as the checkpoint peer choice needs)."""
+        values = coords._asdict() if isinstance(coords, Coords) else coords
+        rank, stride = 0, 1
+        for name, size in self.dims():
+            rank += (values[name] % size) * stride
+            stride *= size
+        return rank
 
     def group(self, rank: int, dim: str) -> tuple[int, ...]:
         """The ranks of ``rank``'s group in ``dim``, in ascending order (it included)."""
@@ -133,6 +167,13 @@ class ParallelLayout:
         differing = sum(1 for dim in DIMENSIONS if getattr(ca, dim) != getattr(cb, dim))
         return differing <= 1
 
+    def shared_groups(self, a: int, b: int) -> list[str]:
+        """The groups of more than one rank that ranks a and b both belong to (a TP group:
+        same pp and dp), in the order tp, pp, dp."""
+        ca, cb = self.coords(a), self.coords(b)
+        return [dim for dim in ("tp", "pp", "dp") if self.size(dim) > 1
+                and all(getattr(ca, o) == getattr(cb, o) for o in DIMENSIONS if o != dim)]
+
     def node_of(self, rank: int) -> str:
         """The node a rank runs on."""
         self.check_rank(rank)
@@ -157,10 +198,11 @@ class ParallelLayout:
 
     def with_nodes(self, node_map: Mapping[int, str]) -> ParallelLayout:
         """The same layout with an explicit ``{rank: node}`` mapping."""
-        return ParallelLayout(self.tp, self.pp, self.dp, node_map=dict(node_map))
+        return ParallelLayout(self.tp, self.pp, self.dp, self.order, node_map=dict(node_map))
 
     def describe(self) -> str:
-        return f"tp={self.tp},pp={self.pp},dp={self.dp}"
+        text = f"tp={self.tp},pp={self.pp},dp={self.dp}"
+        return text if self.order == DEFAULT_ORDER else f"{text},order={self.order}"
 
 
 def parse_layout(text: str, ranks_per_node: int | None = None,
