@@ -39,6 +39,7 @@ admin's reason, prefix ours with ``slurm_robust:``).
 """
 
 from slurm_robust.health.drain import DrainDecision, decide_drain, drain_for_failure
+from slurm_robust.health.errors import NoNVMLError
 from slurm_robust.health.framework import (
     CheckContext,
     CheckResult,
@@ -52,7 +53,7 @@ from slurm_robust.health.framework import (
     warn,
 )
 from slurm_robust.health.journal import journal_path, last_deep_pass, read_journal
-from slurm_robust.health.probes import NoNVMLError, Probes
+from slurm_robust.health.probes import Probes
 from slurm_robust.health.suite import STAGES, SUITES, SuiteResult, run_suite
 
 __all__ = [

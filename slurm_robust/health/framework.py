@@ -26,7 +26,8 @@ from enum import StrEnum
 from typing import Any
 
 from slurm_robust.errors import UsageError
-from slurm_robust.health.probes import NoNVMLError, NVMLHungError, ProbeView
+from slurm_robust.health.errors import NoNVMLError, NVMLHungError
+from slurm_robust.health.probes import ProbeView
 
 QUICK = "quick"
 DEEP = "deep"
@@ -160,8 +161,8 @@ def check(name: str, suites: tuple[str, ...], budget_s: float,
 
 
 def registered_checks() -> dict[str, Check]:
-    """Every registered check by name (built-in ones are registered on first use)."""
-    from slurm_robust.health import checks as _builtin  # noqa: F401 - registers them
+    """Every registered check by name (the built-in ones register when
+    :mod:`slurm_robust.health.checks` is imported, which :mod:`.suite` does)."""
     return dict(_REGISTRY)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.errors import SlurmRobustError
+from slurm_robust.health import decide_drain
 from slurm_robust.records import append_records, make_record
 from slurm_robust.reserve.gate import DeepRun, HealthGate
 from slurm_robust.reserve.plan import OUR_PREFIX, Action, DeepCheck, Drain, Move, Note
@@ -86,7 +87,6 @@ class Executor:
     def _drain(self, action: Drain) -> dict[str, Any]:
         """Drain through the health feature's rule (practice 3), on a fresh read of the node:
         never over an admin's reason, never a down node."""
-        from slurm_robust.health import decide_drain
         try:
             found = self.slurm.nodes([action.node])
             decision = decide_drain(found[0] if found else None, action.reason)

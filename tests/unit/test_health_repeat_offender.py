@@ -8,7 +8,7 @@ import json
 import pytest
 
 from slurm_robust.health.journal import journal_path
-from slurm_robust.health.node_program import repeat_offender
+from slurm_robust.node_program import repeat_offender
 from slurm_robust.records import HEALTH_SCHEMA, append_records, make_record
 from slurm_robust.site_config import load_site_config
 

@@ -44,6 +44,7 @@ def _peak_mib() -> float:
 
 def measure(n_jobs: int, seed: int = 0) -> dict[str, Any]:
     """Build and analyse one synthetic fleet in this process; returns the numbers."""
+    # Lazy: pandas; `slurm-robust bench --help` imports this module and must stay fast.
     from slurm_robust.analysis.pipeline import analyse
     from slurm_robust.rehearsal.synth.fleet import synth_fleet
 

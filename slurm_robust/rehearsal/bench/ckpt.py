@@ -49,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
+    # Lazy: torch; `slurm-robust bench --help` imports this module and must stay fast.
     from slurm_robust.rehearsal.bench.ckpt_modes import copy_bandwidth
 
     params = dict(QUICK if args.quick else FULL)
@@ -120,6 +121,7 @@ def _rank_main(rank: int, world: int, port: int, params: dict[str, Any], algo: s
     import torch
     import torch.distributed as dist
 
+    # Lazy: torch, as above (this runs in each spawned rank).
     from slurm_robust.rehearsal.bench.ckpt_modes import ModeRunner
 
     torch.set_num_threads(1)

@@ -28,7 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slurm_robust.cluster.config import ClusterConfig
 from slurm_robust.errors import SlurmRobustError
+from slurm_robust.launcher.status import run_status
+from slurm_robust.records import read_records
+from slurm_robust.slurm import Slurm
 
 HELP = "recovery from a killed worker: robust launcher vs plain Slurm --requeue + torch.save"
 REPO = Path(__file__).resolve().parents[3]
@@ -46,8 +50,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from slurm_robust.cluster.config import ClusterConfig
-    from slurm_robust.slurm import Slurm
 
     cfg = ClusterConfig()
     slurm = Slurm(cfg.env())
@@ -117,8 +119,6 @@ def _plain_run(slurm: Any, cfg: Any, args: argparse.Namespace,
 
 
 def _robust_run(cfg: Any, args: argparse.Namespace, train: list[str]) -> dict[str, Any]:
-    from slurm_robust.launcher.status import run_status
-    from slurm_robust.records import read_records
 
     run_dir = str(cfg.shared_dir / f"bench-robust-{int(time.time() * 1000)}")
     cli = [sys.executable, "-m", "slurm_robust.cli.main"]

@@ -23,6 +23,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slurm_robust.layout import ParallelLayout
+from slurm_robust.rehearsal.synth.stacks import synthetic_capture
+from slurm_robust.stacks.analyze import analyze
+from slurm_robust.stacks.capture import CaptureOptions, capture_local
+from slurm_robust.stacks.dumps import read_capture, write_rank_dump
+
 HELP = "stack aggregation over synthetic ranks, and capture of local processes"
 
 # A process that forks one child and then both wait in a nested function.
@@ -55,7 +61,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _layout_for(ranks: int):
-    from slurm_robust.layout import ParallelLayout
 
     # tp=8 (one machine), pp=10, dp the rest: 10,000 ranks -> dp=125, 1,250 machines.
     # Other sizes not divisible by 80 run data-parallel only, 8 ranks a machine.
@@ -64,8 +69,6 @@ def _layout_for(ranks: int):
 
 
 def bench_aggregate(ranks: int, from_disk: bool = False) -> dict[str, Any]:
-    from slurm_robust.rehearsal.synth.stacks import synthetic_capture
-    from slurm_robust.stacks.analyze import analyze
 
     layout = _layout_for(ranks)
     # One machine (a TP group) of the middle pipeline stuck in all_gather, the rest of
@@ -94,7 +97,6 @@ def bench_aggregate(ranks: int, from_disk: bool = False) -> dict[str, Any]:
 
 
 def _disk_round_trip(dumps: list) -> dict[str, Any]:
-    from slurm_robust.stacks.dumps import read_capture, write_rank_dump
 
     with tempfile.TemporaryDirectory(prefix="sr-bench-stacks-") as tmp:
         began = time.perf_counter()
@@ -110,7 +112,6 @@ def _disk_round_trip(dumps: list) -> dict[str, Any]:
 
 
 def bench_capture(procs: int, native: bool) -> dict[str, Any]:
-    from slurm_robust.stacks.capture import CaptureOptions, capture_local
 
     children = [subprocess.Popen([sys.executable, "-c", _SLEEPER],
                                  start_new_session=True) for _ in range(procs)]

@@ -29,10 +29,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slurm_robust.cluster.config import ClusterConfig
+from slurm_robust.cluster.manager import MiniCluster
 from slurm_robust.launcher.errors import InjectionError
 from slurm_robust.launcher.paths import CLUSTER_DIR_ENV, RunPaths, load_site
 from slurm_robust.launcher.status import resolve_run_dir
 from slurm_robust.records import write_json_atomic
+from slurm_robust.slurm import Slurm, SlurmCommandError
 from slurm_robust.stacks import procfs
 
 FAULTS = ("kill-worker", "stop-worker", "nan", "kill-node", "slow-worker")
@@ -195,9 +198,6 @@ def wipe_node_dirs(job_id: str, node: str) -> list[str]:
 def revive_node(node: str) -> None:
     """Mini-cluster: restart missing daemons (``cluster up`` is idempotent) and return
     ``node`` to service if it was marked down or drained by the loss."""
-    from slurm_robust.cluster.config import ClusterConfig
-    from slurm_robust.cluster.manager import MiniCluster
-    from slurm_robust.slurm import Slurm, SlurmCommandError
 
     mc = MiniCluster(ClusterConfig())
     mc.up()

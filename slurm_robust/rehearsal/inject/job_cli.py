@@ -9,6 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from slurm_robust.rehearsal.inject.job import inject
+from slurm_robust.slurm import check_job_id
+
 HELPS = {
     "kill-worker": "SIGKILL one worker of a robust job",
     "stop-worker": "SIGSTOP one worker (a hang)",
@@ -39,8 +42,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_fault(args: argparse.Namespace) -> int:
-    from slurm_robust.rehearsal.inject.job import inject
-    from slurm_robust.slurm import check_job_id
 
     record = inject(args._fault, check_job_id(args.job), node=args.node, rank=args.rank,
                     run_dir=args.run_dir, duration_s=getattr(args, "duration", 10.0),

@@ -1,5 +1,9 @@
 """What the node Prolog and Epilog programs do (prolog/prolog.py, epilog/epilog.py).
 
+It composes two features and so sits above both: the health suite decides, the reserve's
+repeat-offender rule (its history and window) words the drain reason. Inside either
+package it would make health and reserve import each other.
+
 Run by slurmd as root: the node name and job come from slurmd's environment, are
 validated, and never evaluated; job-controlled values (name, comment, the job's own
 environment) are not read at all. On success no Slurm command runs; on failure the node
@@ -12,10 +16,21 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import time
 from collections.abc import Mapping
 from typing import TextIO
 
 from slurm_robust.errors import SlurmRobustError
+from slurm_robust.health.drain import drain_for_failure
+from slurm_robust.health.journal import read_journal
+from slurm_robust.health.suite import job_identity, run_suite
+from slurm_robust.reserve.config import reserve_config
+from slurm_robust.reserve.history import (
+    events_from_health,
+    repeat_offender_reason,
+    returns_from_health,
+)
+from slurm_robust.site_config import load_site_config
 from slurm_robust.slurm import check_job_id, check_node_name
 
 EXIT_OK = 0
@@ -32,8 +47,6 @@ def node_and_job(environ: Mapping[str, str]) -> tuple[str, str | None]:
 def main(stage: str, environ: Mapping[str, str], out: TextIO = sys.stdout,
          err: TextIO = sys.stderr) -> int:
     """Run the stage's suite; drain and return EXIT_FAILED on a failure."""
-    from slurm_robust.health.suite import job_identity, run_suite
-
     try:
         node, job = node_and_job(environ)
     except SlurmRobustError as exc:
@@ -58,17 +71,6 @@ def repeat_offender(node: str, reason: str, now: float | None = None) -> str | N
     Read from the node's own journal (a ``resume`` pass is a return to service), so the
     failure path needs no extra Slurm call. The window is the reserve's ``repeat_window_h``.
     """
-    import time
-
-    from slurm_robust.health.journal import read_journal
-    from slurm_robust.reserve.config import reserve_config
-    from slurm_robust.reserve.history import (
-        events_from_health,
-        repeat_offender_reason,
-        returns_from_health,
-    )
-    from slurm_robust.site_config import load_site_config
-
     site = load_site_config()
     records = read_journal(node, site)
     events = events_from_health(records) + returns_from_health(records)
@@ -78,8 +80,6 @@ def repeat_offender(node: str, reason: str, now: float | None = None) -> str | N
 
 
 def _drain_and_fail(stage: str, node: str, reason: str, err: TextIO) -> int:
-    from slurm_robust.health.drain import drain_for_failure
-
     try:
         reason = repeat_offender(node, reason) or reason
     except SlurmRobustError as exc:
