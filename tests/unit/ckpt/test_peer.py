@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
-from ckpt_helpers import dist_worker, free_port, reference_params
 
 from slurm_robust import ckpt
 from slurm_robust.ckpt.blob import read_meta
+from tests.unit.ckpt.helpers import dist_worker, free_port, reference_params
 
 WORLD = 4
 JOB = "job42"

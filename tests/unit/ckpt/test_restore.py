@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from ckpt_helpers import make_trainer, params, reference_params, resume, train
 
 from slurm_robust import ckpt
 from slurm_robust.ckpt.blob import read_meta
+from tests.unit.ckpt.helpers import make_trainer, params, reference_params, resume, train
 
 STEPS = 12
 RANK = 0

@@ -15,7 +15,7 @@ from slurm_robust.slurm.records import (
     parse_squeue_json,
 )
 
-DATA = Path(__file__).parent.parent / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 def test_sinfo_json_gives_state_flags_and_reason():

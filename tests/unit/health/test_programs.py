@@ -16,7 +16,7 @@ import pytest
 
 from slurm_robust.cli.main import main as cli_main
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SINFO_JSON = {"nodes": [{"name": "node2", "state": "allocated", "state_flags": [],
                          "reason": "", "partitions": ["train"], "cpus": 2}]}
 

@@ -26,7 +26,7 @@ from slurm_robust.records import (
     read_records,
 )
 
-SPANK_DIR = Path(__file__).resolve().parents[2] / "spank"
+SPANK_DIR = Path(__file__).resolve().parents[3] / "spank"
 SELF_TESTS = ["count", "profile", "printable", "config", "request", "expand", "escape",
               "steps", "format_small_buffer", "lock_timeout", "fifo_refused",
               "untrusted_files"]

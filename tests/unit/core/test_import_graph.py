@@ -24,7 +24,7 @@ import configparser
 from collections.abc import Iterator
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 # Cycles inside slurm_robust.launcher that the launcher restructuring (issue 11, the
 # "house" half) removes; each entry is the set of modules of one cycle. This list exists
