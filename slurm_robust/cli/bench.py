@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from slurm_robust.cli.main import import_optional
+from slurm_robust.cli.optional import Unavailable, add_unavailable, import_optional
 
 BENCHMARKS: dict[str, str] = {
     "prolog": "slurm_robust.rehearsal.bench.prolog",
@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub.required = True
     for name, modname in BENCHMARKS.items():
         module = import_optional(modname)
-        if module is None:
+        if isinstance(module, Unavailable):
+            add_unavailable(sub, name, module, "_bench")
             continue
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         p.add_argument("--json", action="store_true", help="print one line of JSON")

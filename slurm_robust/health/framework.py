@@ -214,6 +214,6 @@ def _outcome_from_error(chk: Check, ctx: CheckContext, exc: BaseException) -> Ou
         return fail(f"actual NVML call hung ({exc}), expected an answer within the budget",
                     nvml_hung=True)
     # A crashing check is a failure, never a pass: a broken probe is a broken node until
-    # someone looks (STYLE.md: a health system that hides failures is worse than none).
+    # someone looks (a health system that hides failures is worse than none).
     return fail(f"actual error {type(exc).__name__}: {exc}, expected a reading",
                 error=type(exc).__name__)

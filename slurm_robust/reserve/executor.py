@@ -1,6 +1,7 @@
 """Applying reserve actions through the Slurm access layer, and logging every one.
 
-The one place where the reserve changes Slurm state (STYLE.md practice 5). Every action's
+The one place where the reserve changes Slurm state: :mod:`.plan` decides in pure
+functions, this module acts. Every action's
 outcome is appended to the reserve log as a ``slurm_robust.reserve_action`` record
 (docs/SCHEMAS.md, verdict section). Callers hold the reserve lock.
 

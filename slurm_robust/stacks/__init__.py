@@ -1,6 +1,7 @@
 """Runtime analyzer: stack capture and aggregation, group eviction, fail-slow voting.
 
-ByteRobust's answer to hangs and slowdowns that no log explains (BYTEROBUST.md section 3):
+ByteRobust's answer to hangs and slowdowns that no log explains (section 3 of the
+ByteRobust paper cited in README.md):
 
 - :mod:`.capture` / :mod:`.runcapture`: dump every worker and its children (py-spy,
   or the faulthandler signal installed by :mod:`.handler`), stored per rank;

@@ -1,4 +1,5 @@
-"""Drain decisions (STYLE.md practice 3) and Xid parsing of recorded kernel-log lines."""
+"""Drain decisions (never over an admin's reason; ours start with ``slurm_robust:``) and
+Xid parsing of recorded kernel-log lines."""
 
 from __future__ import annotations
 
