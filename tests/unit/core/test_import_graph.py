@@ -249,3 +249,13 @@ def test_allow_list_only_holds_existing_launcher_cycles() -> None:
     comps = components(import_graph())
     for allowed in ALLOWED_LAUNCHER_CYCLES:
         assert any(allowed <= c for c in comps), f"{sorted(allowed)} is no cycle any more"
+
+
+def test_production_code_does_not_import_rehearsal_tooling() -> None:
+    """Benchmarks, synthetic data, workloads and injection stay out of what a node runs;
+    the CLI reaches them only by name through its registries (cli/bench.py, cli/inject.py)."""
+    graph = import_graph()
+    leaks = sorted(f"{module} -> {target}" for module, targets in graph.items()
+                   if not module.startswith("slurm_robust.rehearsal")
+                   for target in targets if target.startswith("slurm_robust.rehearsal"))
+    assert not leaks, "production modules import rehearsal tooling:\n" + "\n".join(leaks)
