@@ -6,8 +6,9 @@ parses recorded output, ``fetch`` asks Slurm through ``slurm_robust.slurm``).
 Metrics: ``ettr`` (cumulative and sliding-window ETTR), ``incidents`` (timings, losses,
 by class and resolution), ``nodes`` (blame, drains, repeat offenders), ``fleet`` (sacct
 failures, node-hours lost, failure rate, reserve size). ``pipeline.analyse`` runs them
-all; ``report.write_report`` writes report.md/report.html with ``plots``. ``synth`` and
-``synth_fleet`` generate traces with exact ground truth; ``bench`` measures scale.
+all; ``report.write_report`` writes report.md/report.html with ``plots``. Synthetic
+traces with exact ground truth and the scale benchmark are rehearsal tooling
+(``slurm_robust.rehearsal.synth``, ``slurm_robust.rehearsal.bench.analysis``).
 
 The package itself imports nothing heavy: names below load their module on first use.
 """
@@ -18,13 +19,12 @@ import importlib
 from typing import Any
 
 # Public name -> module. Loaded on first use (PEP 562) so that importing a light module
-# of this package (``bench``, for ``slurm-robust --help``) does not pull in pandas.
+# of this package (``taxonomy``, for ``slurm-robust --help``) does not pull in pandas.
 _EXPORTS = {
     "LoadIssues": "frames", "RunLog": "loaders", "load_health": "loaders",
     "load_run_dirs": "loaders", "load_verdicts": "loaders", "Analysis": "pipeline",
     "Inputs": "pipeline", "analyse": "pipeline", "load_inputs": "pipeline",
-    "write_report": "report", "Fault": "synth", "synth_run": "synth",
-    "write_run_dir": "synth",
+    "write_report": "report",
 }
 __all__ = sorted(_EXPORTS)
 

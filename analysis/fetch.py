@@ -23,6 +23,7 @@ from slurm_robust.analysis.slurm_text import (
     parse_sacct,
     parse_sinfo_reasons,
 )
+from slurm_robust.slurm import Slurm
 
 TIME_ENV = {"SLURM_TIME_FORMAT": "%s"}
 # sacct and sacctmgr default to "since midnight"; an explicit early start means "all".
@@ -52,7 +53,6 @@ def fetch_slurm_records(since: float | None = None, until: float | None = None,
     Raises ``SlurmCommandError`` when a command fails.
     """
     if client is None:
-        from slurm_robust.slurm import Slurm
 
         client = Slurm(env=TIME_ENV)
     issues = issues if issues is not None else LoadIssues()

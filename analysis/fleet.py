@@ -32,6 +32,7 @@ import pandas as pd
 
 from slurm_robust.analysis.nodes import DRAIN_KINDS
 from slurm_robust.analysis.slurm_text import collapse_requeues
+from slurm_robust.reserve.sizing import binomial_quantile
 
 LOST_STATES = ("FAILED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "PREEMPTED",
                "REQUEUED", "DEADLINE")
@@ -135,7 +136,6 @@ def fleet_view(records: pd.DataFrame, node_events: pd.DataFrame | None = None,
 def _reserve(nodes: int, prob: float, quantile: float) -> tuple[int | None, str]:
     if math.isnan(prob) or nodes == 0:
         return None, "no node-hours in the period"
-    from slurm_robust.reserve.sizing import binomial_quantile
 
     return int(binomial_quantile(nodes, prob, quantile)), (
         f"P{quantile * 100:g} of Binomial({nodes}, {prob:.3g})")

@@ -18,7 +18,8 @@ CATEGORIES: tuple[str, ...] = tuple(TAXONOMY)
 CLASSES: tuple[str, ...] = tuple(c for classes in TAXONOMY.values() for c in classes)
 CLASS_CATEGORY: dict[str, str] = {c: cat for cat, classes in TAXONOMY.items() for c in classes}
 
-# The recovery ladder, cheapest first (ARCHITECTURE.md "Recovery ladder").
+# The recovery ladder, cheapest first: restart in place, swap in a spare, requeue, stop
+# (README.md, "Recovery ladder").
 RUNGS: tuple[str, ...] = ("in_place", "spare", "requeue", "stop")
 
 RUN_STATUSES: tuple[str, ...] = ("completed", "stopped", "failed")

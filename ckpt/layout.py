@@ -1,4 +1,7 @@
-"""Parallel layout (TP x PP x DP) and the choice of each rank's backup peer.
+"""The choice of each rank's backup peer for a parallel layout (TP x PP x DP).
+
+The layout itself is :class:`slurm_robust.layout.ParallelLayout`, shared with the stack
+analysis; it is re-exported here and from :mod:`slurm_robust.ckpt`.
 
 ByteRobust places each rank's backup on a rank that shares none of its TP, PP or DP
 groups, on another node, so that evicting any one parallel group (over-eviction) never
@@ -10,78 +13,15 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 from slurm_robust.ckpt.errors import PeerBackupError
 from slurm_robust.errors import UsageError
+from slurm_robust.layout import ParallelLayout
+
+__all__ = ["ParallelLayout", "backup_sources", "pick_peers"]
 
 #: Above this many ranks the exhaustive matching fallback is skipped (it is quadratic).
 _MATCHING_MAX_WORLD = 512
-
-#: Megatron-LM's default rank order: TP varies fastest, then DP, then PP.
-DEFAULT_ORDER = "tp-dp-pp"
-
-
-@dataclass(frozen=True)
-class ParallelLayout:
-    """Sizes of the tensor-, pipeline- and data-parallel dimensions and their rank order.
-
-    ``order`` lists the dimensions from fastest- to slowest-varying in the rank number.
-    """
-
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    order: str = DEFAULT_ORDER
-
-    def __post_init__(self) -> None:
-        if min(self.tp, self.pp, self.dp) < 1:
-            raise UsageError(f"ParallelLayout sizes must be >= 1, got {self.as_dict()}")
-        if sorted(self.order.split("-")) != ["dp", "pp", "tp"]:
-            raise UsageError(f"ParallelLayout.order {self.order!r} must name tp, dp, pp once")
-
-    @classmethod
-    def data_parallel(cls, world_size: int) -> ParallelLayout:
-        """Pure data parallelism over ``world_size`` ranks."""
-        return cls(tp=1, pp=1, dp=world_size)
-
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
-
-    def as_dict(self) -> dict[str, int | str]:
-        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "order": self.order}
-
-    def _dims(self) -> list[tuple[str, int]]:
-        return [(d, getattr(self, d)) for d in self.order.split("-")]
-
-    def coords(self, rank: int) -> dict[str, int]:
-        """The rank's index in each dimension."""
-        if not 0 <= rank < self.world_size:
-            raise UsageError(f"rank {rank} is outside world size {self.world_size}")
-        out: dict[str, int] = {}
-        for name, size in self._dims():
-            out[name] = rank % size
-            rank //= size
-        return out
-
-    def rank_of(self, coords: dict[str, int]) -> int:
-        rank, stride = 0, 1
-        for name, size in self._dims():
-            rank += (coords[name] % size) * stride
-            stride *= size
-        return rank
-
-    def shared_groups(self, a: int, b: int) -> list[str]:
-        """The parallel groups ranks a and b both belong to (a TP group = same pp and dp)."""
-        ca, cb = self.coords(a), self.coords(b)
-        same = {d: ca[d] == cb[d] for d in ("tp", "pp", "dp")}
-        groups = []
-        for group, others in (("tp", ("pp", "dp")), ("pp", ("tp", "dp")), ("dp", ("tp", "pp"))):
-            if getattr(self, group) > 1 and all(same[o] for o in others):
-                groups.append(group)
-        return groups
-
 
 def pick_peers(layout: ParallelLayout, rank_nodes: Sequence[str]) -> list[int]:
     """Return ``peers`` where ``peers[r]`` is the rank that holds rank r's backup.
@@ -128,8 +68,8 @@ def pick_peers(layout: ParallelLayout, rank_nodes: Sequence[str]) -> list[int]:
 def _candidates(layout: ParallelLayout, world: int) -> Iterator[list[int]]:
     """Permutations to try: shifts of the (tp, dp, pp) coordinates, smallest first, then
     plain rank rotations (which help when node boundaries cut across the coordinates)."""
-    coords = [layout.coords(r) for r in range(world)]
-    dims = layout._dims()
+    coords = [layout.coords(r)._asdict() for r in range(world)]
+    dims = layout.dims()
     names = [name for name, _size in dims]
     # Slowest dimension outermost, so that small shifts of the fastest come first.
     for shift_rev in itertools.product(*(range(size) for _n, size in reversed(dims))):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Slurm node Epilog: the deep self-check suite (see slurm_robust.health.node_program).
+"""Slurm node Epilog: the deep self-check suite (see slurm_robust.node_program).
 
 Exit 0: the node is healthy, the node takes the next job. Non-zero: the node was
 drained with the failing check's reason.
@@ -8,7 +8,7 @@ drained with the failing check's reason.
 import os
 import sys
 
-from slurm_robust.health.node_program import main
+from slurm_robust.node_program import main
 
 if __name__ == "__main__":
     sys.exit(main("epilog", os.environ))

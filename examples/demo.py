@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     from slurm_robust.cluster.config import ClusterConfig
     from slurm_robust.cluster.manager import MiniCluster
-    from slurm_robust.launcher.inject import revive_node
     from slurm_robust.launcher.status import format_status, run_status
+    from slurm_robust.rehearsal.inject.job import revive_node
 
     print("bringing the mini-cluster up ...", flush=True)
     mc = MiniCluster(ClusterConfig())

@@ -7,7 +7,8 @@ checkpoints every ``--save-every`` steps in ``--ckpt-dir`` and resumes from them
 
 Determinism (the closing comparison of every fault test is the SHA-256 of the final
 parameters): the data of step s on rank r comes from a generator seeded with (seed, s, r),
-so a restored run replays exactly the batches it lost; there is no dropout; torch uses
+so a restored run replays exactly the batches it lost; the model
+(:mod:`slurm_robust.rehearsal.workloads.gpt`) has no dropout; torch uses
 one thread; gradients are averaged with ONE all-reduce over a flat vector in a fixed
 order. (torch's DistributedDataParallel re-buckets its gradients after the first
 iteration, so a run restarted mid-way would sum in a different order for one step and
@@ -28,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from slurm_robust import train
+from slurm_robust.rehearsal.workloads.gpt import GPT, GPTConfig
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,38 +57,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--events", default=None,
                    help="standalone only: event log to write run_end into")
     return p.parse_args(argv)
-
-
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int) -> None:
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        h = self.ln1(x)
-        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
-        return x + self.mlp(self.ln2(x))
-
-
-class GPT(nn.Module):
-    def __init__(self, vocab: int, seq: int, d: int, layers: int, heads: int) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(vocab, d)
-        self.pos = nn.Embedding(seq, d)
-        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
-        self.ln = nn.LayerNorm(d)
-        self.head = nn.Linear(d, vocab, bias=False)
-        self.register_buffer("mask", torch.triu(torch.full((seq, seq), float("-inf")), 1),
-                             persistent=False)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        t = idx.shape[1]
-        x = self.tok(idx) + self.pos(torch.arange(t))
-        for block in self.blocks:
-            x = block(x, self.mask[:t, :t])
-        return self.head(self.ln(x))
 
 
 def batch(args: argparse.Namespace, step: int, rank: int) -> torch.Tensor:
@@ -123,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     run = train.init()
-    model = GPT(args.vocab, args.seq, args.d_model, args.layers, args.heads)
+    model = GPT(GPTConfig(vocab=args.vocab, d_model=args.d_model, n_layers=args.layers,
+                          n_heads=args.heads, seq=args.seq, dropout=0.0))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 10) * 0.5 * (1 + math.cos(math.pi * s / args.steps)))
@@ -139,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         # it (there a fast rank waits for a slow one).
         with run.busy():
             data = batch(args, step, run.rank)
-            logits = model(data[:, :-1])
-            loss = nn.functional.cross_entropy(logits.reshape(-1, args.vocab),
-                                               data[:, 1:].reshape(-1))
+            loss = model.loss(data)
             opt.zero_grad(set_to_none=False)
             loss.backward()
         average_gradients(params, run.world_size)

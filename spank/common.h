@@ -9,7 +9,8 @@
 
 #include <stddef.h>
 
-/* Prefix of every log line the plugin writes (STYLE.md part 2, rule 12). */
+/* Prefix of every log line the plugin writes, so its lines in slurmd's log are found by
+ * one grep. */
 #define SR_LOG_PREFIX "slurm_robust"
 
 /* Bounds of the option values (inclusive). The upper bounds keep hostile or

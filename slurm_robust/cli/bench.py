@@ -1,6 +1,6 @@
 """``slurm-robust bench NAME``: benchmarks that print their numbers as JSON.
 
-Each benchmark lives beside its feature in a module exposing ``HELP``,
+Each benchmark is a module of ``slurm_robust.rehearsal.bench`` exposing ``HELP``,
 ``add_arguments(parser)`` and ``run(args) -> dict``; the dict is printed as JSON
 (``--json``) or as indented JSON for people. Targets are checked by reading these
 numbers, never by timed tests.
@@ -11,14 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from slurm_robust.cli.main import import_optional
+from slurm_robust.cli.optional import Unavailable, add_unavailable, import_optional
 
 BENCHMARKS: dict[str, str] = {
-    "prolog": "slurm_robust.health.bench",
-    "ckpt": "slurm_robust.ckpt.bench",
-    "stacks": "slurm_robust.stacks.bench",
-    "analysis": "slurm_robust.analysis.bench",
-    "recovery": "slurm_robust.launcher.bench",
+    "prolog": "slurm_robust.rehearsal.bench.prolog",
+    "ckpt": "slurm_robust.rehearsal.bench.ckpt",
+    "stacks": "slurm_robust.rehearsal.bench.stacks",
+    "analysis": "slurm_robust.rehearsal.bench.analysis",
+    "recovery": "slurm_robust.rehearsal.bench.recovery",
     "simulate": "slurm_robust.rehearsal.bench.simulate",
 }
 
@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub.required = True
     for name, modname in BENCHMARKS.items():
         module = import_optional(modname)
-        if module is None:
+        if isinstance(module, Unavailable):
+            add_unavailable(sub, name, module, "_bench")
             continue
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         p.add_argument("--json", action="store_true", help="print one line of JSON")

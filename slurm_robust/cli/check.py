@@ -7,6 +7,7 @@ import json
 import os
 import socket
 
+from slurm_robust.health import run_suite
 from slurm_robust.slurm import check_node_name
 
 HELP = "run the node self-checks (quick = prolog suite, deep = epilog suite) and journal them"
@@ -28,7 +29,6 @@ def default_node() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from slurm_robust.health import run_suite
 
     node = check_node_name(args.node or default_node())
     result = run_suite("manual", node, suite=STAGE_TO_SUITE[args.stage],

@@ -6,6 +6,9 @@ import argparse
 import json
 import shlex
 
+from slurm_robust.cluster.config import ClusterConfig
+from slurm_robust.cluster.manager import MiniCluster, install_packages, missing_packages
+
 HELP = "start, stop and inspect the embedded Slurm mini-cluster (real daemons on localhost)"
 
 
@@ -25,8 +28,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from slurm_robust.cluster.config import ClusterConfig
-    from slurm_robust.cluster.manager import MiniCluster
 
     cfg = ClusterConfig(root=Path(args.dir).resolve()) if args.dir else ClusterConfig()
     mc = MiniCluster(cfg)
@@ -56,7 +57,6 @@ def run(args: argparse.Namespace) -> int:
             print("mini-cluster down")
         return 1 if survivors else 0
     if args.action == "packages":
-        from slurm_robust.cluster.manager import install_packages, missing_packages
 
         missing = missing_packages()
         install_packages(missing)

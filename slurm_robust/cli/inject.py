@@ -1,31 +1,41 @@
 """``slurm-robust inject ...``: fault injection for tests and rehearsals.
 
-Two families, each registered by its feature:
+Two families, both rehearsal tooling in ``slurm_robust.rehearsal.inject``:
 
-- node probes (``probe``, ``clear``): ``slurm_robust.health.inject_cli``; a probe returns a
-  chosen value on one node, everything after it is the real code path;
+- node probes (``probe``, ``clear``): ``slurm_robust.rehearsal.inject.probes_cli``; a probe
+  returns a chosen value on one node, everything after it is the real code path;
 - job faults (``kill-worker``, ``stop-worker``, ``nan``, ``kill-node``, ``slow-worker``):
-  ``slurm_robust.launcher.inject_cli``; real signals on real processes.
+  ``slurm_robust.rehearsal.inject.job_cli``; real signals on real processes.
 
-Each module exposes ``register(subparsers)`` adding its actions with ``_run`` defaults.
+Each module exposes ``register(subparsers)`` adding its actions with ``_inject``
+defaults. The actions of each family are also listed here, so that a family whose module
+fails to import still shows them, as unavailable, instead of losing them silently.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from slurm_robust.cli.main import import_optional
+from slurm_robust.cli.optional import Unavailable, add_unavailable, import_optional
 
 HELP = "inject faults: node probe values, or real faults in a running robust job"
-FAMILIES = ("slurm_robust.health.inject_cli", "slurm_robust.launcher.inject_cli")
+# module -> the actions it registers (checked against register() by a unit test)
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "slurm_robust.rehearsal.inject.probes_cli": ("probe", "clear"),
+    "slurm_robust.rehearsal.inject.job_cli": (
+        "kill-worker", "stop-worker", "nan", "kill-node", "slow-worker"),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="fault", metavar="FAULT")
     sub.required = True
-    for modname in FAMILIES:
+    for modname, actions in FAMILIES.items():
         module = import_optional(modname)
-        if module is not None:
+        if isinstance(module, Unavailable):
+            for action in actions:
+                add_unavailable(sub, action, module, "_inject")
+        else:
             module.register(sub)
 
 

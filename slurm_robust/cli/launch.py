@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from slurm_robust.errors import UsageError
+from slurm_robust.launcher.config import env_defaults
+from slurm_robust.launcher.launch import allocation_nodes, default_run_dir, launch
 from slurm_robust.launcher.options import add_robust_options, build_config
 
 HELP = "inside an sbatch script: run the robust agents on this allocation (N + spares nodes)"
@@ -15,9 +18,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from slurm_robust.errors import UsageError
-    from slurm_robust.launcher.config import env_defaults
-    from slurm_robust.launcher.launch import allocation_nodes, default_run_dir, launch
 
     job_id, total = allocation_nodes()
     spares = args.spares if args.spares is not None else env_defaults().get("spares", 0)

@@ -3,19 +3,20 @@
 Each subcommand lives in its own module ``slurm_robust.cli.<name>`` exposing
 ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``. Modules are
 imported only when their subcommand runs (and to build ``--help``), so a quick command
-does not pay for torch or pandas.
+does not pay for torch or pandas. A module that fails to import is listed in ``--help`` as
+``unavailable: <reason>`` and fails with that reason when invoked (see optional.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from slurm_robust.cli.optional import Unavailable, add_unavailable, import_optional
 from slurm_robust.errors import SlurmRobustError
 
 # name -> module; order is the order shown in --help.
@@ -37,18 +38,7 @@ SUBCOMMANDS: dict[str, str] = {
 LOG_LEVEL_ENV = "SLURM_ROBUST_LOG_LEVEL"
 
 
-def import_optional(modname: str) -> ModuleType | None:
-    """Import a feature module, or None when that module itself is absent from this build
-    (a missing dependency inside it still raises)."""
-    try:
-        return importlib.import_module(modname)
-    except ModuleNotFoundError as exc:
-        if exc.name == modname:
-            return None
-        raise
-
-
-def _load(name: str) -> ModuleType | None:
+def _load(name: str) -> ModuleType | Unavailable:
     return import_optional(SUBCOMMANDS[name])
 
 
@@ -65,7 +55,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             sub.add_parser(name)
             continue
         module = _load(name)
-        if module is None:
+        if isinstance(module, Unavailable):
+            add_unavailable(sub, name, module, "_run")
             continue
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)

@@ -11,8 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 
+from slurm_robust.cli.check import print_result
 from slurm_robust.errors import SlurmRobustError
-from slurm_robust.slurm import check_node_name
+from slurm_robust.health import run_suite
+from slurm_robust.health.drain import PREFIX, SLURM_REASONS
+from slurm_robust.reserve.history import REPEAT_MARK
+from slurm_robust.slurm import Slurm, check_node_name
 
 HELP = "re-run the deep self-check on a node and resume it only if it passes"
 
@@ -36,11 +40,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def resume(node: str, force: bool = False, as_json: bool = False) -> int:
-    from slurm_robust.cli.check import print_result
-    from slurm_robust.health import run_suite
-    from slurm_robust.health.drain import PREFIX, SLURM_REASONS
-    from slurm_robust.reserve.history import REPEAT_MARK
-    from slurm_robust.slurm import Slurm
 
     slurm = Slurm()
     before = slurm.node(node)

@@ -59,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Lazy: pandas; `slurm-robust --help` imports this module and must stay fast.
     from slurm_robust.analysis.pipeline import analyse, load_inputs
     from slurm_robust.analysis.report import write_report
 
@@ -98,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _add_live_slurm(inputs: Inputs, since: float | None, until: float | None) -> None:
+    # Lazy: pandas; `slurm-robust --help` imports this module and must stay fast.
     from slurm_robust.analysis.fetch import fetch_slurm_records
 
     recs = fetch_slurm_records(since, until, issues=inputs.issues)

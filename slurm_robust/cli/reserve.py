@@ -6,6 +6,13 @@ import argparse
 import json
 from typing import Any
 
+from slurm_robust.reserve.config import reserve_config
+from slurm_robust.reserve.gate import LocalSuiteGate
+from slurm_robust.reserve.reconcile import reconcile, status
+from slurm_robust.reserve.sizing import binomial_cdf, binomial_quantile
+from slurm_robust.site_config import load_site_config
+from slurm_robust.slurm import RetryPolicy, Slurm
+
 HELP = "size, inspect and reconcile the warm reserve of deep-checked standby nodes"
 
 
@@ -34,28 +41,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.reserve_action == "size":
         return _size(args)
-    from slurm_robust.reserve.config import reserve_config
-    from slurm_robust.reserve.gate import LocalSuiteGate
-    from slurm_robust.site_config import load_site_config
-    from slurm_robust.slurm import RetryPolicy, Slurm
 
     site = load_site_config(args.config)
     cfg = reserve_config(site, target=args.target)
     slurm = Slurm(policy=RetryPolicy(timeout_s=cfg.call_timeout_s))
     gate = LocalSuiteGate(site, slurm.node_address)
     if args.reserve_action == "status":
-        from slurm_robust.reserve.reconcile import status
         out = status(slurm, gate, cfg)
         _print(out, args.json, _status_text)
         return 0
-    from slurm_robust.reserve.reconcile import reconcile
     rep = reconcile(slurm, gate, cfg, dry_run=args.dry_run).as_dict()
     _print(rep, args.json, _reconcile_text)
     return 0 if all(o.get("ok") for o in rep["outcomes"]) else 1
 
 
 def _size(args: argparse.Namespace) -> int:
-    from slurm_robust.reserve.sizing import binomial_cdf, binomial_quantile
     k = binomial_quantile(args.nodes, args.failure_prob, args.quantile)
     out = {"nodes": args.nodes, "failure_prob": args.failure_prob,
            "quantile": args.quantile, "spares": k,

@@ -13,6 +13,14 @@ import json
 from pathlib import Path
 
 from slurm_robust.errors import UsageError
+from slurm_robust.launcher.status import resolve_run_dir
+from slurm_robust.layout import ParallelLayout, parse_layout
+from slurm_robust.stacks.analyze import AnalyzeOptions, analyze, explain
+from slurm_robust.stacks.capture import CaptureOptions, capture_local
+from slurm_robust.stacks.dumps import read_capture
+from slurm_robust.stacks.handler import DEFAULT_TEMPLATE
+from slurm_robust.stacks.runcapture import capture_run
+from slurm_robust.stacks.signature import SignatureOptions
 
 HELP = "capture stack dumps of a job's ranks and name the parallel group to evict"
 
@@ -60,9 +68,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _capture(args: argparse.Namespace) -> int:
-    from slurm_robust.stacks.capture import CaptureOptions, capture_local
-    from slurm_robust.stacks.handler import DEFAULT_TEMPLATE
-    from slurm_robust.stacks.runcapture import capture_run
 
     if args.pids:
         if not args.out:
@@ -80,7 +85,6 @@ def _capture(args: argparse.Namespace) -> int:
         if run_dir is None:
             if not args.job:
                 raise UsageError("stacks capture needs --job J, --run-dir D or --pids")
-            from slurm_robust.launcher.status import resolve_run_dir
 
             run_dir = resolve_run_dir(str(args.job))
         options = CaptureOptions(method=args.method, native=args.native,
@@ -112,10 +116,6 @@ def _parse_pids(text: str) -> dict[int, int]:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from slurm_robust.stacks.analyze import AnalyzeOptions, analyze, explain
-    from slurm_robust.stacks.dumps import read_capture
-    from slurm_robust.stacks.layout import ParallelLayout, parse_layout
-    from slurm_robust.stacks.signature import SignatureOptions
 
     directory = find_capture_dir(Path(args.dir))
     dumps = read_capture(directory)

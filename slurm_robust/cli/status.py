@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from slurm_robust.launcher.status import format_status, run_status
+
 HELP = "show a robust run: progress, incidents, recoveries, verdicts"
 
 
@@ -14,7 +16,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from slurm_robust.launcher.status import format_status, run_status
 
     status = run_status(args.target)
     print(json.dumps(status, indent=2) if args.json else format_status(status))

@@ -37,6 +37,9 @@ from slurm_robust.cluster.templates import (
     render_slurmdbd_conf,
     wrapper_files,
 )
+from slurm_robust.reserve.config import reserve_config
+from slurm_robust.reserve.verdicts import ensure_verdict_root
+from slurm_robust.site_config import load_site_config
 from slurm_robust.slurm.runner import NO_RETRY, RetryPolicy, run_slurm_command
 
 log = logging.getLogger("slurm_robust.cluster")
@@ -239,9 +242,6 @@ class MiniCluster:
         An admin creates it once on a real cluster; without it a job's first verdicts
         could not be handed to the slurmctld side.
         """
-        from slurm_robust.reserve.config import reserve_config
-        from slurm_robust.reserve.verdicts import ensure_verdict_root
-        from slurm_robust.site_config import load_site_config
 
         site = load_site_config(self.cfg.robust_conf)
         ensure_verdict_root(Path(reserve_config(site).verdict_root))

@@ -34,11 +34,12 @@ returns an :class:`Outcome` built with :func:`ok`, :func:`warn`, :func:`fail` or
 :func:`skip`, with numbers as evidence. A site adds its own checks by listing importable
 modules in ``checks.site_modules`` of the site config. See ``slurm_robust.health.checks``.
 
-Draining: :func:`drain_for_failure` applies STYLE.md practice 3 (never overwrite an
-admin's reason, prefix ours with ``slurm_robust:``).
+Draining: :func:`drain_for_failure` never overwrites an admin's reason and prefixes ours
+with ``slurm_robust:`` (see drain.py).
 """
 
 from slurm_robust.health.drain import DrainDecision, decide_drain, drain_for_failure
+from slurm_robust.health.errors import NoNVMLError
 from slurm_robust.health.framework import (
     CheckContext,
     CheckResult,
@@ -52,7 +53,7 @@ from slurm_robust.health.framework import (
     warn,
 )
 from slurm_robust.health.journal import journal_path, last_deep_pass, read_journal
-from slurm_robust.health.probes import NoNVMLError, Probes
+from slurm_robust.health.probes import Probes
 from slurm_robust.health.suite import STAGES, SUITES, SuiteResult, run_suite
 
 __all__ = [

@@ -1,4 +1,9 @@
-"""Drain a node after a failed suite, the way STYLE.md practice 3 asks.
+"""Drain a node after a failed suite, without ever taking over an admin's drain.
+
+The rule: never overwrite a drain reason someone else set (an admin's note says why a
+human took the node out), leave nodes Slurm itself holds (down, ...) to Slurm, and prefix
+every reason we set with ``slurm_robust:`` so that ours are told apart (and may be
+refreshed).
 
 Deciding is pure (:func:`decide_drain` over the node's current record); acting is one
 ``scontrol update`` through ``slurm_robust.slurm``. On the prolog's failure path this

@@ -26,7 +26,8 @@ from enum import StrEnum
 from typing import Any
 
 from slurm_robust.errors import UsageError
-from slurm_robust.health.probes import NoNVMLError, NVMLHungError, ProbeView
+from slurm_robust.health.errors import NoNVMLError, NVMLHungError
+from slurm_robust.health.probes import ProbeView
 
 QUICK = "quick"
 DEEP = "deep"
@@ -160,8 +161,8 @@ def check(name: str, suites: tuple[str, ...], budget_s: float,
 
 
 def registered_checks() -> dict[str, Check]:
-    """Every registered check by name (built-in ones are registered on first use)."""
-    from slurm_robust.health import checks as _builtin  # noqa: F401 - registers them
+    """Every registered check by name (the built-in ones register when
+    :mod:`slurm_robust.health.checks` is imported, which :mod:`.suite` does)."""
     return dict(_REGISTRY)
 
 
@@ -213,6 +214,6 @@ def _outcome_from_error(chk: Check, ctx: CheckContext, exc: BaseException) -> Ou
         return fail(f"actual NVML call hung ({exc}), expected an answer within the budget",
                     nvml_hung=True)
     # A crashing check is a failure, never a pass: a broken probe is a broken node until
-    # someone looks (STYLE.md: a health system that hides failures is worse than none).
+    # someone looks (a health system that hides failures is worse than none).
     return fail(f"actual error {type(exc).__name__}: {exc}, expected a reading",
                 error=type(exc).__name__)

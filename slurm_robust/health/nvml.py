@@ -23,7 +23,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from slurm_robust.health.probes import NoNVMLError
+from slurm_robust.health.errors import NoNVMLError
+from slurm_robust.records import write_json_atomic
 
 XID_WAIT_MS = 20
 KMSG = "/dev/kmsg"
@@ -184,7 +185,6 @@ class NvmlReader:
         except OSError:
             return []  # no kernel-log access here (containers); see the module docstring
         found, last = parse_kmsg_xids(lines, after)
-        from slurm_robust.records import write_json_atomic
         write_json_atomic(cursor, {"seq": last})
         buses = {}
         for i, h in enumerate(self.handles):

@@ -26,6 +26,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from slurm_robust.health.errors import NoNVMLError, NVMLHungError
+from slurm_robust.health.nvml import NvmlReader
+
+__all__ = ["PROBES", "NoNVMLError", "NVMLHungError", "Probes", "ProbeView", "inject_path",
+           "read_injections"]
+
 INJECT_FILE = "inject.json"
 
 # name -> the value's format; real readings have the same shape as injected ones.
@@ -56,13 +62,6 @@ SIMULATION_PROBES: dict[str, str] = {
 }
 PROBES: dict[str, str] = {**GPU_PROBES, **HOST_PROBES, **SIMULATION_PROBES}
 
-
-class NoNVMLError(RuntimeError):
-    """NVML is not available on this node (no driver, no library)."""
-
-
-class NVMLHungError(RuntimeError):
-    """An earlier NVML call on this run did not return within its check's budget."""
 
 
 def inject_path(state_dir: Path) -> Path:
@@ -115,7 +114,6 @@ class Probes:
     def nvml_reader(self) -> Any:
         with self._init_lock:
             if self._nvml is None and self._nvml_error is None:
-                from slurm_robust.health.nvml import NvmlReader
                 try:
                     self._nvml = NvmlReader(self.state_dir)
                 except NoNVMLError as exc:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.errors import UsageError
+from slurm_robust.health import checks as _builtin  # noqa: F401 - registers the built-ins
 from slurm_robust.health.framework import (
     DEEP,
     QUICK,

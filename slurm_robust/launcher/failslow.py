@@ -24,8 +24,8 @@ from typing import Any
 
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.events import make_incident
+from slurm_robust.layout import ParallelLayout
 from slurm_robust.stacks.failslow import FailSlowDecision, FailSlowMonitor
-from slurm_robust.stacks.layout import ParallelLayout
 
 CLASS = "fail_slow"
 CATEGORY = "implicit"

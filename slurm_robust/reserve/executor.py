@@ -1,6 +1,7 @@
 """Applying reserve actions through the Slurm access layer, and logging every one.
 
-The one place where the reserve changes Slurm state (STYLE.md practice 5). Every action's
+The one place where the reserve changes Slurm state: :mod:`.plan` decides in pure
+functions, this module acts. Every action's
 outcome is appended to the reserve log as a ``slurm_robust.reserve_action`` record
 (docs/SCHEMAS.md, verdict section). Callers hold the reserve lock.
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.errors import SlurmRobustError
+from slurm_robust.health import decide_drain
 from slurm_robust.records import append_records, make_record
 from slurm_robust.reserve.gate import DeepRun, HealthGate
 from slurm_robust.reserve.plan import OUR_PREFIX, Action, DeepCheck, Drain, Move, Note
@@ -86,7 +88,6 @@ class Executor:
     def _drain(self, action: Drain) -> dict[str, Any]:
         """Drain through the health feature's rule (practice 3), on a fresh read of the node:
         never over an admin's reason, never a down node."""
-        from slurm_robust.health import decide_drain
         try:
             found = self.slurm.nodes([action.node])
             decision = decide_drain(found[0] if found else None, action.reason)

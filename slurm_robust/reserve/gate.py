@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from slurm_robust import health
 from slurm_robust.site_config import SiteConfig
 
 LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -58,12 +59,10 @@ class LocalSuiteGate:
         self._local = LOCAL_ADDRESSES | {socket.gethostname(), socket.getfqdn()}
 
     def last_deep_pass(self, node: str) -> float | None:
-        from slurm_robust.health import last_deep_pass
-        return last_deep_pass(node, config=self.site)
+        return health.last_deep_pass(node, config=self.site)
 
     def journal(self, node: str) -> list[dict[str, Any]]:
-        from slurm_robust.health import read_journal
-        return read_journal(node, config=self.site)
+        return health.read_journal(node, config=self.site)
 
     def run_deep(self, node: str) -> DeepRun:
         address = self.address_of(node)
@@ -71,6 +70,5 @@ class LocalSuiteGate:
             return DeepRun(node, False, False,
                            f"node address {address!r} is not this host; the deep suite "
                            "must run on the node (its epilog journals it)")
-        from slurm_robust.health import run_suite
-        result = run_suite("reserve", node=node, config=self.site)
+        result = health.run_suite("reserve", node=node, config=self.site)
         return DeepRun(node, True, bool(result.passed), str(result.reason))

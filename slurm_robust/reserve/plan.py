@@ -1,7 +1,7 @@
 """Deciding what the reserve should do: pure functions from a snapshot to actions.
 
-Nothing here talks to Slurm or reads a file (STYLE.md practice 5): :mod:`.executor`
-applies the actions and logs them. Node lifecycle in the reserve::
+Nothing here talks to Slurm or reads a file, so every decision is testable from a
+snapshot: :mod:`.executor` applies the actions and logs them. Node lifecycle in the reserve::
 
     train (idle, fresh deep pass) --fill--> STANDBY --handoff--> PROMOTED (job's partition)
     STANDBY --surplus / drained / stale--> train (home partition)

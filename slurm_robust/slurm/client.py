@@ -72,7 +72,10 @@ class PyslurmStatus:
 
 
 def pyslurm_status(slurm_version: str | None) -> PyslurmStatus:
-    """Whether an installed pyslurm matches the running Slurm (major.minor)."""
+    """Whether an installed pyslurm matches the running Slurm (major.minor).
+
+    A report only: no code path uses pyslurm, every call runs Slurm's commands.
+    """
     try:
         import pyslurm  # type: ignore[import-not-found]
     except ImportError:

@@ -1,8 +1,8 @@
 """Group ranks by stack signature, call the minority groups outliers, and name a group.
 
-ByteRobust's rule (BYTEROBUST.md section 3): group stacks by string matching; the
-dominant groups are healthy (one fault at a time); the rest are outliers; evict the
-parallel group the outliers share.
+ByteRobust's rule (section 3 of the ByteRobust paper cited in README.md): group stacks by
+string matching; the dominant groups are healthy (one fault at a time); the rest are
+outliers; evict the parallel group the outliers share.
 
 "Dominant" here: a group is healthy when its size is more than ``minority_ratio`` times
 the largest group's (so two large groups, e.g. two pipeline stages waiting in send and
@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_robust.errors import UsageError
+from slurm_robust.layout import ParallelLayout
 from slurm_robust.stacks.dumps import RankDump
 from slurm_robust.stacks.groups import Eviction, select_eviction
-from slurm_robust.stacks.layout import ParallelLayout
 from slurm_robust.stacks.signature import (
     LEVELS,
     Key,

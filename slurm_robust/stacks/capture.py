@@ -1,10 +1,10 @@
 """Take a stack dump of every worker of a job on this machine, and of their children.
 
 Given ``{rank: pid}`` for the workers on one node, :func:`capture_local` finds each
-worker's descendants through /proc (data-loader and checkpoint processes: the main
-process alone is not enough, BYTEROBUST.md section 3), dumps all of them in parallel
-under one time budget, and writes ``<out_dir>/rank<r>.json`` per rank plus
-``node-<node>.json``, a summary of the capture on that node.
+worker's descendants through /proc (data-loader and checkpoint processes: the main process
+alone is not enough: section 3 of the ByteRobust paper cited in README.md), dumps all of
+them in parallel under one time budget, and writes ``<out_dir>/rank<r>.json`` per rank
+plus ``node-<node>.json``, a summary of the capture on that node.
 
 Methods (``CaptureOptions.method``):
 

@@ -1,7 +1,7 @@
 """Fail-slow detection: flag the slowest ranks' group each round, evict by vote.
 
-ByteRobust (BYTEROBUST.md section 3): aggregate every 10 s, flag the group with the
-most outliers, and evict the group flagged most over 5 rounds.
+ByteRobust (section 3 of the ByteRobust paper cited in README.md): aggregate every 10 s,
+flag the group with the most outliers, and evict the group flagged most over 5 rounds.
 
 Input: per-rank step timings reported by the training API. In synchronous training the
 wall time of a step is the same on every rank (everyone waits for the slowest inside
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_robust.errors import UsageError
+from slurm_robust.layout import ParallelLayout
 from slurm_robust.stacks.groups import Eviction, select_eviction
-from slurm_robust.stacks.layout import ParallelLayout
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from slurm_robust.errors import UsageError
-from slurm_robust.stacks.layout import DIMENSIONS, ParallelLayout
+from slurm_robust.layout import DIMENSIONS, ParallelLayout
 
 # Tie order for rule 3: the pipeline first (ByteRobust's unit), the data-parallel
 # group last because it usually spans the most machines.

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.errors import SlurmRobustError, UsageError
+from slurm_robust.slurm import RetryPolicy, check_job_id, check_node_name, run_slurm_command
 from slurm_robust.stacks import procfs
 from slurm_robust.stacks.capture import CaptureOptions, capture_local, new_capture_id
 from slurm_robust.stacks.handler import DEFAULT_TEMPLATE
@@ -178,7 +179,6 @@ def _srun_capture(node: str, job_id: str, run_dir: Path, capture_id: str,
                   options: CaptureOptions,
                   slurm_env: Mapping[str, str] | None) -> dict[str, Any]:
     """Run the capture of ``node`` there; returns its NodeCapture as JSON."""
-    from slurm_robust.slurm import RetryPolicy, check_job_id, check_node_name, run_slurm_command
 
     argv = ["srun", "--jobid", check_job_id(job_id), "--overlap", "-N1", "-n1",
             "-w", check_node_name(node), "--quiet",

@@ -128,7 +128,7 @@ def runs(minicluster):
     for run in started:
         run.cancel()
     if killed:
-        from slurm_robust.launcher.inject import revive_node
+        from slurm_robust.rehearsal.inject.job import revive_node
 
         for node in killed:
             revive_node(node)

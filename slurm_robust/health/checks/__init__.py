@@ -11,10 +11,14 @@ A site's own checks: a module using :func:`slurm_robust.health.check`, named in 
 config as ``"checks": {"site_modules": ["mysite.checks"]}``.
 """
 
-import importlib
-
 # Import order is run order: cheap GPU and host readings first, so a node with a bad GPU
-# fails before the seconds-long deep tests run.
+# fails before the seconds-long deep tests run. Plain imports (not a loop over names) so
+# the import-graph test sees them; isort must not reorder them.
+# isort: off
+from slurm_robust.health.checks import gpu  # noqa: F401
+from slurm_robust.health.checks import host  # noqa: F401
+from slurm_robust.health.checks import deep  # noqa: F401
+from slurm_robust.health.checks import storage  # noqa: F401
+# isort: on
+
 MODULES = ("gpu", "host", "deep", "storage")
-for _name in MODULES:
-    importlib.import_module(f"slurm_robust.health.checks.{_name}")

@@ -1,0 +1,94 @@
+"""What the node Prolog and Epilog programs do (prolog/prolog.py, epilog/epilog.py).
+
+It composes two features and so sits above both: the health suite decides, the reserve's
+repeat-offender rule (its history and window) words the drain reason. Inside either
+package it would make health and reserve import each other.
+
+Run by slurmd as root: the node name and job come from slurmd's environment, are
+validated, and never evaluated; job-controlled values (name, comment, the job's own
+environment) are not read at all. On success no Slurm command runs; on failure the node
+is drained with the failing check's reason (see drain.py) and the exit is non-zero, so
+Slurm requeues the job (prolog) or keeps the node out (epilog).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from typing import TextIO
+
+from slurm_robust.errors import SlurmRobustError
+from slurm_robust.health.drain import drain_for_failure
+from slurm_robust.health.journal import read_journal
+from slurm_robust.health.suite import job_identity, run_suite
+from slurm_robust.reserve.config import reserve_config
+from slurm_robust.reserve.history import (
+    events_from_health,
+    repeat_offender_reason,
+    returns_from_health,
+)
+from slurm_robust.site_config import load_site_config
+from slurm_robust.slurm import check_job_id, check_node_name
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+
+
+def node_and_job(environ: Mapping[str, str]) -> tuple[str, str | None]:
+    """$SLURMD_NODENAME (else the short host name) and $SLURM_JOB_ID (validated)."""
+    node = check_node_name(environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0])
+    job_text = environ.get("SLURM_JOB_ID", "")
+    return node, check_job_id(job_text) if job_text else None
+
+
+def main(stage: str, environ: Mapping[str, str], out: TextIO = sys.stdout,
+         err: TextIO = sys.stderr) -> int:
+    """Run the stage's suite; drain and return EXIT_FAILED on a failure."""
+    try:
+        node, job = node_and_job(environ)
+    except SlurmRobustError as exc:
+        print(f"slurm_robust {stage}: {exc}", file=err)
+        return EXIT_FAILED  # no node name we trust: nothing to drain, let Slurm do it
+    uid, gpus = job_identity(environ)
+    try:
+        result = run_suite(stage, node, job, job_uid=uid, job_gpus=gpus)
+    except SlurmRobustError as exc:
+        # A broken site config fails closed: the node must not take jobs unchecked.
+        return _drain_and_fail(stage, node, f"slurm_robust: {stage} error: {exc}", err)
+    print(json.dumps({"stage": stage, "node": node, "job": job, "passed": result.passed,
+                      "run_id": result.run_id, "reason": result.reason}), file=out)
+    if result.passed:
+        return EXIT_OK
+    return _drain_and_fail(stage, node, result.reason, err)
+
+
+def repeat_offender(node: str, reason: str, now: float | None = None) -> str | None:
+    """The repeat-offender drain reason when ``node`` fails again soon after a resume.
+
+    Read from the node's own journal (a ``resume`` pass is a return to service), so the
+    failure path needs no extra Slurm call. The window is the reserve's ``repeat_window_h``.
+    """
+    site = load_site_config()
+    records = read_journal(node, site)
+    events = events_from_health(records) + returns_from_health(records)
+    window_s = reserve_config(site).repeat_window_h * 3600.0
+    return repeat_offender_reason(node, events, time.time() if now is None else now,
+                                  window_s, reason)
+
+
+def _drain_and_fail(stage: str, node: str, reason: str, err: TextIO) -> int:
+    try:
+        reason = repeat_offender(node, reason) or reason
+    except SlurmRobustError as exc:
+        print(f"slurm_robust {stage}: repeat-offender check skipped: {exc}", file=err)
+    print(f"slurm_robust {stage}: {reason}", file=err)
+    try:
+        decision = drain_for_failure(node, reason)
+        print(f"slurm_robust {stage}: {decision.action}: {decision.why}", file=err)
+    except SlurmRobustError as exc:
+        # Still fail: Slurm drains the node itself ("Prolog error"), just without our reason.
+        print(f"slurm_robust {stage}: could not set the drain reason: {exc}", file=err)
+    return EXIT_FAILED

@@ -1,0 +1,210 @@
+"""Fault injection into a running robust job: real signals on real processes.
+
+Targets come from the run's published agent files (``<run_dir>/agents/<node>.json``),
+and every pid is checked against the process's own environment (it must carry the
+job's id) before it is signalled, so a stale file never hits an unrelated process.
+
+=============  ===================================================================
+kill-worker    SIGKILL one worker
+stop-worker    SIGSTOP one worker (a hang; the launcher's SIGKILL still ends it)
+nan            SIGUSR1 one worker: slurm_robust.train poisons a parameter with NaN
+               after the next snapshot, so the following step's loss is NaN
+slow-worker    SIGSTOP/SIGCONT duty cycle on one worker for ``duration`` seconds (half
+               of every ``period`` stopped: the worker runs about half as fast)
+kill-node      mini-cluster only: SIGKILL the node's slurmd, every process of the job
+               on that node (its slurmstepds, the agent, the workers), and wipe the
+               node's shared-memory and local checkpoint directories of the job
+=============  ===================================================================
+
+Each injection is recorded in ``<run_dir>/inject/<time>-<fault>.json`` (its time is the
+fault time the tests measure recovery from).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from slurm_robust.cluster.config import ClusterConfig
+from slurm_robust.cluster.manager import MiniCluster
+from slurm_robust.launcher.errors import InjectionError
+from slurm_robust.launcher.paths import CLUSTER_DIR_ENV, RunPaths, load_site
+from slurm_robust.launcher.status import resolve_run_dir
+from slurm_robust.records import write_json_atomic
+from slurm_robust.slurm import Slurm, SlurmCommandError
+from slurm_robust.stacks import procfs
+
+FAULTS = ("kill-worker", "stop-worker", "nan", "kill-node", "slow-worker")
+
+
+def pick_worker(run_dir: str, node: str | None, rank: int | None,
+                job_id: str | None = None) -> tuple[str, int, int]:
+    """(node, rank, pid) of the worker to hit: the given rank and/or node, else the
+    highest rank. Only live processes of ``job_id`` count (the agent file of a lost
+    node still lists its dead workers)."""
+    agents = RunPaths.of(run_dir).read_agents()
+    found = [(n, int(r), int(p)) for n, a in agents.items()
+             for r, p in (a.get("workers") or {}).items()]
+    if job_id is not None:
+        found = [f for f in found if _belongs(f[2], job_id)]
+    if rank is not None:
+        found = [f for f in found if f[1] == rank]
+    if node is not None:
+        found = [f for f in found if f[0] == node]
+    if not found:
+        raise InjectionError(f"no running worker matches node={node} rank={rank} in "
+                             f"{run_dir}/agents (is the run past its start?)")
+    return max(found, key=lambda f: f[1])
+
+
+def _job_of(pid: int) -> str | None:
+    return procfs.environ_value(pid, "SLURM_ROBUST_JOB_ID") or \
+        procfs.environ_value(pid, "SLURM_JOB_ID")
+
+
+def _belongs(pid: int, job_id: str) -> bool:
+    return _job_of(pid) == job_id and procfs.exists(pid)
+
+
+def check_pid(pid: int, job_id: str) -> None:
+    have = _job_of(pid)
+    if have != job_id:
+        raise InjectionError(f"pid {pid} does not belong to job {job_id} (its job: {have}); "
+                             "the agent file is stale, retry in a moment")
+
+
+def inject(fault: str, job_id: str, node: str | None = None, rank: int | None = None,
+           run_dir: str | None = None, duration_s: float = 10.0,
+           period_s: float = 0.2) -> dict[str, Any]:
+    """Inject ``fault`` into job ``job_id``; returns what was done (also recorded)."""
+    if fault not in FAULTS:
+        raise InjectionError(f"unknown fault {fault!r}; choose from {', '.join(FAULTS)}")
+    run_dir = run_dir or resolve_run_dir(job_id)
+    now = time.time()
+    if fault == "kill-node":
+        if node is None:
+            node, _, _ = pick_worker(run_dir, None, rank, job_id)
+        record = {"fault": fault, "job_id": job_id, "node": node, "time": now,
+                  **kill_node(job_id, node)}
+    else:
+        wnode, wrank, pid = pick_worker(run_dir, node, rank, job_id)
+        check_pid(pid, job_id)
+        record = {"fault": fault, "job_id": job_id, "node": wnode, "rank": wrank,
+                  "pid": pid, "time": now}
+        if fault == "kill-worker":
+            os.kill(pid, signal.SIGKILL)
+        elif fault == "stop-worker":
+            os.kill(pid, signal.SIGSTOP)
+        elif fault == "nan":
+            if not procfs.catches_signal(pid, signal.SIGUSR1):
+                raise InjectionError(f"worker {pid} does not handle SIGUSR1: it does not use "
+                                     "slurm_robust.train, so it cannot take a NaN injection")
+            os.kill(pid, signal.SIGUSR1)
+        else:
+            if not 0.002 <= period_s <= duration_s:
+                raise InjectionError(f"slow-worker: period {period_s} s must be in "
+                                     f"0.002..duration ({duration_s} s)")
+            record.update(duration_s=duration_s, period_s=period_s)
+            slow_down(pid, duration_s, period_s)
+    out = RunPaths.of(run_dir).inject / f"{time.strftime('%H%M%S')}-{int(now * 1000) % 1000:03d}" \
+        f"-{fault}.json"
+    write_json_atomic(out, record, mode=0o664)
+    return record
+
+
+def slow_down(pid: int, duration_s: float, period_s: float = 0.2,
+              stopped_fraction: float = 0.5) -> None:
+    """Stop and continue ``pid`` in a duty cycle: it runs about half as fast."""
+    end = time.time() + duration_s
+    try:
+        while time.time() < end:
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(period_s * stopped_fraction)
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(period_s * (1 - stopped_fraction))
+    except ProcessLookupError:
+        return
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def kill_node(job_id: str, node: str) -> dict[str, Any]:
+    """Lose ``node`` for the job, as faithfully as one host allows (mini-cluster only)."""
+    cluster = os.environ.get(CLUSTER_DIR_ENV)
+    pidfile = Path(cluster or "/nonexistent") / "run" / f"mc-slurmd-{node}.pid"
+    if not cluster or not pidfile.exists():
+        raise InjectionError(f"kill-node works on the mini-cluster only (needs "
+                             f"${CLUSTER_DIR_ENV} and {pidfile}); on a real cluster power the "
+                             "node off or stop its slurmd by hand")
+    slurmd = int(pidfile.read_text().strip())
+    if "slurmd" not in procfs.cmdline(slurmd):
+        raise InjectionError(f"pid {slurmd} from {pidfile} is not a slurmd")
+    # A real node vanishes at once; here its processes die one by one, so the order
+    # matters. srun (on the batch node) goes first: alive, it answers its step's
+    # distress by killing the step's tasks on every node -- when the batch slurmstepd
+    # sees the batch script die it sends srun SIGCONT+SIGTERM, and srun forwards
+    # SIGKILL. No SIGSTOP either: stopped members of a process group orphaned by the
+    # kill get SIGHUP+SIGCONT from the kernel, with the same effect.
+    victims = job_processes(job_id, node)
+    sruns = [p for p in victims if procfs.cmdline(p).startswith("srun")]
+    _signal_all(sruns, signal.SIGKILL)
+    os.kill(slurmd, signal.SIGKILL)
+    _signal_all([p for p in victims if p not in sruns], signal.SIGKILL)
+    wiped = wipe_node_dirs(job_id, node)
+    return {"slurmd_pid": slurmd, "killed": victims, "wiped": wiped}
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def job_processes(job_id: str, node: str) -> list[int]:
+    """Every process of the job on the node, and the slurmstepds they run under."""
+    tasks = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        pid = int(entry)
+        if (procfs.environ_value(pid, "SLURM_JOB_ID") == job_id
+                and procfs.environ_value(pid, "SLURMD_NODENAME") == node):
+            tasks.append(pid)
+    steps = {pp for pp in (procfs.read_ppid(p) for p in tasks)
+             if pp and procfs.cmdline(pp).startswith("slurmstepd")}
+    return sorted(steps) + sorted(tasks)
+
+
+def wipe_node_dirs(job_id: str, node: str) -> list[str]:
+    site = load_site()
+    wiped = []
+    for root in (site.node_path(site.shm_root, node), site.node_path(site.local_root, node)):
+        for path in (root / job_id, root / node / job_id):
+            if path.exists():
+                shutil.rmtree(path, ignore_errors=True)
+                wiped.append(str(path))
+    return wiped
+
+
+def revive_node(node: str) -> None:
+    """Mini-cluster: restart missing daemons (``cluster up`` is idempotent) and return
+    ``node`` to service if it was marked down or drained by the loss."""
+
+    mc = MiniCluster(ClusterConfig())
+    mc.up()
+    slurm = Slurm(mc.cfg.env())
+    try:
+        info = slurm.node(node)
+        if info.state == "down" or info.drained:
+            slurm.resume(node)
+    except SlurmCommandError:
+        pass
