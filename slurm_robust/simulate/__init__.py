@@ -13,6 +13,7 @@ that ``slurm-robust report`` reads. Modules, one job each:
 - :mod:`.detectors`: hang and fail-slow times from the launcher's own detectors.
 - :mod:`.fleet`: machines, drain, deep check, repair and the idle pool.
 - :mod:`.reserve`: the reserve partition under the real sizing and reconcile planning.
+- :mod:`.results`: the incident record the job hands to metrics and the event log.
 - :mod:`.job`: the job under the real ladder.
 - :mod:`.engine`: wires them on one simpy environment and returns the result.
 - :mod:`.metrics`: ETTR (cumulative, 1-hour sliding), downtime split, summary.

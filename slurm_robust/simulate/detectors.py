@@ -15,8 +15,8 @@ from dataclasses import fields
 
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.policy import WINDOW, hang_timeout
+from slurm_robust.layout import ParallelLayout
 from slurm_robust.stacks.failslow import FailSlowMonitor, FailSlowOptions
-from slurm_robust.stacks.layout import ParallelLayout
 
 #: Rounds after which a vote that names nobody gives up (the fault is then handled as
 #: a plain restart of an unclear failure).

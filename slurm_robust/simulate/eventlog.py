@@ -20,7 +20,7 @@ import numpy as np
 from slurm_robust.records import EVENT_SCHEMA, EVENT_VERSION, append_records, make_record
 
 if TYPE_CHECKING:
-    from slurm_robust.simulate.job import IncidentResult
+    from slurm_robust.simulate.results import IncidentResult
 
 EVENTS_FILE = "events.jsonl"
 RECORD_EVERY_S = 60.0

@@ -37,6 +37,7 @@ from slurm_robust.simulate.detectors import fail_slow_vote, hang_detection_s, la
 from slurm_robust.simulate.eventlog import EventSink
 from slurm_robust.simulate.fleet import Fleet, Place
 from slurm_robust.simulate.reserve import Reserve
+from slurm_robust.simulate.results import IncidentResult
 from slurm_robust.simulate.trace import TraceIncident
 
 UNLIMITED = -1  # --spares value of the oracle: every blamed machine has a spare
@@ -50,24 +51,6 @@ class LadderLimits:
     max_no_progress: int = int(launch_default("max_no_progress"))  # type: ignore[call-overload]
     node_failures_to_blame: int = int(
         launch_default("node_failures_to_blame"))  # type: ignore[call-overload]
-
-
-@dataclass
-class IncidentResult:
-    """One incident as the metrics and the event log see it."""
-
-    index: int
-    name: str
-    cls: str
-    fault: float
-    detected: float
-    localized: float
-    recovered: float | None
-    rung: str
-    nodes: tuple[str, ...]
-    lost_s: float
-    queue_wait_s: float = 0.0
-    reason: str = ""
 
 
 @dataclass

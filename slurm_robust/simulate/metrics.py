@@ -19,7 +19,7 @@ import numpy as np
 from slurm_robust.launcher.policy import RUNGS
 
 if TYPE_CHECKING:
-    from slurm_robust.simulate.job import IncidentResult
+    from slurm_robust.simulate.results import IncidentResult
 
 WINDOW_S = 3600.0
 GRID_S = 60.0
