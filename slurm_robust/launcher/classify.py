@@ -91,7 +91,7 @@ LOG_RULES: tuple[Rule, ...] = (
         r"soft lockup|rcu_sched self-detected stall|detected stalls on CPUs")),
     Rule("node_fail", F.NODE_LOST, _rx(
         r"Node failure on|\bNODE_FAIL\b|DUE TO NODE FAILURE|node_fail\b|\bNot responding\b|"
-        r"Kill task failed")),
+        r"Kill task failed|marked dead|missed too many heartbeats")),
     Rule("block_io", F.DISK_FAULT, _rx(
         r"blk_update_request: .*error|Buffer I/O error|I/O error, dev |failed command: "
         r"(READ|WRITE)|EXT4-fs error|XFS \(\S+\): .*(I/O error|Corruption)|"
@@ -127,21 +127,28 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("shm", F.CONTAINER_RUNTIME, _rx(
         r"insufficient shared memory|out of shared memory|shared memory \(shm\)|"
         r"shared memory limit|/dev/shm|--shm-size|shm size|unable to write to file </torch_|"
-        r"unable to (open|mmap) shared memory|OCI runtime|nvidia-container-cli|"
-        r"container_linux\.go|docker: Error response from daemon|\benroot\b|\bpyxis\b|"
-        r"FATAL: +container creation failed")),
+        r"unable to (open|mmap) shared memory|\bSemLock\b|sem_open")),
+    # A container that does not start: the runtime, or the job's image reference.
+    Rule("container_start", F.CONTAINER_RUNTIME, _rx(
+        r"OCI runtime|nvidia-container-cli|container_linux\.go|"
+        r"docker: Error response from daemon|\benroot\b|\bpyxis\b|"
+        r"FATAL: +container creation failed"), side=Side.UNKNOWN),
+    # Full: a node or shared volume (infrastructure), or the job's own cache filling a
+    # small default location (user); the log rarely says which, host_disk_free does.
     Rule("disk_full", F.DISK_FULL, _rx(
         r"No space left on device|Errno 28\b|\bENOSPC\b|StorageFull|Disk quota exceeded|"
-        r"Errno 122\b|PytorchStreamWriter failed writing|file write failed")),
+        r"Errno 122\b|PytorchStreamWriter failed writing|file write failed"),
+        side=Side.UNKNOWN),
     Rule("mount", F.FILESYSTEM_MOUNT, _rx(
         r"Transport endpoint is not connected|Stale file handle|\bESTALE\b|Errno 116\b|"
         r"Errno 107\b|fusermount|failed to mount|failure to mount|mount error|"
-        r"Could not mount|mount\.nfs|not a mount point|Host is down")),
+        r"Could not mount|mount\.nfs|not a mount point|Host is down|"
+        r"nfs:? server[^\n]*not\s+responding")),
     Rule("remote_io", F.REMOTE_STORAGE, _rx(
         r"(Input/output error|Errno 5\b)[^\n]*(s3://|gs://|hdfs://|/content/drive|/lustre|"
         r"/gpfs|/nfs)|botocore|boto3|\bS3Error|s3fs|NoSuchKey|SlowDown|\bHDFS\b|webhdfs|"
-        r"LustreError|gcsfs|google\.cloud\.storage|azure\.storage|nfs: server \S+ not "
-        r"responding|/content/drive/|BlockMissingException|Could not obtain block")),
+        r"LustreError|gcsfs|google\.cloud\.storage|azure\.storage|"
+        r"/content/drive/|BlockMissingException|Could not obtain block")),
     Rule("ib_io", F.NETWORK, _rx(r"(Input/output error|Errno 5\b)[^\n]*infiniband|"
                                  r"infiniband[^\n]*(Input/output error|Errno 5\b)")),
     Rule("io_error", F.DISK_FAULT, _rx(r"Input/output error|Errno 5\b|\bEIO\b")),
@@ -152,12 +159,19 @@ LOG_RULES: tuple[Rule, ...] = (
         r"ncclRemoteError|ncclSystemError|remote process exited or there was a network error|"
         r"NCCL error[^\n]*(unhandled system error|remote error|network)|port state DOWN|"
         r"link (is )?down|Link flap")),
+    Rule("service_down", F.EXTERNAL_SERVICE, _rx(
+        r"429 Too Many Requests|50[234] (Server Error|Bad Gateway|Service Unavailable|"
+        r"Gateway Time-?out)|rate limit exceeded|ReadTimeout|ConnectTimeout")),
+    # Unreachable service: its outage, or the job's own offline/proxy settings.
     Rule("external", F.EXTERNAL_SERVICE, _rx(
         r"huggingface\.co|HfHubHTTPError|Max retries exceeded with url|HTTPSConnectionPool|"
         r"requests\.exceptions|urllib3\.exceptions|api\.wandb\.ai|wandb: ERROR|"
-        r"429 Too Many Requests|50[234] (Server Error|Bad Gateway|Service Unavailable|"
-        r"Gateway Time-?out)|rate limit exceeded|Temporary failure in name resolution|"
-        r"\bHTTPError\b|raise_for_status|ReadTimeout|ConnectTimeout")),
+        r"Temporary failure in name resolution|\bHTTPError\b|raise_for_status"),
+        side=Side.UNKNOWN),
+    # A rendezvous on a loopback address across nodes: the hostname resolves to 127.x.
+    Rule("loopback", F.BAD_CONFIG, _rx(
+        r"(connect|Connection)[^\n]*\[?127\.\d+\.\d+\.\d+\]?[^\n]*(refused|timed out)"),
+        side=Side.UNKNOWN),
     Rule("hang", F.JOB_HANG, _rx(
         r"Watchdog caught collective operation timeout|collective operation timeout|"
         r"NCCL watchdog|ProcessGroupNCCL[^\n]*Timeout|Timed out waiting|"
@@ -172,7 +186,7 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("nan", F.NAN, _rx(
         r"FloatingPointError|Loss became infinite or NaN|diverged|non-finite (loss|grad)|"
         r"\bloss\b[^\n]{0,20}\b(nan|inf)\b|NaN or Inf|Inf/NaN|nan loss|Detected NaN|"
-        r"grad[_ ]norm[^\n]{0,20}\b(nan|inf)\b")),
+        r"grad[_ ]norm[^\n]{0,20}\b(nan|inf)\b|returned nan values")),
     Rule("oom_killer", F.CPU_OOM, _rx(
         r"Out of memory: Kill(ed)? process|invoked oom-killer|oom-kill|oom_kill_process|"
         r"Memory cgroup out of memory|MemoryError|std::bad_alloc|Cannot allocate memory|"
@@ -195,6 +209,10 @@ LOG_RULES: tuple[Rule, ...] = (
         r"is killed by signal|Segmentation fault|SIGSEGV|SIGBUS|Bus error|core dumped|"
         r"Fatal Python error|^\s*\**Killed\**\s*$|Signal \d+ \(SIG\w+\) received|"
         r"received signal SIG\w+|exitcode\s*:\s*-\d+", re.I | re.M)),
+    # torchrun's summary of a worker that exited non-zero (its traceback elsewhere).
+    Rule("torchrun_child", F.USER_EXCEPTION, _rx(
+        r"ChildFailedError|exitcode\s*:\s*[1-9]\d*\b|elastic/errors\.html"),
+        side=Side.UNKNOWN),
 )
 
 _XID = _rx(r"\bXid\b\s*(?:\([^)]*\))?\s*[:,]?\s*(?:error\s*)?(\d+)")
@@ -304,9 +322,10 @@ def classify(ev: Evidence) -> Classification:
                      secondary=rule.secondary, signature=sig_part)
     if found is not None:
         # Xid 13/31/43/45 are usually the application's doing, but a failing GPU can raise
-        # them too: user side only once diagnosis has passed the node.
-        return _make(F.USER_CUDA_FAULT, evidence, found[1], "log", side=Side.UNKNOWN,
-                     signature="user_cuda_fault:xid")
+        # them too: user side only once diagnosis has passed the node. Other Xids outside
+        # the hardware list are CUDA errors of unknown side.
+        return _make(found[0], evidence, found[1], "log", side=Side.UNKNOWN,
+                     signature=f"{found[0].value}:xid")
     if exc is not None:
         name, msg, where = exc
         evidence.update(exception=name, message=msg[:300], where=where)
@@ -414,7 +433,8 @@ def _xid_verdict(text: str, evidence: dict[str, Any]) -> tuple[FailureClass, str
             if xid in XID_UNAVAILABLE:
                 return F.GPU_UNAVAILABLE, line.strip()
             if app is None:
-                app = (F.CUDA_ERROR, line.strip())
+                app = (F.USER_CUDA_FAULT if xid in XID_APPLICATION else F.CUDA_ERROR,
+                       line.strip())
     return app
 
 
