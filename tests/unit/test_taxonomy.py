@@ -127,3 +127,11 @@ def test_synthetic_trace_comes_back_through_the_report_within_half_a_point(tmp_p
         # and the draw itself is close to the shares it was drawn from
         assert abs(drawn_share - SHARES[cls]) <= 0.05, cls
     assert an.issues.total == 0
+
+
+def test_schemas_doc_prints_the_same_table():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "SCHEMAS.md").read_text()
+    for row in TABLE:
+        line = (f"| `{row.cls.value}` | {row.category.value} | {row.side.value} | "
+                f"{row.action.value} | {row.table1 or '-'} |")
+        assert line in doc, line
