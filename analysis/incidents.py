@@ -23,6 +23,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from slurm_robust.analysis.taxonomy import CLASS_CATEGORY, CLASSES
+
 TIME_COLUMNS = ("time_to_detect", "time_to_localize", "time_to_recover", "lost_time_s")
 
 
@@ -82,8 +84,20 @@ def summarize_by(incidents: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def by_class(incidents: pd.DataFrame) -> pd.DataFrame:
-    """Incidents by category and class (ByteRobust's taxonomy)."""
-    return summarize_by(incidents, ["category", "class"])
+    """Incidents by category and class: every class of the taxonomy (ByteRobust Table 1
+    and ours) by its own name, in table order, zero where it never occurred."""
+    observed = summarize_by(incidents, ["category", "class"])
+    full = pd.DataFrame({"category": [CLASS_CATEGORY[c] for c in CLASSES],
+                         "class": list(CLASSES)})
+    if len(observed):
+        observed = observed.assign(category=observed["category"].astype(str),
+                                   **{"class": observed["class"].astype(str)})
+        out = full.merge(observed, on=["category", "class"], how="left")
+    else:
+        out = full.reindex(columns=["category", "class", *observed.columns[2:]])
+    out["count"] = out["count"].fillna(0).astype(int)
+    out["share"] = out["share"].fillna(0.0)
+    return out
 
 
 def by_category(incidents: pd.DataFrame) -> pd.DataFrame:

@@ -37,6 +37,7 @@ from slurm_robust.analysis.taxonomy import (
     HEALTH_STATUSES,
     RUN_STATUSES,
     RUNGS,
+    read_class,
 )
 
 EVENTS_FILE = "events.jsonl"
@@ -99,6 +100,11 @@ def events_from_records(records: Sequence[Mapping[str, Any]], source: str = "<re
         if r.get("schema") != rec.EVENT_SCHEMA:
             continue
         event = r.get("event")
+        if event == "incident":
+            read = _with_class(r, f"{source}: incident", issues, True)
+            if read is None:
+                continue
+            r = read
         if event in by_event:
             by_event[event].append(r)
         else:
@@ -112,6 +118,20 @@ def events_from_records(records: Sequence[Mapping[str, Any]], source: str = "<re
                        f"{source}: invalid {event} record {dict(by_event[event][first])!r:.200}")
         frames[FRAME_OF_EVENT[event]] = frame
     return RunLog(issues=issues, **unify_run_ids(frames))
+
+
+def _with_class(record: Mapping[str, Any], key: str, issues: LoadIssues,
+                with_category: bool) -> dict[str, Any] | None:
+    """The record with its class read through the taxonomy (legacy names mapped), or
+    None, counted as an invalid record with the reason, when the class is unknown or
+    contradicts the record's category."""
+    if "class" not in record:
+        return dict(record)
+    cls, why = read_class(record["class"], record.get("category") if with_category else None)
+    if cls is None:
+        issues.add(issues.invalid_records, f"{key} class", 1, f"{key}: {why}")
+        return None
+    return {**record, "class": cls}
 
 
 def unify_run_ids(frames: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
@@ -177,7 +197,7 @@ def load_verdicts(run_dirs: Iterable[str | os.PathLike[str]],
     for run_dir in run_dirs:
         path = Path(run_dir) / VERDICTS_FILE
         got = _read(path, rec.VERDICT_SCHEMA, issues)
-        records += got
+        records += [r for r in (_with_class(g, "verdicts", issues, False) for g in got) if r]
     frame, invalid = records_to_frame(records, VERDICT_SPEC, {"class": CLASSES})
     issues.add(issues.invalid_records, "verdicts", int(invalid.sum()),
                "invalid verdict record" if invalid.any() else "")

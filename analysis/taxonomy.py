@@ -1,22 +1,20 @@
-"""Incident taxonomy (ByteRobust Table 1) and recovery rungs, as docs/SCHEMAS.md names them.
+"""Incident taxonomy and recovery rungs, as docs/SCHEMAS.md names them.
 
-Kept in one place so loaders give every class column the same categorical dtype and the
-report lists classes in a stable order even when a class never occurred.
+The classes are slurm_robust.taxonomy's table (ByteRobust Table 1 plus the user-code and
+launcher classes), so loaders give every class column the same categorical dtype and the
+report lists every class, by its own name and category, even when it never occurred.
+Records are read through :func:`read_class`: legacy names map to their class, and a
+record whose class is unknown or whose category contradicts its class is unread input
+(counted with the reason), never merged into a neighbouring class.
 """
 
 from __future__ import annotations
 
-TAXONOMY: dict[str, tuple[str, ...]] = {
-    "explicit": ("cuda_error", "nccl_error", "gpu_memory_error", "oom", "cpu_oom",
-                 "network_error", "disk_error", "node_lost", "worker_crash", "user_code",
-                 "kernel_panic"),
-    "implicit": ("hang", "nan", "loss_spike", "fail_slow"),
-    "manual": ("code_change", "admin"),
-}
+from slurm_robust.taxonomy import CATEGORIES, CLASS_CATEGORY, CLASSES, TABLE, canonical
 
-CATEGORIES: tuple[str, ...] = tuple(TAXONOMY)
-CLASSES: tuple[str, ...] = tuple(c for classes in TAXONOMY.values() for c in classes)
-CLASS_CATEGORY: dict[str, str] = {c: cat for cat, classes in TAXONOMY.items() for c in classes}
+TAXONOMY: dict[str, tuple[str, ...]] = {
+    cat: tuple(row.cls.value for row in TABLE if row.category.value == cat)
+    for cat in CATEGORIES}
 
 # The recovery ladder, cheapest first: restart in place, swap in a spare, requeue, stop
 # (README.md, "Recovery ladder").
@@ -24,3 +22,22 @@ RUNGS: tuple[str, ...] = ("in_place", "spare", "requeue", "stop")
 
 RUN_STATUSES: tuple[str, ...] = ("completed", "stopped", "failed")
 HEALTH_STATUSES: tuple[str, ...] = ("ok", "warn", "fail", "skip")
+
+__all__ = ["CATEGORIES", "CLASSES", "CLASS_CATEGORY", "HEALTH_STATUSES", "RUNGS",
+           "RUN_STATUSES", "TAXONOMY", "read_class"]
+
+
+def read_class(name: object, category: object = None) -> tuple[str | None, str]:
+    """(the class a recorded name means, "") or (None, why the record is unread).
+
+    ``category``, when given, must be the class's category in the table.
+    """
+    if not isinstance(name, str):
+        return None, f"class {name!r} is not a string"
+    cls = canonical(name)
+    if cls is None:
+        return None, f"unknown class {name!r}"
+    if category is not None and category != CLASS_CATEGORY[cls.value]:
+        return None, (f"class {name!r} is {CLASS_CATEGORY[cls.value]!r} in the taxonomy, "
+                      f"the record says {category!r}")
+    return cls.value, ""

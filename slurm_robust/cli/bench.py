@@ -20,6 +20,7 @@ BENCHMARKS: dict[str, str] = {
     "analysis": "slurm_robust.rehearsal.bench.analysis",
     "recovery": "slurm_robust.rehearsal.bench.recovery",
     "simulate": "slurm_robust.rehearsal.bench.simulate",
+    "classify": "slurm_robust.rehearsal.bench.classify",
 }
 
 HELP = "run a benchmark and print its numbers as JSON"

@@ -1,8 +1,17 @@
-"""Classify a failed worker from its exit status and the tail of its log (pure).
+"""Classify a failed worker from all the evidence there is (pure).
 
-The classes are the incident taxonomy of docs/SCHEMAS.md. Patterns are checked in
-order; the first match wins, so hardware and driver errors (which often come with a
-Python traceback of their own) are checked before user exceptions.
+Evidence, strongest first: the exit sentinels of the training API (NaN, loss spike); the
+GPU's own state read through NVML (uncorrectable ECC, hardware Xids, GPUs missing); the
+node's kernel log (Xid lines, panics, disk I/O errors, the OOM killer); the worker's exit
+code or signal (from the trusted SPANK task-exit record when there is one); the tail of
+the worker's log. The classes, sides and default actions are slurm_robust.taxonomy's.
+
+Log patterns are wording *families* (NCCL/verbs transport errors, the CUDA error names
+across runtime versions, the legacy "cuda runtime error (N)" numbers, both Xid wordings),
+checked in priority order: a specific cause (ECC, a memlock limit, a full disk) wins over
+its consequences (a CUDA error, a collective timeout, a traceback, a signal). Where the
+evidence could be either side (an illegal memory access may be user code or the GPU) the
+side is "unknown", whose action is diagnosis, never eviction.
 
 A worker whose peer died sees a broken connection ("Connection closed by peer" from
 gloo, NCCL "remote process exited"); that is a *secondary* failure: the controller waits
@@ -13,62 +22,232 @@ from __future__ import annotations
 
 import re
 import signal
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from slurm_robust.taxonomy import (
+    ROWS,
+    TABLE,
+    Action,
+    FailureClass,
+    Side,
+)
+
+F = FailureClass
 
 #: Exit code the training API uses when a step's loss or grad norm is not finite.
 EXIT_NONFINITE = 87
 #: Exit code the training API uses for a loss or grad-norm spike.
 EXIT_SPIKE = 88
 
-CATEGORY = {
-    "cuda_error": "explicit", "nccl_error": "explicit", "gpu_memory_error": "explicit",
-    "oom": "explicit", "cpu_oom": "explicit", "network_error": "explicit",
-    "disk_error": "explicit", "node_lost": "explicit", "worker_crash": "explicit",
-    "user_code": "explicit", "kernel_panic": "explicit",
-    "hang": "implicit", "nan": "implicit", "loss_spike": "implicit", "fail_slow": "implicit",
-    "code_change": "manual", "admin": "manual",
-}
+#: Class name -> category, for callers that predate the taxonomy module.
+CATEGORY: dict[str, str] = {row.cls.value: row.category.value for row in TABLE}
 
 #: Classes that name the node as the culprit at once (evict it, do not retry on it).
-NODE_CLASSES = frozenset({"node_lost", "gpu_memory_error", "cuda_error", "kernel_panic",
-                          "disk_error"})
+NODE_CLASSES = frozenset(row.cls.value for row in TABLE if row.action is Action.EVICT
+                         and row.category.value == "explicit")
+
+# NVIDIA's Xid catalogue. Hardware: the GPU or its memory cannot be trusted.
+XID_MEMORY = frozenset({48, 63, 64, 92, 94, 95})
+XID_UNAVAILABLE = frozenset({61, 62, 74, 79, 119, 120})
+#: Usually caused by the application (bad address, a kernel the driver had to stop).
+XID_APPLICATION = frozenset({13, 31, 43, 45})
 
 _USER_EXC = ("TypeError", "IndexError", "KeyError", "AttributeError", "NameError",
              "ValueError", "ZeroDivisionError", "AssertionError", "ImportError",
-             "ModuleNotFoundError", "SyntaxError", "NotImplementedError", "UnboundLocalError")
+             "ModuleNotFoundError", "SyntaxError", "NotImplementedError", "UnboundLocalError",
+             "RecursionError", "StopIteration")
 
-# (class, regex) in priority order.
-_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("gpu_memory_error", re.compile(r"\bXid\b.*\b(48|63|64|74|79|94|95)\b|uncorrectable ECC|"
-                                    r"ECC error|double bit ecc", re.I)),
-    ("cuda_error", re.compile(r"CUDA error|CUDA_ERROR_|cudaError|\bXid\b|"
-                              r"device-side assert|illegal memory access", re.I)),
-    ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED")),
-    ("nccl_error", re.compile(r"NCCL (error|WARN.*timeout)|ncclSystemError|ncclInternalError|"
-                              r"ncclUnhandledCudaError|NCCL communicator was aborted|"
-                              r"Watchdog caught collective operation timeout", re.I)),
-    ("cpu_oom", re.compile(r"MemoryError|Cannot allocate memory|std::bad_alloc|oom-kill", re.I)),
-    ("disk_error", re.compile(r"No space left on device|Input/output error|"
-                              r"Read-only file system", re.I)),
-    ("network_error", re.compile(r"Connection (closed|reset) by peer|Broken pipe|"
-                                 r"Connection refused|Gloo connectFullMesh failed|"
-                                 r"Socket Timeout|remote process exited|"
-                                 r"Network is unreachable|ProcessGroupGloo.*(timed out|Timed out)",
-                                 re.I)),
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    cls: FailureClass
+    pattern: re.Pattern[str]
+    side: Side | None = None  # None: the class's default side
+    secondary: bool = False
+
+
+def _rx(text: str, flags: int = re.I) -> re.Pattern[str]:
+    return re.compile(text, flags)
+
+
+# Log rules in priority order: causes before consequences.
+LOG_RULES: tuple[Rule, ...] = (
+    Rule("ecc", F.GPU_MEMORY_ERROR, _rx(
+        r"uncorrectable ECC|ECC_UNCORRECTABLE|cudaErrorECCUncorrectable|double[- ]bit ECC|"
+        r"row[- ]remap\w* fail|cuda runtime error \(39\)")),
+    Rule("gpu_gone", F.GPU_UNAVAILABLE, _rx(
+        r"fallen off the bus|GPU is lost|NVML_ERROR_GPU_IS_LOST|Failed to initialize NVML|"
+        r"Driver/library version mismatch|Unable to determine the device handle|"
+        r"RmInitAdapter failed|probe routine failed|GPU requires reset|"
+        r"unable to communicate with the NVIDIA driver|NVIDIA driver on your system is too "
+        r"old|nvidia-smi has failed")),
+    Rule("kernel_panic", F.KERNEL_PANIC, _rx(
+        r"Kernel panic|kernel BUG at|\bOops\b: |hard LOCKUP|"
+        r"mce: \[Hardware Error\]|Machine check events logged")),
+    Rule("cpu_stall", F.CPU_OVERLOAD, _rx(
+        r"soft lockup|rcu_sched self-detected stall|detected stalls on CPUs")),
+    Rule("node_fail", F.NODE_LOST, _rx(
+        r"Node failure on|\bNODE_FAIL\b|DUE TO NODE FAILURE|node_fail\b|\bNot responding\b|"
+        r"Kill task failed|marked dead|missed too many heartbeats")),
+    Rule("block_io", F.DISK_FAULT, _rx(
+        r"blk_update_request: .*error|Buffer I/O error|I/O error, dev |failed command: "
+        r"(READ|WRITE)|EXT4-fs error|XFS \(\S+\): .*(I/O error|Corruption)|"
+        r"Remounting filesystem read-only|critical medium error|Medium Error|"
+        r"nvme\d+\S*: .*(timeout|I/O)|ata\d+(\.\d+)?: (exception|failed|error)")),
+    Rule("device_assert", F.USER_CUDA_FAULT, _rx(
+        r"device-side assert|cudaErrorAssert|CUDA_ERROR_ASSERT|cuda runtime error \(59\)|"
+        r"\.cuh?:\d+:.*Assertion .* failed|block: \[\d+,\d+,\d+\], thread: \[\d+,\d+,\d+\].*"
+        r"Assertion|misaligned address|invalid configuration argument|"
+        r"too many resources requested for launch")),
+    Rule("gpu_oom", F.GPU_OOM, _rx(
+        r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
+        r"CUDNN_STATUS_ALLOC_FAILED|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|"
+        r"RESOURCE_EXHAUSTED: OOM|OOM when allocating|cuda runtime error \(2\)|"
+        r"CUDA error: out of memory|HIP out of memory|Failed to CUDA calloc")),
+    Rule("memlock", F.BAD_CONFIG, _rx(
+        r"ulimit -l|max locked memory|RLIMIT_MEMLOCK|memlock|"
+        r"ibv_\w+\S*\)? failed[^\n]*(Cannot allocate memory|errno 12|ENOMEM)|"
+        r"Call to ibv_\w+ failed")),
+    Rule("gpu_build", F.BAD_CONFIG, _rx(
+        r"invalid device ordinal|cudaErrorInvalidDevice\b|no kernel image is available|"
+        r"cudaErrorNoKernelImageForDevice|invalid device function|"
+        r"cuda runtime error \((8|10|48)\)|CUDA driver version is insufficient")),
+    # No GPU visible to the process: usually CUDA_VISIBLE_DEVICES or the request, but a
+    # lost GPU looks the same from inside; diagnosis (NVML's count) tells them apart.
+    Rule("no_gpu", F.BAD_CONFIG, _rx(
+        r"No CUDA GPUs are available|no CUDA-capable device is detected|cudaErrorNoDevice|"
+        r"CUDA_ERROR_NO_DEVICE|cuda runtime error \((38|100)\)"), side=Side.UNKNOWN),
+    # A port already taken: the job's own choice of port, or a stale process on the node.
+    Rule("port", F.BAD_CONFIG, _rx(
+        r"Address already in use|EADDRINUSE|Errno 98\b|failed to bind|"
+        r"server socket has failed to listen"), side=Side.UNKNOWN),
+    Rule("shm", F.CONTAINER_RUNTIME, _rx(
+        r"insufficient shared memory|out of shared memory|shared memory \(shm\)|"
+        r"shared memory limit|/dev/shm|--shm-size|shm size|unable to write to file </torch_|"
+        r"unable to (open|mmap) shared memory|\bSemLock\b|sem_open")),
+    # A container that does not start: the runtime, or the job's image reference.
+    Rule("container_start", F.CONTAINER_RUNTIME, _rx(
+        r"OCI runtime|nvidia-container-cli|container_linux\.go|"
+        r"docker: Error response from daemon|\benroot\b|\bpyxis\b|"
+        r"FATAL: +container creation failed"), side=Side.UNKNOWN),
+    # Full: a node or shared volume (infrastructure), or the job's own cache filling a
+    # small default location (user); the log rarely says which, host_disk_free does.
+    Rule("disk_full", F.DISK_FULL, _rx(
+        r"No space left on device|Errno 28\b|\bENOSPC\b|StorageFull|Disk quota exceeded|"
+        r"Errno 122\b|PytorchStreamWriter failed writing|file write failed"),
+        side=Side.UNKNOWN),
+    Rule("mount", F.FILESYSTEM_MOUNT, _rx(
+        r"Transport endpoint is not connected|Stale file handle|\bESTALE\b|Errno 116\b|"
+        r"Errno 107\b|fusermount|failed to mount|failure to mount|mount error|"
+        r"Could not mount|mount\.nfs|not a mount point|Host is down|"
+        r"nfs:? server[^\n]*not\s+responding")),
+    Rule("remote_io", F.REMOTE_STORAGE, _rx(
+        r"(Input/output error|Errno 5\b)[^\n]*(s3://|gs://|hdfs://|/content/drive|/lustre|"
+        r"/gpfs|/nfs)|botocore|boto3|\bS3Error|s3fs|NoSuchKey|SlowDown|\bHDFS\b|webhdfs|"
+        r"LustreError|gcsfs|google\.cloud\.storage|azure\.storage|"
+        r"/content/drive/|BlockMissingException|Could not obtain block")),
+    Rule("ib_io", F.NETWORK, _rx(r"(Input/output error|Errno 5\b)[^\n]*infiniband|"
+                                 r"infiniband[^\n]*(Input/output error|Errno 5\b)")),
+    Rule("io_error", F.DISK_FAULT, _rx(r"Input/output error|Errno 5\b|\bEIO\b")),
+    Rule("read_only", F.BAD_CONFIG, _rx(r"Read-only file system|Errno 30\b|\bEROFS\b")),
+    Rule("fabric", F.NETWORK, _rx(
+        r"NET/IB|NET/Socket|NCCL WARN NET|ibv_poll_cq|IBV_WC_\w+|completion[^\n]*status=\d+|"
+        r"retry count(er)? exceeded|RETRY_EXC|UCX\s+ERROR|\bmlx5_?\d*\b[^\n]*(error|fail)|"
+        r"ncclRemoteError|ncclSystemError|remote process exited or there was a network error|"
+        r"NCCL error[^\n]*(unhandled system error|remote error|network)|port state DOWN|"
+        r"link (is )?down|Link flap")),
+    Rule("service_down", F.EXTERNAL_SERVICE, _rx(
+        r"429 Too Many Requests|50[234] (Server Error|Bad Gateway|Service Unavailable|"
+        r"Gateway Time-?out)|rate limit exceeded|ReadTimeout|ConnectTimeout")),
+    # Unreachable service: its outage, or the job's own offline/proxy settings.
+    Rule("external", F.EXTERNAL_SERVICE, _rx(
+        r"huggingface\.co|HfHubHTTPError|Max retries exceeded with url|HTTPSConnectionPool|"
+        r"requests\.exceptions|urllib3\.exceptions|api\.wandb\.ai|wandb: ERROR|"
+        r"Temporary failure in name resolution|\bHTTPError\b|raise_for_status"),
+        side=Side.UNKNOWN),
+    # A rendezvous on a loopback address across nodes: the hostname resolves to 127.x.
+    Rule("loopback", F.BAD_CONFIG, _rx(
+        r"(connect|Connection)[^\n]*\[?127\.\d+\.\d+\.\d+\]?[^\n]*(refused|timed out)"),
+        side=Side.UNKNOWN),
+    Rule("hang", F.JOB_HANG, _rx(
+        r"Watchdog caught collective operation timeout|collective operation timeout|"
+        r"NCCL watchdog|ProcessGroupNCCL[^\n]*Timeout|Timed out waiting|"
+        r"DistStoreError[^\n]*[Tt]ime|heartbeat monitor|hang detected|\bdeadlock")),
+    Rule("peer_gone", F.NETWORK, _rx(
+        r"Connection (closed|reset) by (remote )?peer|Broken pipe|remote process exited|"
+        r"Connection refused|Gloo connectFullMesh failed"), secondary=True),
+    Rule("socket", F.NETWORK, _rx(
+        r"Socket Timeout|Network is unreachable|No route to host|Connection timed out|"
+        r"Software caused connection abort|"
+        r"ProcessGroupGloo[^\n]*timed out|c10d[^\n]*(socket|connect)[^\n]*(fail|error)")),
+    Rule("nan", F.NAN, _rx(
+        r"FloatingPointError|Loss became infinite or NaN|diverged|non-finite (loss|grad)|"
+        r"\bloss\b[^\n]{0,20}\b(nan|inf)\b|NaN or Inf|Inf/NaN|nan loss|Detected NaN|"
+        r"grad[_ ]norm[^\n]{0,20}\b(nan|inf)\b|returned nan values")),
+    Rule("oom_killer", F.CPU_OOM, _rx(
+        r"Out of memory: Kill(ed)? process|invoked oom-killer|oom-kill|oom_kill_process|"
+        r"Memory cgroup out of memory|MemoryError|std::bad_alloc|Cannot allocate memory|"
+        r"Errno 12\b|\bENOMEM\b|DataLoader worker \(pid \S+\) is killed by signal: Killed|"
+        r"exceeded memory limit|Unable to allocate [\d.]+ [KMGT]i?B")),
+    Rule("cpu_overload", F.CPU_OVERLOAD, _rx(
+        r"can't start new thread|pthread_create failed|Resource temporarily unavailable|"
+        r"fork: retry")),
+    # A kernel stack trace with no panic, OOM or I/O line to explain it.
+    Rule("kernel_trace", F.KERNEL_PANIC, _rx(
+        r"Call Trace:|RIP: 00\d\d:|^\s*(\[\s*\d+\.\d+\]\s*)?\w+\+0x[0-9a-f]+/0x[0-9a-f]+",
+        re.I | re.M)),
+    Rule("cuda", F.CUDA_ERROR, _rx(
+        r"CUDA error|CUDA_ERROR_\w+|cudaError\w+|cuda runtime error \(\d+\)|"
+        r"illegal memory access|illegal instruction was encountered|unspecified launch "
+        r"failure|CUBLAS_STATUS_(EXECUTION_FAILED|INTERNAL_ERROR)|CUDNN_STATUS_"
+        r"(EXECUTION_FAILED|INTERNAL_ERROR|MAPPING_ERROR)|ncclUnhandledCudaError|"
+        r"unhandled cuda error|no CUDA-capable device|all CUDA-capable devices are busy")),
+    Rule("signal", F.WORKER_SIGNAL, _rx(
+        r"is killed by signal|Segmentation fault|SIGSEGV|SIGBUS|Bus error|core dumped|"
+        r"Fatal Python error|^\s*\**Killed\**\s*$|Signal \d+ \(SIG\w+\) received|"
+        r"received signal SIG\w+|exitcode\s*:\s*-\d+", re.I | re.M)),
+    # torchrun's summary of a worker that exited non-zero (its traceback elsewhere).
+    Rule("torchrun_child", F.USER_EXCEPTION, _rx(
+        r"ChildFailedError|exitcode\s*:\s*[1-9]\d*\b|elastic/errors\.html"),
+        side=Side.UNKNOWN),
 )
-_PEER_GONE = re.compile(r"Connection (closed|reset) by peer|Broken pipe|remote process exited|"
-                        r"Connection refused|Gloo connectFullMesh failed", re.I)
-_EXC_LINE = re.compile(r"^(?P<name>[A-Za-z_][\w.]*(Error|Exception|Interrupt)|"
+
+_XID = _rx(r"\bXid\b\s*(?:\([^)]*\))?\s*[:,]?\s*(?:error\s*)?(\d+)")
+_EXC_LINE = re.compile(r"^(?P<name>[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|"
                        + "|".join(_USER_EXC) + r")(: (?P<msg>.*))?$")
-# torch.distributed prefixes a worker's traceback lines with "[rankN]: ".
-_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+# Launcher prefixes in front of a worker's own lines: torchrun's "[rank3]:" and
+# "[default0]:", "[stderr]", srun -l's "3: ", mpirun's "[1,3]<stderr>:".
+_PREFIX = re.compile(r"^(\s*(\[rank\d+\]:|\[default\d+\]:|\[std(err|out)\]|\d+: |"
+                     r"\[\d+,\d+\]<std(err|out)>:))+\s?")
+_FRAME = re.compile(r'^\s*File "?(?P<file>[^",]+)"?, line (?P<line>\d+), in (?P<func>\S+)')
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything known about one failed worker.
+
+    task_exit: the worker's ``slurm_robust.task_exit`` record (written by slurmstepd as
+    root); it wins over the exit status the job itself saw. kernel_log: the node's kernel
+    messages around the failure (dmesg/kmsg text lines). nvml: GPU probe readings by
+    probe name (``xid_events``, ``ecc_uncorrectable``, ``gpu_count``, ``remap``; see
+    slurm_robust.health.probes), as :func:`nvml_evidence` reads them.
+    """
+
+    exit_code: int | None = None
+    signal: int | None = None
+    log_tail: str = ""
+    task_exit: Mapping[str, Any] | None = None
+    kernel_log: Sequence[str] = ()
+    nvml: Mapping[str, Any] = field(default_factory=dict)
+    expected_gpus: int | None = None
 
 
 @dataclass(frozen=True)
 class Classification:
-    """What a failed worker's status and log say."""
+    """What a failed worker's evidence says."""
 
     cls: str
     category: str
@@ -76,46 +255,105 @@ class Classification:
     signature: str | None = None
     line: str = ""
     evidence: dict[str, Any] = field(default_factory=dict)
+    side: str = Side.UNKNOWN.value
+    action: str = Action.REATTEMPT.value
+    source: str = "exit"  # which evidence decided: sentinel, nvml, kernel, log, exit
+
+    @property
+    def evicts(self) -> bool:
+        """The node is blamed at once (only ever for an infrastructure-side decision)."""
+        return self.action == Action.EVICT.value
 
 
 def classify_failure(exit_code: int | None, sig: int | None, log_tail: str) -> Classification:
     """Classify a worker that exited with ``exit_code`` or was killed by ``sig``."""
-    evidence: dict[str, Any] = {"exit_code": exit_code, "signal": sig}
+    return classify(Evidence(exit_code=exit_code, signal=sig, log_tail=log_tail))
+
+
+def classify(ev: Evidence) -> Classification:
+    """Classify from all the evidence (see the module docstring for the order)."""
+    code, sig = _exit_status(ev)
+    evidence: dict[str, Any] = {"exit_code": code, "signal": sig}
     if sig is not None:
         evidence["signal_name"] = _signame(sig)
-    if exit_code == EXIT_NONFINITE:
-        return Classification("nan", "implicit", evidence=evidence, line=_last_line(log_tail),
-                              signature="nan")
-    if exit_code == EXIT_SPIKE:
-        return Classification("loss_spike", "implicit", evidence=evidence,
-                              line=_last_line(log_tail), signature="loss_spike")
-    if sig == signal.SIGKILL and _oom_killed(log_tail):
-        return Classification("cpu_oom", "explicit", evidence=evidence, line="killed (oom)")
-    exc = last_exception(log_tail)
-    for cls, pattern in _PATTERNS:
-        match = _search_tail(pattern, log_tail)
-        if match is not None:
-            secondary = cls == "network_error" and _PEER_GONE.search(match) is not None
-            evidence["log_line"] = match
-            return Classification(cls, CATEGORY[cls], secondary=secondary, line=match,
-                                  evidence=evidence,
-                                  signature=f"{cls}:{exc[0]}" if exc else cls)
-    if exc is not None and exc[0].split(".")[-1] in _USER_EXC:
+    if ev.task_exit is not None:
+        evidence["task_exit"] = {k: ev.task_exit.get(k) for k in
+                                 ("node", "job_id", "step_id", "task_id", "wait_status")}
+    log = _normalise(ev.log_tail)
+    last = _last_line(log)
+    if code == EXIT_NONFINITE:
+        return _make(F.NAN, evidence, last, "sentinel", signature="nan")
+    if code == EXIT_SPIKE:
+        return _make(F.LOSS_SPIKE, evidence, last, "sentinel", signature="loss_spike")
+    hw = _nvml_verdict(ev, evidence)
+    if hw is not None:
+        return _make(hw[0], evidence, hw[1], "nvml", signature=hw[0].value)
+    kernel = "\n".join(ev.kernel_log)
+    found = _xid_verdict(kernel, evidence) if kernel else None
+    if found is not None and found[0] in (F.GPU_MEMORY_ERROR, F.GPU_UNAVAILABLE):
+        return _make(found[0], evidence, found[1], "kernel", signature=found[0].value)
+    if kernel:
+        for rule in LOG_RULES:
+            if rule.cls not in (F.KERNEL_PANIC, F.DISK_FAULT, F.GPU_UNAVAILABLE,
+                                F.CPU_OOM):
+                continue
+            line = _search(rule.pattern, kernel)
+            if line is None:
+                continue
+            # The OOM killer names the victim by signal: only a SIGKILLed worker was it.
+            if rule.cls is F.CPU_OOM and sig != signal.SIGKILL:
+                evidence["kernel_oom"] = line
+                continue
+            evidence["kernel_line"] = line
+            return _make(rule.cls, evidence, line, "kernel", signature=rule.cls.value)
+    found = _xid_verdict(log, evidence)
+    if found is not None and found[0] in (F.GPU_MEMORY_ERROR, F.GPU_UNAVAILABLE):
+        return _make(found[0], evidence, found[1], "log", signature=found[0].value)
+    exc = last_exception(log)
+    for rule in LOG_RULES:
+        if found is not None and rule.cls is F.CUDA_ERROR:
+            break  # an application Xid names the CUDA error more precisely
+        line = _search(rule.pattern, log)
+        if line is None:
+            continue
+        evidence["log_line"] = line
+        sig_part = f"{rule.cls.value}:{exc[0]}" if exc else rule.cls.value
+        return _make(rule.cls, evidence, line, "log", side=rule.side,
+                     secondary=rule.secondary, signature=sig_part)
+    if found is not None:
+        # Xid 13/31/43/45 are usually the application's doing, but a failing GPU can raise
+        # them too: user side only once diagnosis has passed the node. Other Xids outside
+        # the hardware list are CUDA errors of unknown side.
+        return _make(found[0], evidence, found[1], "log", side=Side.UNKNOWN,
+                     signature=f"{found[0].value}:xid")
+    if exc is not None:
         name, msg, where = exc
         evidence.update(exception=name, message=msg[:300], where=where)
-        return Classification("user_code", "explicit", line=f"{name}: {msg}"[:300],
-                              evidence=evidence, signature=f"{name}@{where}")
-    line = f"{exc[0]}: {exc[1]}"[:300] if exc else _last_line(log_tail)
-    if exc:
-        evidence.update(exception=exc[0], message=exc[1][:300], where=exc[2])
-    return Classification("worker_crash", "explicit", line=line, evidence=evidence,
-                          signature=f"worker_crash:{exc[0]}@{exc[2]}" if exc else None)
+        short = name.split(".")[-1]
+        if short in ("KeyboardInterrupt", "SystemExit"):
+            return _make(F.WORKER_SIGNAL, evidence, f"{name}: {msg}"[:300], "log",
+                         signature=f"{name}@{where}")
+        side = Side.USER if short in _USER_EXC else Side.UNKNOWN
+        return _make(F.USER_EXCEPTION, evidence, f"{name}: {msg}"[:300], "log", side=side,
+                     signature=f"{name}@{where}")
+    return _make(F.WORKER_SIGNAL, evidence, last, "exit",
+                 signature=f"worker_signal:{evidence.get('signal_name', code)}")
+
+
+def nvml_evidence(view: Any) -> dict[str, Any]:
+    """Read the GPU probes the classifier uses through a health ProbeView
+    (``Probes(...).view()``); {} on a node without NVML (nothing injected)."""
+    from slurm_robust.health.probes import NoNVMLError
+    try:
+        return dict(view.gpu("xid_events", "ecc_uncorrectable", "gpu_count", "remap"))
+    except NoNVMLError:
+        return {}
 
 
 def last_exception(log_tail: str) -> tuple[str, str, str] | None:
     """(exception name, message, "file:line" of the innermost frame) of the last
     traceback in the tail, or None."""
-    lines = [_RANK_PREFIX.sub("", line) for line in log_tail.splitlines()]
+    lines = [_PREFIX.sub("", line) for line in log_tail.splitlines()]
     for i in range(len(lines) - 1, -1, -1):
         match = _EXC_LINE.match(lines[i].strip())
         if match is None:
@@ -126,21 +364,94 @@ def last_exception(log_tail: str) -> tuple[str, str, str] | None:
             if frame:
                 where = f"{frame['file'].rsplit('/', 1)[-1]}:{frame['line']}"
                 break
-        if not where and "Traceback" not in log_tail:
+        # A bare exception line counts only for the builtin user exceptions (a quoted
+        # "SomethingError: ..." in a message is not a raised exception).
+        if not where and "Traceback" not in log_tail and match["name"] not in _USER_EXC:
             continue
         return match["name"], match["msg"] or "", where
     return None
 
 
-def _search_tail(pattern: re.Pattern[str], text: str) -> str | None:
-    for line in reversed(text.splitlines()):
-        if pattern.search(line):
-            return line.strip()[:300]
+def _make(cls: FailureClass, evidence: dict[str, Any], line: str, source: str,
+          side: Side | None = None, secondary: bool = False,
+          signature: str | None = None) -> Classification:
+    row = ROWS[cls]
+    side = side or row.side
+    action = row.action
+    # Eviction needs infrastructure-side evidence; anything less goes to diagnosis.
+    if action is Action.EVICT and side is not Side.INFRASTRUCTURE:
+        action = Action.DIAGNOSE
+    return Classification(cls.value, row.category.value, secondary=secondary,
+                          signature=signature, line=line[:300], evidence=evidence,
+                          side=side.value, action=action.value, source=source)
+
+
+def _exit_status(ev: Evidence) -> tuple[int | None, int | None]:
+    if ev.task_exit is not None:  # written by root: it wins over what the job saw
+        return ev.task_exit.get("exit_code"), ev.task_exit.get("signal")
+    code, sig = ev.exit_code, ev.signal
+    if sig is None and code is not None and 128 < code < 160:  # a shell's 128+N
+        return code, code - 128
+    return code, sig
+
+
+def _nvml_verdict(ev: Evidence, evidence: dict[str, Any]) -> tuple[FailureClass, str] | None:
+    nv = ev.nvml or {}
+    ecc = [int(n) for n in (nv.get("ecc_uncorrectable") or []) if n]
+    if ecc:
+        evidence["nvml"] = {"ecc_uncorrectable": nv.get("ecc_uncorrectable")}
+        return F.GPU_MEMORY_ERROR, f"NVML: {sum(ecc)} uncorrectable ECC error(s)"
+    for gpu, r in enumerate(nv.get("remap") or []):
+        if r and r.get("failure"):
+            evidence["nvml"] = {"remap": nv.get("remap")}
+            return F.GPU_MEMORY_ERROR, f"NVML: row-remap failure on GPU {gpu}"
+    xids = [int(e["xid"]) for e in (nv.get("xid_events") or [])]
+    hard = [x for x in xids if x in XID_MEMORY or x in XID_UNAVAILABLE]
+    if xids:
+        evidence["xids"] = xids
+    if hard:
+        cls = F.GPU_MEMORY_ERROR if hard[0] in XID_MEMORY else F.GPU_UNAVAILABLE
+        return cls, f"NVML: Xid {hard[0]}"
+    count, expected = nv.get("gpu_count"), ev.expected_gpus
+    if count is not None and expected is not None and int(count) < expected:
+        evidence["nvml"] = {"gpu_count": count, "expected": expected}
+        return F.GPU_UNAVAILABLE, f"NVML: {count} GPUs, expected {expected}"
     return None
 
 
-def _oom_killed(text: str) -> bool:
-    return re.search(r"Out of memory: Killed process|oom-kill", text) is not None
+def _xid_verdict(text: str, evidence: dict[str, Any]) -> tuple[FailureClass, str] | None:
+    """The first hardware Xid in ``text`` (else an application one) and its line."""
+    app = None
+    for line in text.splitlines():
+        for m in _XID.finditer(line):
+            xid = int(m.group(1))
+            evidence.setdefault("xids", [])
+            if xid not in evidence["xids"]:
+                evidence["xids"].append(xid)
+            if xid in XID_MEMORY:
+                return F.GPU_MEMORY_ERROR, line.strip()
+            if xid in XID_UNAVAILABLE:
+                return F.GPU_UNAVAILABLE, line.strip()
+            if app is None:
+                app = (F.USER_CUDA_FAULT if xid in XID_APPLICATION else F.CUDA_ERROR,
+                       line.strip())
+    return app
+
+
+def _normalise(text: str) -> str:
+    return "\n".join(_PREFIX.sub("", line) for line in text.splitlines())
+
+
+def _search(pattern: re.Pattern[str], text: str) -> str | None:
+    """The last line the pattern matches (the newest is nearest the failure)."""
+    found = None
+    for m in pattern.finditer(text):
+        found = m
+    if found is None:
+        return None
+    start = text.rfind("\n", 0, found.start()) + 1
+    end = text.find("\n", found.end())
+    return text[start:end if end >= 0 else len(text)].strip()[:300]
 
 
 def _last_line(text: str) -> str:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from slurm_robust.launcher.classify import NODE_CLASSES
+from slurm_robust.taxonomy import stops_on_repeat
 
 RUNGS = ("in_place", "spare", "requeue", "stop")
 #: Step values needed before the spike test applies (early losses fall fast).
@@ -29,7 +30,7 @@ SPIKE_MIN_HISTORY = 8
 WINDOW = 32
 #: Classes that blame every node they name at once: node faults, and fail-slow (the
 #: vote over several rounds already is the repeated evidence).
-EVICTING_CLASSES = NODE_CLASSES | {"fail_slow"}
+EVICTING_CLASSES = NODE_CLASSES | {"fail_slow", "mfu_decline"}
 
 
 def median(values: Sequence[float]) -> float | None:
@@ -108,7 +109,7 @@ class Decision:
 
 def decide(x: LadderInput) -> Decision:
     """Choose the ladder rung for one incident."""
-    if x.cls == "user_code" and x.signature is not None and x.signature_seen >= 1:
+    if stops_on_repeat(x.cls) and x.signature is not None and x.signature_seen >= 1:
         return Decision("stop", f"the same user-code error ({x.signature}) came back after "
                                 "a clean restart; fix the training code and resubmit")
     if x.cls in ("nan", "loss_spike") and x.signature_seen >= 2 and x.no_progress >= 2:

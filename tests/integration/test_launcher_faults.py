@@ -174,7 +174,7 @@ def test_kill_worker_restarts_in_place(runs, baseline_sha):
     injected = run.inject("kill-worker", "--rank", str(NODES - 1))
     end = run.wait_end()
     inc = the_incident(run)
-    assert (inc["class"], inc["rung"]) == ("worker_crash", "in_place")
+    assert (inc["class"], inc["rung"]) == ("worker_signal", "in_place")
     assert inc["ranks"] == [NODES - 1] and inc["restore_tier"] == "memory"
     assert inc["steps_lost"] <= 1
     assert recovery_s(inc, injected) < 10.0, inc
@@ -304,7 +304,7 @@ def test_type_error_stops_after_one_retry(runs):
     assert end["status"] == "stopped" and "TypeError" in end["verdict"]
     incidents = run.events("incident")
     assert [i["rung"] for i in incidents] == ["in_place", "stop"]
-    assert {i["class"] for i in incidents} == {"user_code"}
+    assert {i["class"] for i in incidents} == {"user_exception"}
     assert incidents[0]["evidence"]["exception"] == "TypeError"
 
 
@@ -328,7 +328,7 @@ def test_unprivileged_user_kill_worker(runs, baseline_sha, minicluster):
     run.inject("kill-worker", "--rank", str(NODES - 1))
     end = run.wait_end()
     inc = the_incident(run)
-    assert (inc["class"], inc["rung"]) == ("worker_crash", "in_place")
+    assert (inc["class"], inc["rung"]) == ("worker_signal", "in_place")
     assert end["status"] == "completed" and end["params_sha256"] == baseline_sha
     assert Path(run.run_dir, "events.jsonl").stat().st_uid == \
         pwd.getpwnam(minicluster.cfg.user).pw_uid

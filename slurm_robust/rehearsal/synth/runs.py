@@ -23,7 +23,7 @@ from typing import Any
 
 from slurm_robust import records as rec
 from slurm_robust.analysis.loaders import EVENTS_FILE, VERDICTS_FILE
-from slurm_robust.analysis.taxonomy import CLASS_CATEGORY, RUNGS
+from slurm_robust.analysis.taxonomy import CLASS_CATEGORY, RUNGS, read_class
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,10 @@ class Fault:
     nodes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.cls not in CLASS_CATEGORY:
-            raise ValueError(f"unknown incident class {self.cls!r}")
+        cls, why = read_class(self.cls)
+        if cls is None:
+            raise ValueError(f"{why}; valid: {', '.join(CLASS_CATEGORY)}")
+        object.__setattr__(self, "cls", cls)  # legacy names become their class
         if self.rung not in RUNGS:
             raise ValueError(f"unknown rung {self.rung!r}; expected one of {RUNGS}")
         if self.restore_back < 0 or self.into_step_s < 0 or self.detect_s < 0:

@@ -65,7 +65,8 @@ def test_report_reads_the_launcher_writer(tmp_path: Path, capsys):
     head = json.loads(capsys.readouterr().out)
     assert head["unread"]["total"] == 0, head["unread"]
     assert head["incidents"] == 3
-    assert head["by_class"] == {"hang": 1, "node_lost": 1, "worker_crash": 1}
+    # legacy names (hang, worker_crash) are read as their taxonomy classes
+    assert head["by_class"] == {"job_hang": 1, "node_lost": 1, "worker_signal": 1}
     assert head["by_rung"] == {"in_place": 1, "spare": 1, "requeue": 1, "stop": 0}
     assert head["steps_redone"] == 1 + 0 + 1  # steps 4, then 11
     assert head["mean_time_to_detect_s"] == pytest.approx(2.0)

@@ -30,7 +30,7 @@ def test_run_dir_loads_with_explicit_dtypes(tmp_path: Path):
     assert str(log.steps["time"].dtype) == "float64"
     assert str(log.steps["rank"].dtype) == "Int64"
     assert str(log.incidents["class"].dtype) == "category"
-    assert "hang" in log.incidents["class"].cat.categories  # the whole taxonomy
+    assert "job_hang" in log.incidents["class"].cat.categories  # the whole taxonomy
     assert list(log.incidents["nodes"]) == [["n1"]]
     assert len(log.steps) == 6 and len(log.attempts) == 2 and len(log.ends) == 1
 
@@ -84,7 +84,7 @@ def test_health_journals_from_a_directory_and_verdicts(tmp_path: Path):
     write_run_dir(tmp_path / "r", run)
     verdicts = load_verdicts([tmp_path / "r"], issues)
     assert list(verdicts["node"].astype(str)) == ["n1", "n2"]
-    assert set(verdicts["class"].astype(str)) == {"oom"}
+    assert set(verdicts["class"].astype(str)) == {"gpu_oom"}  # legacy "oom"
 
 
 def test_non_finite_losses_spelled_as_strings_are_read_as_floats(tmp_path: Path):

@@ -136,7 +136,7 @@ def test_killed_worker_restarts_in_place(run):
     result = finish(parts)
     assert result["status"] == "completed"
     [inc] = [e for e in events(cfg) if e["event"] == "incident"]
-    assert inc["class"] == "worker_crash" and inc["rung"] == "in_place"
+    assert inc["class"] == "worker_signal" and inc["rung"] == "in_place"
     assert inc["ranks"] == [1] and inc["nodes"] == ["n2"]
     assert inc["recovered_at"] > inc["detected_at"] >= inc["fault_time"]
     assert inc["evidence"]["signal_name"] == "SIGKILL"
@@ -151,7 +151,7 @@ def test_same_type_error_after_restart_stops_with_verdict(run):
     assert "TypeError" in result["verdict"]
     incs = [e for e in events(cfg) if e["event"] == "incident"]
     assert [i["rung"] for i in incs] == ["in_place", "stop"]
-    assert all(i["class"] == "user_code" for i in incs)
+    assert all(i["class"] == "user_exception" for i in incs)
     end = events(cfg)[-1]
     assert end["event"] == "run_end" and end["status"] == "stopped"
     assert "TypeError" in end["verdict"]

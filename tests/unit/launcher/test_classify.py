@@ -19,25 +19,25 @@ def test_user_exceptions_are_user_code_with_a_stable_signature():
     for exc in ("TypeError: unsupported operand", "IndexError: list index out of range",
                 "KeyError: 'lr'"):
         c = classify_failure(1, None, "step 3\n" + tb(exc))
-        assert c.cls == "user_code" and c.category == "explicit"
+        assert c.cls == "user_exception" and c.category == "explicit"
         assert c.signature == f"{exc.split(':')[0]}@train.py:42"
 
 
 def test_torch_rank_prefix_is_understood():
     c = classify_failure(1, None, tb("TypeError: bad", prefix="[rank3]: "))
-    assert c.cls == "user_code" and c.signature == "TypeError@train.py:42"
+    assert c.cls == "user_exception" and c.signature == "TypeError@train.py:42"
 
 
 def test_hardware_lines_win_over_the_traceback():
     log = "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus\n" + \
         tb("RuntimeError: CUDA error: unspecified launch failure")
-    assert classify_failure(1, None, log).cls == "gpu_memory_error"
+    assert classify_failure(1, None, log).cls == "gpu_unavailable"
     assert classify_failure(1, None, tb("RuntimeError: CUDA error: an illegal memory "
                                         "access was encountered")).cls == "cuda_error"
     assert classify_failure(1, None, tb("torch.OutOfMemoryError: CUDA out of memory. "
-                                        "Tried to allocate 2 GiB")).cls == "oom"
-    assert classify_failure(1, None, "ncclInternalError: internal check failed").cls == \
-        "nccl_error"
+                                        "Tried to allocate 2 GiB")).cls == "gpu_oom"
+    assert classify_failure(1, None, "NCCL WARN NET/IB : Got completion from peer 10.0.0.2 "
+                                     "with status=12 opcode=1").cls == "network"
     assert classify_failure(1, None, "uncorrectable ECC error encountered").cls == \
         "gpu_memory_error"
 
@@ -45,12 +45,12 @@ def test_hardware_lines_win_over_the_traceback():
 def test_peer_disconnect_is_secondary_network_error():
     c = classify_failure(1, None, tb("RuntimeError: [../gloo/transport/tcp/pair.cc:534] "
                                      "Connection closed by peer [127.0.0.1]:4242"))
-    assert c.cls == "network_error" and c.secondary
+    assert c.cls == "network" and c.secondary
 
 
-def test_signal_kill_is_worker_crash_and_nonfinite_exit_is_nan():
+def test_signal_kill_is_worker_signal_and_nonfinite_exit_is_nan():
     c = classify_failure(None, signal.SIGKILL, "step 10\n")
-    assert c.cls == "worker_crash" and c.evidence["signal_name"] == "SIGKILL"
+    assert c.cls == "worker_signal" and c.evidence["signal_name"] == "SIGKILL"
     assert classify_failure(EXIT_NONFINITE, None, "").cls == "nan"
     assert classify_failure(None, signal.SIGKILL, "Out of memory: Killed process 12").cls == \
         "cpu_oom"

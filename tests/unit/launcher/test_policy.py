@@ -18,7 +18,7 @@ from slurm_robust.launcher.policy import (
 
 
 def ladder(**kw) -> LadderInput:
-    base = dict(cls="worker_crash", blamed=(), controller_node="node1", spares_left=1,
+    base = dict(cls="worker_signal", blamed=(), controller_node="node1", spares_left=1,
                 restarts=0, max_restarts=10, signature=None, signature_seen=0, no_progress=0,
                 max_no_progress=3)
     base.update(kw)
@@ -72,8 +72,8 @@ def test_controller_node_blamed_requeues_even_with_spares():
 
 
 def test_same_user_error_after_restart_stops_with_verdict():
-    first = decide(ladder(cls="user_code", signature="TypeError@t.py:3", signature_seen=0))
-    again = decide(ladder(cls="user_code", signature="TypeError@t.py:3", signature_seen=1))
+    first = decide(ladder(cls="user_exception", signature="TypeError@t.py:3", signature_seen=0))
+    again = decide(ladder(cls="user_exception", signature="TypeError@t.py:3", signature_seen=1))
     assert first.rung == "in_place"
     assert again.rung == "stop" and "TypeError@t.py:3" in again.reason
 
@@ -85,9 +85,11 @@ def test_no_progress_and_budget_stop():
 
 
 def test_blamed_nodes_by_class_or_repeat_count():
-    assert blamed_nodes("cuda_error", ["n1"], {}, 3) == ("n1",)
-    assert blamed_nodes("worker_crash", ["n1"], {"n1": 2}, 3) == ()
-    assert blamed_nodes("worker_crash", ["n1"], {"n1": 3}, 3) == ("n1",)
+    assert blamed_nodes("gpu_memory_error", ["n1"], {}, 3) == ("n1",)
+    # A CUDA error may be the user's: it goes to diagnosis, it does not evict by itself.
+    assert blamed_nodes("cuda_error", ["n1"], {}, 3) == ()
+    assert blamed_nodes("worker_signal", ["n1"], {"n1": 2}, 3) == ()
+    assert blamed_nodes("worker_signal", ["n1"], {"n1": 3}, 3) == ("n1",)
 
 
 def test_assign_slots_keeps_surviving_nodes_in_place():
