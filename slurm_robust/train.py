@@ -57,7 +57,7 @@ from datetime import timedelta
 from typing import Any
 
 from slurm_robust.launcher.classify import EXIT_NONFINITE, EXIT_SPIKE
-from slurm_robust.launcher.policy import step_anomaly
+from slurm_robust.launcher.control.policy import step_anomaly
 
 POISON_SIGNAL = signal.SIGUSR1
 
@@ -282,7 +282,7 @@ def params_digest(model: Any) -> str:
 
 
 def _standalone_run_end(path: str, job_id: str, sha: str | None, step: Any) -> None:
-    from slurm_robust.launcher.events import EventLog
+    from slurm_robust.launcher.control.events import EventLog
 
     EventLog(path, run_id=f"standalone-{job_id}", job_id=None).run_end(
         "completed", step if isinstance(step, int) else None, sha, None)

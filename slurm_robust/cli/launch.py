@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from slurm_robust.launcher.options import add_robust_options, build_config
+from slurm_robust.launcher.submit.options import add_robust_options, build_config
 
 HELP = "inside an sbatch script: run the robust agents on this allocation (N + spares nodes)"
 
@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from slurm_robust.errors import UsageError
     from slurm_robust.launcher.config import env_defaults
-    from slurm_robust.launcher.launch import allocation_nodes, default_run_dir, launch
+    from slurm_robust.launcher.submit.launch import allocation_nodes, default_run_dir, launch
 
     job_id, total = allocation_nodes()
     spares = args.spares if args.spares is not None else env_defaults().get("spares", 0)

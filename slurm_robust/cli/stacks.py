@@ -80,7 +80,7 @@ def _capture(args: argparse.Namespace) -> int:
         if run_dir is None:
             if not args.job:
                 raise UsageError("stacks capture needs --job J, --run-dir D or --pids")
-            from slurm_robust.launcher.status import resolve_run_dir
+            from slurm_robust.launcher.submit.status import resolve_run_dir
 
             run_dir = resolve_run_dir(str(args.job))
         options = CaptureOptions(method=args.method, native=args.native,

@@ -14,7 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from slurm_robust.launcher.status import format_status, run_status
+    from slurm_robust.launcher.submit.status import format_status, run_status
 
     status = run_status(args.target)
     print(json.dumps(status, indent=2) if args.json else format_status(status))

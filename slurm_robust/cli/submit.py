@@ -5,7 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from slurm_robust.launcher.options import add_robust_options, build_config, parse_time_minutes
+from slurm_robust.launcher.submit.options import (
+    add_robust_options,
+    build_config,
+    parse_time_minutes,
+)
 
 HELP = "submit a robust training run: one agent per node, spares, recovery ladder"
 
@@ -25,8 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from slurm_robust.launcher.executor import SlurmOptions, submit_run
-    from slurm_robust.launcher.status import format_status, run_status
+    from slurm_robust.launcher.submit.executor import SlurmOptions, submit_run
+    from slurm_robust.launcher.submit.status import format_status, run_status
 
     cfg = build_config(args, args.nodes, args.gpus_per_node)
     slurm = SlurmOptions(partition=args.partition, time_min=parse_time_minutes(args.time),

@@ -1,8 +1,8 @@
 """The robust launcher: submitit wrapper, per-node agents, detection, the recovery ladder.
 
 Entry points
-    ``slurm-robust submit`` (:func:`~slurm_robust.launcher.executor.submit_run`),
-    ``slurm-robust launch`` inside an sbatch script (:mod:`~slurm_robust.launcher.launch`),
+    ``slurm-robust submit`` (:func:`~slurm_robust.launcher.submit.executor.submit_run`),
+    ``slurm-robust launch`` inside an sbatch script (:mod:`~slurm_robust.launcher.submit.launch`),
     the Python executor :class:`RobustExecutor` (submitit-style), ``slurm-robust status``
     and ``slurm-robust inject``. All of them run the same code in the allocation:
     :func:`run_agent`, one Slurm task per node.
@@ -33,11 +33,16 @@ Processes and channels::
   the run completes.
 """
 
-from slurm_robust.launcher.agent import run_agent
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.errors import InjectionError, LauncherError, RunStopped
-from slurm_robust.launcher.executor import RobustExecutor, RobustJob, SlurmOptions, submit_run
-from slurm_robust.launcher.status import run_status
+from slurm_robust.launcher.node.agent import run_agent
+from slurm_robust.launcher.submit.executor import (
+    RobustExecutor,
+    RobustJob,
+    SlurmOptions,
+    submit_run,
+)
+from slurm_robust.launcher.submit.status import run_status
 
 __all__ = [
     "InjectionError", "LauncherError", "RobustExecutor", "RobustJob", "RunConfig",

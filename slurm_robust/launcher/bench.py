@@ -117,7 +117,7 @@ def _plain_run(slurm: Any, cfg: Any, args: argparse.Namespace,
 
 
 def _robust_run(cfg: Any, args: argparse.Namespace, train: list[str]) -> dict[str, Any]:
-    from slurm_robust.launcher.status import run_status
+    from slurm_robust.launcher.submit.status import run_status
     from slurm_robust.records import read_records
 
     run_dir = str(cfg.shared_dir / f"bench-robust-{int(time.time() * 1000)}")

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.paths import RunPaths
-from slurm_robust.launcher.state import load_state
 from slurm_robust.records import read_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -2,7 +2,7 @@
 
 No Slurm and no torch: agents are threads with the identity Slurm would give them, the
 workers are small Python scripts that speak the progress channel (docs in
-slurm_robust/launcher/workers.py) and keep their own "checkpoint" in a file. Faults are
+slurm_robust/launcher/node/workers.py) and keep their own "checkpoint" in a file. Faults are
 real signals on those real processes.
 """
 
@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-from slurm_robust.launcher.agent import Agent, Identity
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.controller import Controller
+from slurm_robust.launcher.control.controller import Controller
+from slurm_robust.launcher.node.agent import Agent, Identity
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.records import read_records
 
@@ -131,7 +131,7 @@ def test_killed_worker_restarts_in_place(run):
     wait_for_step(cfg, 5)
     pid = worker_pid(cfg, 1)
     # The worker runs in a pre-started interpreter (zygote.py), not a fresh exec.
-    assert b"slurm_robust.launcher.zygote" in open(f"/proc/{pid}/cmdline", "rb").read()
+    assert b"slurm_robust.launcher.node.zygote" in open(f"/proc/{pid}/cmdline", "rb").read()
     os.kill(pid, signal.SIGKILL)
     result = finish(parts)
     assert result["status"] == "completed"

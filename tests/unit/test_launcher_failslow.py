@@ -16,10 +16,10 @@ import threading
 import pytest
 
 from slurm_robust.errors import UsageError
-from slurm_robust.launcher import failslow
-from slurm_robust.launcher.agent import Agent, Identity
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.controller import Controller
+from slurm_robust.launcher.control import failslow
+from slurm_robust.launcher.control.controller import Controller
+from slurm_robust.launcher.node.agent import Agent, Identity
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.records import read_records
 

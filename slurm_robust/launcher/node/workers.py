@@ -118,7 +118,7 @@ class ZygotePool:
 
     def __init__(self, command: list[str] | tuple[str, ...], preload: tuple[str, ...],
                  env: Mapping[str, str], size: int) -> None:
-        from slurm_robust.launcher import zygote
+        from slurm_robust.launcher.node import zygote
 
         self.enabled = bool(preload) and zygote.usable(command)
         self.argv = zygote.argv_for(command, preload)

@@ -23,7 +23,7 @@ import math
 from typing import Any
 
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.events import make_incident
+from slurm_robust.launcher.control.events import make_incident
 from slurm_robust.stacks.failslow import FailSlowDecision, FailSlowMonitor
 from slurm_robust.stacks.layout import ParallelLayout
 

@@ -2,7 +2,7 @@
 
 ``submit_run(cfg, slurm)`` is what ``slurm-robust submit`` calls: a submitit
 ``SlurmExecutor`` job of N + k nodes, one task per node, each running
-:func:`slurm_robust.launcher.agent.run_agent`. sbatch gets ``--requeue`` (our own
+:func:`slurm_robust.launcher.node.agent.run_agent`. sbatch gets ``--requeue`` (our own
 ``scontrol requeue`` and Slurm's node-failure requeue re-run the batch script, and
 submitit re-executes the pickled function) and ``--no-kill`` (the allocation survives
 a node loss; the spare takes over). srun gets ``--no-kill`` and
@@ -78,7 +78,7 @@ def submit_run(cfg: RunConfig, slurm: SlurmOptions) -> Any:
     if slurm.mem_gb is not None:
         params["mem"] = f"{int(slurm.mem_gb * 1024)}M"
     ex.update_parameters(**params)
-    from slurm_robust.launcher.agent import run_agent
+    from slurm_robust.launcher.node.agent import run_agent
 
     try:
         return ex.submit(run_agent, cfg)
@@ -130,7 +130,7 @@ class RobustExecutor:
         fn_path.write_bytes(cloudpickle.dumps((fn, args, kwargs)))
         p = self._params
         robust = {k: v for k, v in p.items() if k in _ROBUST_KEYS}
-        cfg = RunConfig(command=(sys.executable, "-m", "slurm_robust.launcher.fnworker",
+        cfg = RunConfig(command=(sys.executable, "-m", "slurm_robust.launcher.node.fnworker",
                                  str(fn_path)), run_dir=str(run_dir), nodes=p["nodes"],
                         **robust)
         slurm = SlurmOptions(partition=p.get("partition"), time_min=int(p["time"]),

@@ -19,13 +19,13 @@ from typing import Any
 
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.events import last_logged_step, make_incident
+from slurm_robust.launcher.control.events import last_logged_step, make_incident
+from slurm_robust.launcher.control.state import load_state, save_state
 from slurm_robust.launcher.paths import RunPaths, load_site
-from slurm_robust.launcher.state import load_state, save_state
 from slurm_robust.records import VERDICT_SCHEMA, VERDICT_VERSION, append_record, make_record
 from slurm_robust.slurm import Slurm, SlurmCommandError
 
-log = logging.getLogger("slurm_robust.launcher.requeue")
+log = logging.getLogger("slurm_robust.launcher.control.requeue")
 
 
 def write_verdict(paths: RunPaths, job_id: str, node: str, reason: str, cls: str,

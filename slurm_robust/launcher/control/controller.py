@@ -3,7 +3,7 @@
 It runs as threads inside agent 0's process: a TCP server (one handler thread per
 agent connection, see protocol.py) and a tick loop. Both work on one state object
 under one lock. The tick loop gathers facts, asks the pure functions of policy.py what
-to do, and applies the answer through :mod:`slurm_robust.launcher.recovery`.
+to do, and applies the answer through :mod:`slurm_robust.launcher.control.recovery`.
 
 The controller is the only writer of the run's event log and of ``state.json``.
 
@@ -22,18 +22,18 @@ import threading
 import time
 from typing import Any
 
-from slurm_robust.launcher import failslow, recovery
-from slurm_robust.launcher.agent import Identity
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.events import EventLog
+from slurm_robust.launcher.control import failslow, recovery
+from slurm_robust.launcher.control.events import EventLog
+from slurm_robust.launcher.control.policy import assign_slots, is_hung
+from slurm_robust.launcher.control.state import load_state, save_state
+from slurm_robust.launcher.node.agent import Identity
 from slurm_robust.launcher.paths import RunPaths
-from slurm_robust.launcher.policy import assign_slots, is_hung
 from slurm_robust.launcher.protocol import Channel, ChannelClosed, host_address
-from slurm_robust.launcher.state import load_state, save_state
 from slurm_robust.records import write_json_atomic
 from slurm_robust.stacks.failslow import FailSlowMonitor
 
-log = logging.getLogger("slurm_robust.launcher.controller")
+log = logging.getLogger("slurm_robust.launcher.control.controller")
 
 TICK_S = 0.05
 #: A closed agent connection not re-opened within this long counts as a lost agent.

@@ -13,23 +13,23 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from slurm_robust.ckpt.config import TIERS
-from slurm_robust.launcher import failslow
-from slurm_robust.launcher.events import make_incident
-from slurm_robust.launcher.policy import (
+from slurm_robust.launcher.control import failslow
+from slurm_robust.launcher.control.events import make_incident
+from slurm_robust.launcher.control.policy import (
     Decision,
     LadderInput,
     blamed_nodes,
     decide,
     rendezvous_port,
 )
-from slurm_robust.launcher.requeue import drain_directly, requeue_job, write_verdict
+from slurm_robust.launcher.control.requeue import drain_directly, requeue_job, write_verdict
 from slurm_robust.slurm import SlurmCommandError
 from slurm_robust.stacks.failslow import FailSlowDecision
 
 if TYPE_CHECKING:
-    from slurm_robust.launcher.controller import Controller, Generation
+    from slurm_robust.launcher.control.controller import Controller, Generation
 
-log = logging.getLogger("slurm_robust.launcher.recovery")
+log = logging.getLogger("slurm_robust.launcher.control.recovery")
 
 #: Wait this long after the first primary failure for the others of the same moment.
 SETTLE_S = 0.3
@@ -39,7 +39,7 @@ CAPTURE_BUDGET_S = 20.0
 
 def begin_generation(ctl: Controller, slots: list[int], now: float) -> None:
     """Start a new generation of workers on ``slots`` (agent indices, one per slot)."""
-    from slurm_robust.launcher.controller import Generation
+    from slurm_robust.launcher.control.controller import Generation
 
     st = ctl.state
     st.attempt += 1

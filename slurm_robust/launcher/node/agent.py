@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_robust.launcher import workers as wk
 from slurm_robust.launcher.classify import classify_failure
 from slurm_robust.launcher.config import RunConfig
+from slurm_robust.launcher.node import workers as wk
 from slurm_robust.launcher.paths import (
     RunPaths,
     load_site,
@@ -41,7 +41,7 @@ from slurm_robust.launcher.paths import (
 from slurm_robust.launcher.protocol import Channel, ChannelClosed, host_address
 from slurm_robust.records import write_json_atomic
 
-log = logging.getLogger("slurm_robust.launcher.agent")
+log = logging.getLogger("slurm_robust.launcher.node.agent")
 
 
 @dataclass(frozen=True)
@@ -264,7 +264,7 @@ class Agent:
 
     def controller_lost(self, why: str, last_ok: float) -> int:
         wk.stop_workers(self.workers, self.cfg.grace_s)
-        from slurm_robust.launcher.requeue import requeue_after_controller_loss
+        from slurm_robust.launcher.control.requeue import requeue_after_controller_loss
 
         info = json.loads(self.paths.controller.read_text()) if \
             self.paths.controller.exists() else {}
@@ -283,7 +283,7 @@ def run_agent(cfg: RunConfig) -> dict[str, Any]:
     ident = Identity.from_env()
     controller = None
     if ident.index == 0:
-        from slurm_robust.launcher.controller import Controller
+        from slurm_robust.launcher.control.controller import Controller
 
         controller = Controller(cfg, ident)
         controller.start()
@@ -300,7 +300,7 @@ def run_agent(cfg: RunConfig) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m slurm_robust.launcher.agent RUN_DIR/config.json`` (used by `launch`)."""
+    """``python -m slurm_robust.launcher.node.agent RUN_DIR/config.json`` (used by `launch`)."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv
