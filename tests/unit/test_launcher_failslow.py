@@ -19,7 +19,8 @@ from slurm_robust.errors import UsageError
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import failslow
 from slurm_robust.launcher.control.controller import Controller
-from slurm_robust.launcher.node.agent import Agent, Identity
+from slurm_robust.launcher.identity import Identity
+from slurm_robust.launcher.node.agent import Agent
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.records import read_records
 

@@ -21,15 +21,19 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
+import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurm_robust.ckpt import CheckpointConfig, purge_job_memory
 from slurm_robust.launcher.classify import classify_failure
 from slurm_robust.launcher.config import RunConfig
+from slurm_robust.launcher.control.controller import Controller
+from slurm_robust.launcher.control.requeue import requeue_after_controller_loss
+from slurm_robust.launcher.errors import RunStopped
+from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.node import workers as wk
 from slurm_robust.launcher.paths import (
     RunPaths,
@@ -40,29 +44,9 @@ from slurm_robust.launcher.paths import (
 )
 from slurm_robust.launcher.protocol import Channel, ChannelClosed, host_address
 from slurm_robust.records import write_json_atomic
+from slurm_robust.stacks.capture import CaptureOptions, capture_local
 
 log = logging.getLogger("slurm_robust.launcher.node.agent")
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Who this agent is, from Slurm's task environment."""
-
-    index: int
-    node: str
-    job_id: str
-    step_key: str
-    restart_count: int
-
-    @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> Identity:
-        e = os.environ if env is None else env
-        job = e.get("SLURM_JOB_ID") or e.get("SLURM_JOBID") or "local"
-        restart = int(e.get("SLURM_RESTART_COUNT") or 0)
-        step = e.get("SLURM_STEP_ID") or e.get("SLURM_STEPID") or "0"
-        return cls(index=int(e.get("SLURM_PROCID") or 0),
-                   node=e.get("SLURMD_NODENAME") or socket.gethostname(),
-                   job_id=job, step_key=f"{job}.{step}.{restart}", restart_count=restart)
 
 
 class Agent:
@@ -232,8 +216,6 @@ class Agent:
                 "peer_slots": self.cfg.peer_slots}
 
     def _capture(self, capture_id: str) -> None:
-        from slurm_robust.stacks.capture import CaptureOptions, capture_local
-
         pids = {w.rank: w.pid for w in self.workers if w.popen.poll() is None}
         summary: dict[str, Any] = {"ranks": sorted(pids), "error": None}
         if pids:
@@ -254,8 +236,6 @@ class Agent:
     # ------------------------------------------------------------------ endings
     def purge(self) -> None:
         """Remove this job's shared-memory snapshots on this node (the run is over)."""
-        from slurm_robust.ckpt import CheckpointConfig, purge_job_memory
-
         try:
             cfg = CheckpointConfig(shm_root=str(node_shm_root(self.site, self.ident.node)))
             purge_job_memory(cfg, self.ident.job_id, self.ident.node)
@@ -264,8 +244,6 @@ class Agent:
 
     def controller_lost(self, why: str, last_ok: float) -> int:
         wk.stop_workers(self.workers, self.cfg.grace_s)
-        from slurm_robust.launcher.control.requeue import requeue_after_controller_loss
-
         info = json.loads(self.paths.controller.read_text()) if \
             self.paths.controller.exists() else {}
         requeue_after_controller_loss(self.cfg, self.ident, info.get("node"), why, last_ok)
@@ -283,8 +261,6 @@ def run_agent(cfg: RunConfig) -> dict[str, Any]:
     ident = Identity.from_env()
     controller = None
     if ident.index == 0:
-        from slurm_robust.launcher.control.controller import Controller
-
         controller = Controller(cfg, ident)
         controller.start()
     code = Agent(cfg, ident).run()
@@ -293,16 +269,12 @@ def run_agent(cfg: RunConfig) -> dict[str, Any]:
         result = controller.join()
         summary.update(result)
         if result.get("status") == "stopped":
-            from slurm_robust.launcher.errors import RunStopped
-
             raise RunStopped(result.get("verdict") or "run stopped", cfg.run_dir)
     return summary
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m slurm_robust.launcher.node.agent RUN_DIR/config.json`` (used by `launch`)."""
-    import sys
-
     args = sys.argv[1:] if argv is None else argv
     cfg = RunConfig.from_dict(json.loads(Path(args[0]).read_text()))
     try:

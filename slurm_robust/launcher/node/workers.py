@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slurm_robust.launcher.node import zygote
+
 TAIL_BYTES = 32768
 
 
@@ -118,8 +120,6 @@ class ZygotePool:
 
     def __init__(self, command: list[str] | tuple[str, ...], preload: tuple[str, ...],
                  env: Mapping[str, str], size: int) -> None:
-        from slurm_robust.launcher.node import zygote
-
         self.enabled = bool(preload) and zygote.usable(command)
         self.argv = zygote.argv_for(command, preload)
         self.env = {**env, "PYTHONUNBUFFERED": "1"}

@@ -31,6 +31,7 @@ from typing import Any
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.errors import LauncherError, RunStopped
+from slurm_robust.launcher.node.agent import run_agent
 from slurm_robust.launcher.paths import RunPaths, site_config_path
 from slurm_robust.records import EVENT_SCHEMA, read_records, write_json_atomic
 
@@ -54,7 +55,7 @@ class SlurmOptions:
 
 def submit_run(cfg: RunConfig, slurm: SlurmOptions) -> Any:
     """Submit the agents of ``cfg`` through submitit; returns the submitit job."""
-    import submitit
+    import submitit  # function-level: heavy, and only the submitting side needs it
 
     paths = RunPaths.of(cfg.run_dir)
     paths.root.mkdir(parents=True, exist_ok=True)
@@ -78,8 +79,6 @@ def submit_run(cfg: RunConfig, slurm: SlurmOptions) -> Any:
     if slurm.mem_gb is not None:
         params["mem"] = f"{int(slurm.mem_gb * 1024)}M"
     ex.update_parameters(**params)
-    from slurm_robust.launcher.node.agent import run_agent
-
     try:
         return ex.submit(run_agent, cfg)
     except Exception as exc:  # submitit raises FailedSubmissionError with sbatch's words
@@ -120,7 +119,7 @@ class RobustExecutor:
 
     def submit(self, fn: Any, *args: Any, **kwargs: Any) -> RobustJob:
         """Run ``fn(*args, **kwargs)`` on every rank; returns the job."""
-        import cloudpickle  # shipped with submitit
+        import cloudpickle  # function-level: shipped with submitit, only the submitter needs it
 
         run_dir = self.folder / time.strftime("%Y%m%d-%H%M%S") if \
             (self.folder / "events.jsonl").exists() else self.folder

@@ -25,6 +25,7 @@ from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.paths import RunPaths, site_config_path
 from slurm_robust.launcher.submit.executor import COMMENT_PREFIX
 from slurm_robust.records import write_json_atomic
+from slurm_robust.slurm import Slurm, SlurmCommandError
 
 
 def allocation_nodes(env: dict[str, str] | None = None) -> tuple[str, int]:
@@ -63,8 +64,6 @@ def launch(cfg: RunConfig, job_id: str) -> int:
 
 def _tag_job(job_id: str, run_dir: str) -> None:
     # The comment lets `inject --job` and `status JOBID` find the run; best effort.
-    from slurm_robust.slurm import Slurm, SlurmCommandError
-
     try:
         Slurm().update_job(job_id, Comment=f"{COMMENT_PREFIX}{run_dir}")
     except SlurmCommandError:

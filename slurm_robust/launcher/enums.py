@@ -1,0 +1,104 @@
+"""The launcher's closed vocabularies, as ``StrEnum`` (a leaf: imports nothing of ours).
+
+Every value is the string that goes on the wire, into ``state.json`` and into the event
+log (docs/SCHEMAS.md), so a member compares equal to the plain string other code and the
+analysis read. The run's phases and their allowed transitions are here too: the recovery
+owner (control/recovery.py) checks every transition against :data:`PHASE_TRANSITIONS`,
+and docs/ARCHITECTURE.md shows the same table (a unit test keeps the two in step).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Phase(StrEnum):
+    """Where the run stands, as the controller's recovery owner sees it."""
+
+    GATHER = "gather"      # waiting for the agents of this allocation
+    RUNNING = "running"    # a generation of workers runs (or is being started)
+    DUMPING = "dumping"    # a hang: stacks are being captured before anything is killed
+    REQUEUED = "requeued"  # Slurm was asked to requeue; waiting for this allocation to end
+    DONE = "done"          # run_end written, every agent told to exit
+
+
+#: Allowed phase transitions (from -> the phases it may go to). ``running -> running`` is
+#: a new generation (in-place or spare restart); DONE is final.
+PHASE_TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    Phase.GATHER: frozenset({Phase.RUNNING, Phase.DONE}),
+    Phase.RUNNING: frozenset({Phase.RUNNING, Phase.DUMPING, Phase.REQUEUED, Phase.DONE}),
+    Phase.DUMPING: frozenset({Phase.RUNNING, Phase.REQUEUED, Phase.DONE}),
+    Phase.REQUEUED: frozenset({Phase.DONE}),
+    Phase.DONE: frozenset(),
+}
+
+
+class PhaseError(RuntimeError):
+    """A phase transition the table does not allow: a bug in the recovery owner."""
+
+
+def check_transition(old: Phase, new: Phase) -> None:
+    """Raise PhaseError unless ``old -> new`` is in :data:`PHASE_TRANSITIONS`."""
+    if new not in PHASE_TRANSITIONS[old]:
+        allowed = sorted(p.value for p in PHASE_TRANSITIONS[old]) or ["nothing (final)"]
+        raise PhaseError(f"phase {old.value} -> {new.value} is not allowed; from "
+                         f"{old.value} only {', '.join(allowed)}")
+
+
+class Role(StrEnum):
+    """What a plan tells an agent to be."""
+
+    NEW = "new"          # an agent before its first plan
+    ACTIVE = "active"    # run workers for the plan's ranks
+    SPARE = "spare"      # parked, ready to take a slot
+    EVICTED = "evicted"  # its node was blamed; idle until the run ends
+    HOLD = "hold"        # a requeue is under way: stop workers, wait
+    EXIT = "exit"        # the run ended: stop workers and exit
+
+
+class Rung(StrEnum):
+    """The recovery ladder's rungs, cheapest first (control/policy.py decides)."""
+
+    IN_PLACE = "in_place"
+    SPARE = "spare"
+    REQUEUE = "requeue"
+    STOP = "stop"
+
+
+class Category(StrEnum):
+    """An incident's category (docs/SCHEMAS.md)."""
+
+    EXPLICIT = "explicit"
+    IMPLICIT = "implicit"
+    MANUAL = "manual"
+
+
+class IncidentClass(StrEnum):
+    """An incident's class; the values are what classify.py, the event log and the
+    analysis use (docs/SCHEMAS.md)."""
+
+    CUDA_ERROR = "cuda_error"
+    NCCL_ERROR = "nccl_error"
+    GPU_MEMORY_ERROR = "gpu_memory_error"
+    OOM = "oom"
+    CPU_OOM = "cpu_oom"
+    NETWORK_ERROR = "network_error"
+    DISK_ERROR = "disk_error"
+    NODE_LOST = "node_lost"
+    WORKER_CRASH = "worker_crash"
+    USER_CODE = "user_code"
+    KERNEL_PANIC = "kernel_panic"
+    HANG = "hang"
+    NAN = "nan"
+    LOSS_SPIKE = "loss_spike"
+    FAIL_SLOW = "fail_slow"
+    CODE_CHANGE = "code_change"
+    ADMIN = "admin"
+
+
+class RunStatus(StrEnum):
+    """How a run ended (``run_end.status``)."""
+
+    COMPLETED = "completed"
+    STOPPED = "stopped"
+    FAILED = "failed"
