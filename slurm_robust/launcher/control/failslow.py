@@ -1,6 +1,7 @@
 """Fail-slow detection in the controller: per-rank busy times in, a node eviction out.
 
-ByteRobust (BYTEROBUST.md section 3) aggregates every 10 s, flags the group with the
+ByteRobust (the paper's fail-slow detection, summarized in docs/ARCHITECTURE.md)
+aggregates every 10 s, flags the group with the
 most slow ranks, and evicts the group flagged most over 5 rounds. The vote itself is
 :mod:`slurm_robust.stacks.failslow`; this module feeds it what the launcher knows.
 
