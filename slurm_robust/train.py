@@ -101,14 +101,7 @@ class RobustRun:
             return 0
         from slurm_robust import ckpt
 
-        spec = json.loads(os.environ.get("SLURM_ROBUST_CKPT") or "{}")
-        cfg = ckpt.CheckpointConfig(
-            shm_root=spec.get("shm_root") or ckpt.CheckpointConfig.shm_root,
-            local_root=spec.get("local_root"), durable_root=spec.get("durable_root"),
-            local_every=int(spec.get("local_every") or 0),
-            durable_every=int(spec.get("durable_every") or 0),
-            peer_backup=bool(spec.get("peer_backup", self.world_size > 1)),
-            peer_slots=int(spec.get("peer_slots") or 1))
+        cfg = ckpt.CheckpointConfig.from_env(peer_backup=self.world_size > 1)
         rank_nodes = json.loads(os.environ.get("SLURM_ROBUST_RANK_NODES") or "null")
         self._mgr = ckpt.CheckpointManager(cfg, self.rank, self.world_size, self.node,
                                            self.job_id, rank_nodes=rank_nodes)

@@ -102,3 +102,12 @@ class RunStatus(StrEnum):
     COMPLETED = "completed"
     STOPPED = "stopped"
     FAILED = "failed"
+
+
+class ProgressKind(StrEnum):
+    """The kinds of line a worker writes to its progress file (slurm_robust.train)."""
+
+    STEP = "step"          # a finished step (loss, grad norm, busy time)
+    RESTORED = "restored"  # what the worker restored at start (step, tier)
+    FINAL = "final"        # the last step and the parameters' digest
+    ANOMALY = "anomaly"    # a NaN or spike, written before the worker exits 87/88

@@ -23,6 +23,7 @@ from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control.recovery import Recovery, SlurmSide
 from slurm_robust.launcher.enums import Phase, Role
 from slurm_robust.launcher.identity import Identity
+from slurm_robust.launcher.messages import BadMessage, Report
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.launcher.protocol import Channel, ChannelClosed, host_address
 from slurm_robust.records import write_json_atomic
@@ -119,13 +120,17 @@ class Controller:
         view: AgentView | None = None
         try:
             while True:
-                msg = chan.recv()
+                report = Report.from_json(chan.recv())
                 with self.lock:
-                    view = self.on_report(msg, time.time())
-                    plan = self.recovery.plan_for(view.index) if view is not None else {}
-                    if plan.get("role") == Role.EXIT and view is not None:
+                    view = self.on_report(report, time.time())
+                    plan = self.recovery.plan_for(view.index) if view is not None else None
+                    if plan is not None and plan.role is Role.EXIT and view is not None:
                         view.exit_sent = True
-                chan.send({"plan": plan})
+                chan.send({"plan": plan.to_json() if plan is not None else {}})
+        except BadMessage as exc:
+            # Refused at the boundary: this connection ends, the run goes on (an agent
+            # that reconnects with good reports is heard again).
+            log.warning("report from %s refused: %s", view.node if view else "an agent", exc)
         except (OSError, ChannelClosed):
             pass
         finally:
@@ -135,22 +140,19 @@ class Controller:
                     view.connected = False
                     view.closed_at = time.time()
 
-    def on_report(self, msg: dict[str, Any], now: float) -> AgentView | None:
+    def on_report(self, report: Report, now: float) -> AgentView | None:
         """Membership from one report; its progress and exits go to recovery."""
-        if msg.get("key") != self.ident.step_key:
-            return None
-        index = int(msg["agent"])
-        view = self.agents.get(index)
+        if report.key != self.ident.step_key:
+            return None  # an agent of an earlier allocation of this job
+        view = self.agents.get(report.agent)
         if view is None:
-            view = AgentView(index, str(msg["node"]), int(msg["pid"]), str(msg.get("addr")),
-                             now)
-            self.agents[index] = view
+            view = AgentView(report.agent, report.node, report.pid, str(report.addr), now)
+            self.agents[report.agent] = view
         view.last_seen, view.connected, view.closed_at = now, True, None
-        view.gen = int(msg.get("gen", -1))
-        view.states = msg.get("states") or {}
-        view.stacks.update(msg.get("stacks") or {})
-        self.recovery.on_report(view, view.gen, msg.get("progress") or [],
-                                msg.get("exits") or [], now)
+        view.gen = report.gen
+        view.states = report.states
+        view.stacks.update(report.stacks)
+        self.recovery.on_report(view, view.gen, report.progress, report.exits, now)
         return view
 
     # ------------------------------------------------------------------ the tick

@@ -23,6 +23,7 @@ culprit was named, recovered when the first step after the restored one finished
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -54,6 +55,7 @@ from slurm_robust.launcher.enums import (
     check_transition,
 )
 from slurm_robust.launcher.identity import Identity
+from slurm_robust.launcher.messages import Plan, Progress, WorkerExit
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.slurm import SlurmCommandError
 from slurm_robust.stacks.analyze import analyze
@@ -136,7 +138,7 @@ class Recovery:
         self.gen_count = 0
         self.spares: list[int] = []
         self.evicted: set[int] = set()
-        self._plans: dict[int, dict[str, Any]] = {}
+        self._plans: dict[int, Plan] = {}
         self.failslow: FailSlowMonitor | None = None  # one per generation
         self.step_times: list[float] = []
         self.last_step_time: float | None = None
@@ -150,9 +152,9 @@ class Recovery:
     def phase(self) -> Phase:
         return self._phase
 
-    def plan_for(self, index: int) -> dict[str, Any]:
-        """The plan to send agent ``index`` (empty: nothing yet)."""
-        return self._plans.get(index, {})
+    def plan_for(self, index: int) -> Plan | None:
+        """The plan to send agent ``index`` (None: nothing yet)."""
+        return self._plans.get(index)
 
     def ranks_of(self, agent_index: int) -> list[int]:
         gen = self.gen
@@ -168,24 +170,24 @@ class Recovery:
         self._phase = new
 
     # ------------------------------------------------------------------ input
-    def on_report(self, member: Member, gen_number: int, progress: Sequence[dict[str, Any]],
-                  exits: Sequence[dict[str, Any]], now: float) -> None:
+    def on_report(self, member: Member, gen_number: int, progress: Sequence[Progress],
+                  exits: Sequence[WorkerExit], now: float) -> None:
         """An agent's report: its step progress and worker exits (current generation)."""
         gen = self.gen
         if gen is None or gen_number != gen.number:
             return
         for item in progress:
-            self._on_progress(gen, item, now)
+            self._on_progress(gen, item.to_json(), now)
         for ex in exits:
-            seen = (member.index, int(ex["rank"]))
-            if int(ex["gen"]) != gen.number or seen in gen.exits_seen:
+            seen = (member.index, ex.rank)
+            if ex.gen != gen.number or seen in gen.exits_seen:
                 continue
             gen.exits_seen.add(seen)
-            if ex.get("exit_code") == 0:
-                gen.succeeded.add(int(ex["rank"]))
+            if ex.exit_code == 0:
+                gen.succeeded.add(ex.rank)
             else:
-                gen.failures.append({**ex, "node": member.node, "agent": member.index,
-                                     "seen": now})
+                gen.failures.append({**ex.to_json(), "node": member.node,
+                                     "agent": member.index, "seen": now})
                 gen.first_failure_seen = gen.first_failure_seen or now
 
     def on_agent_lost(self, member: Member, closed: bool, now: float) -> None:
@@ -323,21 +325,20 @@ class Recovery:
         g = self.cfg.workers_per_node
         rank_nodes = [self.members[i].node for i in slots for _ in range(g)]
         self.failslow = failslow.new_monitor(self.cfg, rank_nodes)
-        common = {"gen": gen.number, "attempt": st.attempt, "world_size": self.cfg.world_size,
-                  "master_addr": self.members[slots[0]].addr,
-                  "master_port": rendezvous_port(self.cfg.master_port, self.ident.job_id,
-                                                 st.attempt),
-                  "rank_nodes": rank_nodes, "run_id": st.run_id,
-                  "max_restarts": self.cfg.max_restarts}
-        plans: dict[int, dict[str, Any]] = {}
+        port = rendezvous_port(self.cfg.master_port, self.ident.job_id, st.attempt)
+        plans: dict[int, Plan] = {}
         for slot, index in enumerate(slots):
-            plans[index] = {**common, "role": Role.ACTIVE, "slot": slot,
-                            "ranks": list(range(slot * g, (slot + 1) * g))}
+            plans[index] = Plan(role=Role.ACTIVE, gen=gen.number, attempt=st.attempt,
+                                world_size=self.cfg.world_size,
+                                master_addr=self.members[slots[0]].addr, master_port=port,
+                                rank_nodes=rank_nodes, run_id=st.run_id,
+                                max_restarts=self.cfg.max_restarts, slot=slot,
+                                ranks=list(range(slot * g, (slot + 1) * g)))
         for index, member in self.members.items():
             if index in slots or member.lost:
                 continue
             role = Role.SPARE if index in self.spares else Role.EVICTED
-            plans[index] = {"gen": gen.number, "role": role, "attempt": st.attempt}
+            plans[index] = Plan(role=role, gen=gen.number, attempt=st.attempt)
         self._plans = plans
         self._enter(Phase.RUNNING)
         self.persist()
@@ -444,7 +445,7 @@ class Recovery:
         st.blamed = sorted(set(st.blamed) | set(decision.evict))
         self.persist()
         gen_no = self.gen.number + 1 if self.gen else 1
-        self._plans = {i: {"gen": gen_no, "role": Role.HOLD, "attempt": st.attempt}
+        self._plans = {i: Plan(role=Role.HOLD, gen=gen_no, attempt=st.attempt)
                        for i in self.members}
         self._enter(Phase.REQUEUED)
         try:
@@ -468,7 +469,7 @@ class Recovery:
         gen.capture_deadline = now + CAPTURE_BUDGET_S
         gen.hang_detected = now
         for index in gen.slots:
-            self._plans[index] = {**self._plans[index], "stacks": gen.capture}
+            self._plans[index] = dataclasses.replace(self._plans[index], stacks=gen.capture)
         self._enter(Phase.DUMPING)
         log.warning("hang: no step for %.1f s; capturing stacks as %s",
                     now - gen.last_progress, gen.capture)
@@ -551,8 +552,7 @@ class Recovery:
             self.persist()
         # The snapshots are keyed by job id: a resubmission (new job) cannot use them, and
         # tmpfs pages are node memory, so every ending frees them (the durable tier stays).
-        self._plans = {i: {"role": Role.EXIT, "exit_code": 0, "purge": True}
-                       for i in self.members}
+        self._plans = {i: Plan(role=Role.EXIT, exit_code=0, purge=True) for i in self.members}
         self.result = {"status": status, "verdict": verdict, "step": step,
                        "params_sha256": final.get("params_sha256"),
                        "attempt": self.state.attempt, "restarts": self.state.restarts}

@@ -17,6 +17,7 @@ from slurm_robust.launcher.control.recovery import SETTLE_S, Recovery, SlurmSide
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.enums import Phase, PhaseError, Role, Rung
 from slurm_robust.launcher.identity import Identity
+from slurm_robust.launcher.messages import Progress, WorkerExit
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.records import read_records
 from slurm_robust.slurm import SlurmCommandError
@@ -100,7 +101,8 @@ class Harness:
     def report(self, member: Member, progress: list[dict[str, Any]] = (),  # type: ignore[assignment]
                exits: list[dict[str, Any]] = ()) -> None:  # type: ignore[assignment]
         member.last_seen = self.clock()
-        self.rec.on_report(member, self.gen(), list(progress), list(exits), self.clock())
+        self.rec.on_report(member, self.gen(), [Progress.from_json(p) for p in progress],
+                           [WorkerExit.from_json(e) for e in exits], self.clock())
 
     def restored(self, step: int | None) -> None:
         for m in self.slot_members():
@@ -145,12 +147,12 @@ def test_gather_starts_a_generation_with_a_spare(tmp_path):
     third = h.members.pop(2)
     h.tick()
     assert h.rec.phase is Phase.GATHER  # two of three agents: wait for the third
-    assert h.rec.plan_for(0) == {}
+    assert h.rec.plan_for(0) is None
     h.members[2] = third
     h.start()
     assert h.rec.gen.slots == [0, 1] and h.rec.spares == [2]
-    assert h.rec.plan_for(0)["role"] == Role.ACTIVE
-    assert h.rec.plan_for(2)["role"] == Role.SPARE
+    assert h.rec.plan_for(0).role == Role.ACTIVE
+    assert h.rec.plan_for(2).role == Role.SPARE
     h.rec.persist()
     assert load_state(RunPaths.of(h.cfg.run_dir).state).last_step == 3
 
@@ -177,7 +179,7 @@ def test_every_rung_in_turn(tmp_path):
     h.fail(h.members[1], "gpu_memory_error")
     h.settle()
     assert h.rec.gen.slots == [0, 2] and h.rec.spares == []
-    assert h.rec.plan_for(1)["role"] == Role.EVICTED
+    assert h.rec.plan_for(1).role == Role.EVICTED
     assert ("verdict", "n2", "gpu_memory_error") in h.slurm.calls
     h.restored(5)
     h.steps(1)
@@ -188,7 +190,7 @@ def test_every_rung_in_turn(tmp_path):
     h.settle()
     assert h.rec.phase is Phase.REQUEUED
     assert ("requeue", "42", ["n2", "n3"]) in h.slurm.calls
-    assert {h.rec.plan_for(i)["role"] for i in h.members} == {Role.HOLD}
+    assert {h.rec.plan_for(i).role for i in h.members} == {Role.HOLD}
     assert h.rec.state.requeues == 1 and h.rec.state.open_incident["rung"] == "requeue"
     h.tick()  # nothing happens while Slurm ends the allocation
     assert h.rec.phase is Phase.REQUEUED
@@ -207,7 +209,7 @@ def test_the_same_user_error_after_a_clean_restart_stops(tmp_path):
     assert h.rec.phase is Phase.DONE
     assert h.rec.result["status"] == "stopped"
     assert "same user-code error" in h.rec.result["verdict"]
-    assert {h.rec.plan_for(i)["role"] for i in h.members} == {Role.EXIT}
+    assert {h.rec.plan_for(i).role for i in h.members} == {Role.EXIT}
     assert h.incidents()[-1]["rung"] == "stop"
     assert load_state(RunPaths.of(h.cfg.run_dir).state).finished == "stopped"
 
@@ -240,8 +242,8 @@ def test_a_hang_is_captured_then_restarted_in_place(tmp_path):
     h.start()
     h.tick(6.0)  # no step for longer than hang_floor_s
     assert h.rec.phase is Phase.DUMPING
-    capture = h.rec.plan_for(0)["stacks"]
-    assert capture and h.rec.plan_for(1)["stacks"] == capture
+    capture = h.rec.plan_for(0).stacks
+    assert capture and h.rec.plan_for(1).stacks == capture
     h.members[0].stacks[capture] = {"ranks": [0]}
     h.members[1].states = {"1": "T"}  # a stopped worker is the plainest suspect
     h.members[1].stacks[capture] = {"ranks": [1]}
