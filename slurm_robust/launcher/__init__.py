@@ -11,19 +11,24 @@ Processes and channels::
 
     Slurm task 0 ── agent 0 ─┬─ controller threads (TCP JSON lines, see protocol.py)
                              └─ workers (ranks of slot j)      progress: node-local file
-    Slurm task i ── agent i ──── workers, or parked (spare)    per rank (workers.py)
+    Slurm task i ── agent i ──── workers, or parked (spare)    per rank (node/workers.py)
+
+The folders are the planes: ``submit/`` (login node), ``node/`` (every node),
+``control/`` (threads in agent 0), and shared leaves here; docs/ARCHITECTURE.md has the
+planes, the phase table and one killed worker's path through the code.
 
 - Agents report every ``heartbeat_s`` (worker exits with classified log tails, step
   progress, stack captures) and get back their plan (generation, role, ranks,
   rendezvous). A closed connection or a silent agent is a lost node.
-- The controller is the one writer of ``<run_dir>/events.jsonl`` (docs/SCHEMAS.md,
-  ``slurm_robust.event``) and of ``state.json`` (attempt counter, restarts, error
+- The controller (its recovery owner) is the one writer of ``<run_dir>/events.jsonl``
+  (docs/SCHEMAS.md, ``slurm_robust.event``) and of ``state.json`` (attempt counter, restarts, error
   signatures; it survives requeues).
 - Detection: exit status + log tail (classify.py), lost heartbeat, hang (no finished
   step for max(floor, m x median step time); stacks are captured with
   slurm_robust.stacks before anything is killed), NaN/Inf and 5x spikes (checked in the
   worker by slurm_robust.train, which exits 87/88 without snapshotting the bad state).
-- The ladder (policy.py, pure; applied by recovery.py): in-place restart from the
+- The ladder (control/policy.py, pure; applied by the recovery owner,
+  control/recovery.py): in-place restart from the
   shared-memory snapshots -> spare node (verdict for the bad node; its ranks restore from
   peer backups) -> ``scontrol requeue`` + StartTime=now + ExcNodeList (no spare left, or
   the controller's node lost: the surviving agents requeue) -> stop with a verdict

@@ -49,6 +49,7 @@ from slurm_robust.launcher.enums import (
     Category,
     IncidentClass,
     Phase,
+    ProgressKind,
     Role,
     Rung,
     RunStatus,
@@ -92,6 +93,16 @@ class SlurmSide:
 
 
 @dataclass
+class Failure:
+    """A worker exit of the current generation as the controller saw it."""
+
+    exit: WorkerExit
+    node: str
+    agent: int
+    seen: float  # when the controller first heard of it
+
+
+@dataclass
 class Generation:
     """One start of the worker group: the plan's generation and what it has done."""
 
@@ -102,10 +113,10 @@ class Generation:
     last_progress: float = 0.0
     steps_done: int = 0
     restored: dict[int, tuple[int | None, str | None]] = field(default_factory=dict)
-    pending: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)
-    finals: dict[int, dict[str, Any]] = field(default_factory=dict)
+    pending: dict[int, dict[int, Progress]] = field(default_factory=dict)
+    finals: dict[int, Progress] = field(default_factory=dict)
     succeeded: set[int] = field(default_factory=set)
-    failures: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
     exits_seen: set[tuple[int, int]] = field(default_factory=set)
     first_failure_seen: float | None = None
     capture: str | None = None
@@ -177,7 +188,7 @@ class Recovery:
         if gen is None or gen_number != gen.number:
             return
         for item in progress:
-            self._on_progress(gen, item.to_json(), now)
+            self._on_progress(gen, item, now)
         for ex in exits:
             seen = (member.index, ex.rank)
             if ex.gen != gen.number or seen in gen.exits_seen:
@@ -186,8 +197,7 @@ class Recovery:
             if ex.exit_code == 0:
                 gen.succeeded.add(ex.rank)
             else:
-                gen.failures.append({**ex.to_json(), "node": member.node,
-                                     "agent": member.index, "seen": now})
+                gen.failures.append(Failure(ex, member.node, member.index, now))
                 gen.first_failure_seen = gen.first_failure_seen or now
 
     def on_agent_lost(self, member: Member, closed: bool, now: float) -> None:
@@ -198,15 +208,13 @@ class Recovery:
             return
         gen = self.gen
         if gen is not None and member.index in gen.slots:
-            gen.failures.append({
-                "rank": self.ranks_of(member.index)[0], "gen": gen.number,
-                "node": member.node, "agent": member.index,
-                "class": IncidentClass.NODE_LOST, "category": Category.EXPLICIT,
-                "secondary": False, "exit_code": None, "signal": None,
-                "time": member.last_seen, "seen": now, "signature": None,
-                "line": "agent heartbeat lost",
-                "evidence": {"heartbeat_age_s": round(now - member.last_seen, 3),
-                             "connection_closed": closed}})
+            lost = WorkerExit(
+                rank=self.ranks_of(member.index)[0], gen=gen.number, exit_code=None,
+                signal=None, time=member.last_seen, cls=IncidentClass.NODE_LOST,
+                category=Category.EXPLICIT, line="agent heartbeat lost",
+                evidence={"heartbeat_age_s": round(now - member.last_seen, 3),
+                          "connection_closed": closed})
+            gen.failures.append(Failure(lost, member.node, member.index, now))
             gen.first_failure_seen = gen.first_failure_seen or now
 
     def fail(self, reason: str) -> None:
@@ -266,15 +274,15 @@ class Recovery:
         self._begin_generation([by_node[n] for n in slot_nodes], now)
 
     # ------------------------------------------------------------------ progress
-    def _on_progress(self, gen: Generation, item: dict[str, Any], now: float) -> None:
-        kind, rank = item.get("kind", "step"), int(item["rank"])
-        if kind == "restored":
-            gen.restored[rank] = (item.get("step"), item.get("tier"))
-        elif kind == "final":
+    def _on_progress(self, gen: Generation, item: Progress, now: float) -> None:
+        rank = item.rank
+        if item.kind is ProgressKind.RESTORED:
+            gen.restored[rank] = (item.step, item.tier)
+        elif item.kind is ProgressKind.FINAL:
             gen.finals[rank] = item
-        elif kind == "step":
-            step = int(item["step"])
-            busy = failslow.busy_of(item)
+        elif item.kind is ProgressKind.STEP and item.step is not None:
+            step = item.step
+            busy = failslow.busy_of({"busy_s": item.busy_s})
             if busy is not None and self.failslow is not None and 0 <= rank < \
                     self.cfg.world_size:
                 self.failslow.record(rank, busy, now)
@@ -282,11 +290,11 @@ class Recovery:
             if len(gen.pending[step]) == self.cfg.world_size:
                 self._on_step_complete(gen, step, gen.pending.pop(step), now)
 
-    def _on_step_complete(self, gen: Generation, step: int, items: dict[int, dict[str, Any]],
+    def _on_step_complete(self, gen: Generation, step: int, items: dict[int, Progress],
                           now: float) -> None:
         if not gen.announced:
             self._announce_attempt(gen)
-        t_done = max(float(i.get("t", now)) for i in items.values())
+        t_done = max(now if i.t is None else i.t for i in items.values())
         step_time = None
         if self.last_step_time is not None and gen.steps_done > 0:
             step_time = max(0.0, t_done - self.last_step_time)
@@ -295,8 +303,8 @@ class Recovery:
         self.last_step_time = t_done
         gen.steps_done += 1
         gen.last_progress = now
-        losses = [i.get("loss") for i in items.values() if i.get("loss") is not None]
-        norms = [i.get("grad_norm") for i in items.values() if i.get("grad_norm") is not None]
+        losses = [i.loss for i in items.values() if i.loss is not None]
+        norms = [i.grad_norm for i in items.values() if i.grad_norm is not None]
         loss = sum(losses) / len(losses) if losses else None
         grad_norm = max(norms) if norms else None
         self.state.last_step = step
@@ -355,33 +363,34 @@ class Recovery:
     def _maybe_handle_failures(self, gen: Generation, now: float) -> None:
         """Decide once the root cause is clear: the earliest primary failure after a short
         settle time, or the earliest secondary one after a heartbeat timeout."""
-        primary = [f for f in gen.failures if not f.get("secondary")]
+        primary = [f for f in gen.failures if not f.exit.secondary]
         first_seen = gen.first_failure_seen or now
         if primary:
-            if now - min(f["seen"] for f in primary) < SETTLE_S:
+            if now - min(f.seen for f in primary) < SETTLE_S:
                 return
-            root = min(primary, key=lambda f: f["time"])
+            root = min(primary, key=lambda f: f.exit.time)
         elif now - first_seen < self.cfg.heartbeat_timeout_s:
             return
         else:
-            root = min(gen.failures, key=lambda f: f["time"])
+            root = min(gen.failures, key=lambda f: f.exit.time)
         incident = self._incident_from_failure(gen, root, first_seen)
-        self._handle(gen, incident, root.get("signature"), [root["node"]], now)
+        self._handle(gen, incident, root.exit.signature, [root.node], now)
 
-    def _incident_from_failure(self, gen: Generation, root: dict[str, Any],
+    def _incident_from_failure(self, gen: Generation, root: Failure,
                                detected: float) -> dict[str, Any]:
         st = self.state
         st.incidents += 1
-        others = sorted({int(f["rank"]) for f in gen.failures if f is not root})
-        evidence = {k: root.get(k) for k in ("exit_code", "signal", "line", "log")
-                    if root.get(k) is not None}
-        evidence.update(root.get("evidence") or {})
+        ex = root.exit
+        others = sorted({f.exit.rank for f in gen.failures if f is not root})
+        evidence: dict[str, Any] = {k: v for k, v in (("exit_code", ex.exit_code),
+                                                      ("signal", ex.signal), ("line", ex.line),
+                                                      ("log", ex.log)) if v is not None}
+        evidence.update(ex.evidence)
         if others:
             evidence["also_failed_ranks"] = others
-        return make_incident(f"i{st.incidents}", root["class"], root["category"], detected,
-                             fault_time=root.get("time"), nodes=[root["node"]],
-                             ranks=[int(root["rank"])], last_step=st.last_step,
-                             evidence=evidence)
+        return make_incident(f"i{st.incidents}", str(ex.cls), str(ex.category), detected,
+                             fault_time=ex.time, nodes=[root.node], ranks=[ex.rank],
+                             last_step=st.last_step, evidence=evidence)
 
     def _handle(self, gen: Generation, incident: dict[str, Any], signature: str | None,
                 nodes: list[str], now: float) -> None:
@@ -544,17 +553,19 @@ class Recovery:
         if self._phase is Phase.DONE:
             return
         gen = self.gen
-        final = (gen.finals.get(0) if gen else None) or {}
-        step = final.get("step", self.state.last_step)
+        final = gen.finals.get(0) if gen else None
+        step = final.step if final is not None and final.step is not None \
+            else self.state.last_step
+        digest = final.params_sha256 if final is not None else None
         if write:
-            self.events.run_end(status, step, final.get("params_sha256"), verdict)
+            self.events.run_end(status, step, digest, verdict)
             self.state.finished, self.state.verdict = status, verdict
             self.persist()
         # The snapshots are keyed by job id: a resubmission (new job) cannot use them, and
         # tmpfs pages are node memory, so every ending frees them (the durable tier stays).
         self._plans = {i: Plan(role=Role.EXIT, exit_code=0, purge=True) for i in self.members}
         self.result = {"status": status, "verdict": verdict, "step": step,
-                       "params_sha256": final.get("params_sha256"),
+                       "params_sha256": digest,
                        "attempt": self.state.attempt, "restarts": self.state.restarts}
         self._enter(Phase.DONE)
         self.done_at = self.clock()
