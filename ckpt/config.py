@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +16,12 @@ from slurm_robust.errors import UsageError
 TIERS: tuple[str, ...] = ("memory", "peer", "local", "durable")
 
 CHECKSUMS: tuple[str, ...] = ("crc32", "sum64")
+#: The environment variable that carries a worker's checkpoint settings (JSON), set by
+#: the launcher's agent, read by slurm_robust.train.
+CKPT_ENV = "SLURM_ROBUST_CKPT"
+#: The fields that cross to the worker; the others keep their defaults there.
+ENV_FIELDS: tuple[str, ...] = ("shm_root", "local_root", "durable_root", "local_every",
+                               "durable_every", "peer_backup", "peer_slots")
 MiB = 1 << 20
 
 
@@ -76,6 +84,30 @@ class CheckpointConfig:
                              f"{', '.join(CHECKSUMS)}")
         if self.peer_timeout_s <= 0:
             raise UsageError("CheckpointConfig.peer_timeout_s must be > 0")
+
+    def to_env(self) -> dict[str, str]:
+        """``{CKPT_ENV: JSON}`` for a worker's environment (the fields of ENV_FIELDS)."""
+        return {CKPT_ENV: json.dumps({name: getattr(self, name) for name in ENV_FIELDS})}
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, *,
+                 peer_backup: bool = True) -> CheckpointConfig:
+        """The settings :meth:`to_env` wrote; a missing variable or field keeps its default
+        (``peer_backup`` gives the default for that one: off for a single rank)."""
+        e = os.environ if env is None else env
+        try:
+            spec = json.loads(e.get(CKPT_ENV) or "{}")
+        except ValueError as exc:
+            raise UsageError(f"{CKPT_ENV} is not JSON ({exc}); it is set by the launcher's "
+                             "agent") from exc
+        if not isinstance(spec, dict):
+            raise UsageError(f"{CKPT_ENV} must be a JSON object, got {type(spec).__name__}")
+        return cls(shm_root=spec.get("shm_root") or cls.shm_root,
+                   local_root=spec.get("local_root"), durable_root=spec.get("durable_root"),
+                   local_every=int(spec.get("local_every") or 0),
+                   durable_every=int(spec.get("durable_every") or 0),
+                   peer_backup=bool(spec.get("peer_backup", peer_backup)),
+                   peer_slots=int(spec.get("peer_slots") or 1))
 
 
 def _safe_name(kind: str, value: str) -> str:

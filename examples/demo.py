@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     from slurm_robust.cluster.config import ClusterConfig
     from slurm_robust.cluster.manager import MiniCluster
-    from slurm_robust.launcher.status import format_status, run_status
+    from slurm_robust.launcher.submit.status import format_status, run_status
     from slurm_robust.rehearsal.inject.job import revive_node
 
     print("bringing the mini-cluster up ...", flush=True)
@@ -109,8 +109,8 @@ def follow(run_dir: str, job: str, schedule: list[tuple[int, str]], env: dict[st
 def inject(job: str, fault: str, run_dir: str, env: dict[str, str]) -> dict:
     extra: list[str] = []
     if fault == "kill-node":
+        from slurm_robust.launcher.control.state import load_state
         from slurm_robust.launcher.paths import RunPaths
-        from slurm_robust.launcher.state import load_state
 
         controller = json.loads(RunPaths.of(run_dir).controller.read_text())["node"]
         slots = load_state(RunPaths.of(run_dir).state).slots

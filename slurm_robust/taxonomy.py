@@ -1,7 +1,7 @@
 """The failure taxonomy (ByteRobust Table 1 plus user-code and launcher classes).
 
 One table, shared by the classifier (slurm_robust.launcher.classify), the ladder
-(slurm_robust.launcher.policy), the post-mortem (slurm_robust.analysis) and the benchmark:
+(slurm_robust.launcher.control.policy), the post-mortem (slurm_robust.analysis) and the benchmark:
 class -> category (explicit / implicit / manual) -> side (infrastructure / user /
 unknown) -> default action. docs/SCHEMAS.md prints the same table.
 

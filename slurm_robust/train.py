@@ -57,7 +57,7 @@ from datetime import timedelta
 from typing import Any
 
 from slurm_robust.launcher.classify import EXIT_NONFINITE, EXIT_SPIKE
-from slurm_robust.launcher.policy import step_anomaly
+from slurm_robust.launcher.control.policy import step_anomaly
 
 POISON_SIGNAL = signal.SIGUSR1
 
@@ -101,14 +101,7 @@ class RobustRun:
             return 0
         from slurm_robust import ckpt
 
-        spec = json.loads(os.environ.get("SLURM_ROBUST_CKPT") or "{}")
-        cfg = ckpt.CheckpointConfig(
-            shm_root=spec.get("shm_root") or ckpt.CheckpointConfig.shm_root,
-            local_root=spec.get("local_root"), durable_root=spec.get("durable_root"),
-            local_every=int(spec.get("local_every") or 0),
-            durable_every=int(spec.get("durable_every") or 0),
-            peer_backup=bool(spec.get("peer_backup", self.world_size > 1)),
-            peer_slots=int(spec.get("peer_slots") or 1))
+        cfg = ckpt.CheckpointConfig.from_env(peer_backup=self.world_size > 1)
         rank_nodes = json.loads(os.environ.get("SLURM_ROBUST_RANK_NODES") or "null")
         self._mgr = ckpt.CheckpointManager(cfg, self.rank, self.world_size, self.node,
                                            self.job_id, rank_nodes=rank_nodes)
@@ -282,7 +275,7 @@ def params_digest(model: Any) -> str:
 
 
 def _standalone_run_end(path: str, job_id: str, sha: str | None, step: Any) -> None:
-    from slurm_robust.launcher.events import EventLog
+    from slurm_robust.launcher.control.events import EventLog
 
     EventLog(path, run_id=f"standalone-{job_id}", job_id=None).run_end(
         "completed", step if isinstance(step, int) else None, sha, None)

@@ -6,8 +6,8 @@ import argparse
 
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.config import env_defaults
-from slurm_robust.launcher.launch import allocation_nodes, default_run_dir, launch
-from slurm_robust.launcher.options import add_robust_options, build_config
+from slurm_robust.launcher.submit.launch import allocation_nodes, default_run_dir, launch
+from slurm_robust.launcher.submit.options import add_robust_options, build_config
 
 HELP = "inside an sbatch script: run the robust agents on this allocation (N + spares nodes)"
 

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from slurm_robust.errors import UsageError
-from slurm_robust.launcher.status import resolve_run_dir
+from slurm_robust.launcher.submit.status import resolve_run_dir
 from slurm_robust.layout import ParallelLayout, parse_layout
 from slurm_robust.stacks.analyze import AnalyzeOptions, analyze, explain
 from slurm_robust.stacks.capture import CaptureOptions, capture_local

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from slurm_robust.launcher.status import format_status, run_status
+from slurm_robust.launcher.submit.status import format_status, run_status
 
 HELP = "show a robust run: progress, incidents, recoveries, verdicts"
 

@@ -1,8 +1,8 @@
 """The robust launcher: submitit wrapper, per-node agents, detection, the recovery ladder.
 
 Entry points
-    ``slurm-robust submit`` (:func:`~slurm_robust.launcher.executor.submit_run`),
-    ``slurm-robust launch`` inside an sbatch script (:mod:`~slurm_robust.launcher.launch`),
+    ``slurm-robust submit`` (:func:`~slurm_robust.launcher.submit.executor.submit_run`),
+    ``slurm-robust launch`` inside an sbatch script (:mod:`~slurm_robust.launcher.submit.launch`),
     the Python executor :class:`RobustExecutor` (submitit-style), ``slurm-robust status``
     and ``slurm-robust inject``. All of them run the same code in the allocation:
     :func:`run_agent`, one Slurm task per node.
@@ -11,19 +11,24 @@ Processes and channels::
 
     Slurm task 0 ── agent 0 ─┬─ controller threads (TCP JSON lines, see protocol.py)
                              └─ workers (ranks of slot j)      progress: node-local file
-    Slurm task i ── agent i ──── workers, or parked (spare)    per rank (workers.py)
+    Slurm task i ── agent i ──── workers, or parked (spare)    per rank (node/workers.py)
+
+The folders are the planes: ``submit/`` (login node), ``node/`` (every node),
+``control/`` (threads in agent 0), and shared leaves here; docs/ARCHITECTURE.md has the
+planes, the phase table and one killed worker's path through the code.
 
 - Agents report every ``heartbeat_s`` (worker exits with classified log tails, step
   progress, stack captures) and get back their plan (generation, role, ranks,
   rendezvous). A closed connection or a silent agent is a lost node.
-- The controller is the one writer of ``<run_dir>/events.jsonl`` (docs/SCHEMAS.md,
-  ``slurm_robust.event``) and of ``state.json`` (attempt counter, restarts, error
+- The controller (its recovery owner) is the one writer of ``<run_dir>/events.jsonl``
+  (docs/SCHEMAS.md, ``slurm_robust.event``) and of ``state.json`` (attempt counter, restarts, error
   signatures; it survives requeues).
 - Detection: exit status + log tail (classify.py), lost heartbeat, hang (no finished
   step for max(floor, m x median step time); stacks are captured with
   slurm_robust.stacks before anything is killed), NaN/Inf and 5x spikes (checked in the
   worker by slurm_robust.train, which exits 87/88 without snapshotting the bad state).
-- The ladder (policy.py, pure; applied by recovery.py): in-place restart from the
+- The ladder (control/policy.py, pure; applied by the recovery owner,
+  control/recovery.py): in-place restart from the
   shared-memory snapshots -> spare node (verdict for the bad node; its ranks restore from
   peer backups) -> ``scontrol requeue`` + StartTime=now + ExcNodeList (no spare left, or
   the controller's node lost: the surviving agents requeue) -> stop with a verdict
@@ -33,11 +38,16 @@ Processes and channels::
   the run completes.
 """
 
-from slurm_robust.launcher.agent import run_agent
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.errors import InjectionError, LauncherError, RunStopped
-from slurm_robust.launcher.executor import RobustExecutor, RobustJob, SlurmOptions, submit_run
-from slurm_robust.launcher.status import run_status
+from slurm_robust.launcher.node.agent import run_agent
+from slurm_robust.launcher.submit.executor import (
+    RobustExecutor,
+    RobustJob,
+    SlurmOptions,
+    submit_run,
+)
+from slurm_robust.launcher.submit.status import run_status
 
 __all__ = [
     "InjectionError", "LauncherError", "RobustExecutor", "RobustJob", "RunConfig",

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.errors import UsageError
-from slurm_robust.launcher.policy import PORT_SPAN
+from slurm_robust.launcher.control.policy import PORT_SPAN
 from slurm_robust.stacks.failslow import FailSlowOptions
 
 SPARES_ENV = "SLURM_ROBUST_SPARES"

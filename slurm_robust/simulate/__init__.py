@@ -1,7 +1,7 @@
 """A discrete-event fleet simulator that runs this project's own decision code.
 
 One long training job on a synthetic fleet goes through the real recovery ladder
-(:func:`slurm_robust.launcher.policy.decide`), the real fail-slow vote, and a warm reserve
+(:func:`slurm_robust.launcher.control.policy.decide`), the real fail-slow vote, and a warm reserve
 sized and refilled by the real reserve planning; the simulator writes the run event log
 that ``slurm-robust report`` reads. Modules, one job each:
 

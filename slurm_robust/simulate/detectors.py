@@ -1,6 +1,6 @@
 """Detection and localisation times decided by this project's own detectors.
 
-- Hangs: :func:`slurm_robust.launcher.policy.hang_timeout` with the launcher's default
+- Hangs: :func:`slurm_robust.launcher.control.policy.hang_timeout` with the launcher's default
   floor and factor, over the simulated step times.
 - Fail-slow: the real :class:`~slurm_robust.stacks.failslow.FailSlowMonitor` is fed one
   busy time per machine per round (the slow machine's ranks ``slow_factor`` times
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.policy import WINDOW, hang_timeout
+from slurm_robust.launcher.control.policy import WINDOW, hang_timeout
 from slurm_robust.layout import ParallelLayout
 from slurm_robust.stacks.failslow import FailSlowMonitor, FailSlowOptions
 

@@ -1,8 +1,8 @@
 """The simulated run's event log, in the run schema (docs/SCHEMAS.md, slurm_robust.event).
 
-The same records the launcher's :class:`~slurm_robust.launcher.events.EventLog` writes
+The same records the launcher's :class:`~slurm_robust.launcher.control.events.EventLog` writes
 (run_start, attempt_start, step, incident, run_end, with
-:data:`~slurm_robust.launcher.events.INCIDENT_FIELDS`), stamped with simulated time
+:data:`~slurm_robust.launcher.control.events.INCIDENT_FIELDS`), stamped with simulated time
 (seconds from 0). Step records are sparse, as the launcher samples them: one per
 simulated minute and the last step before every fault (so the log says exactly which
 steps were done, and the report's ETTR is exact); each covers the steps since the

@@ -3,8 +3,8 @@
 Per incident: the fault ends the running segment (the step in flight is lost: the
 recompute time; every step is checkpointed, so nothing else is), detection and
 localisation take their drawn (or detector-decided) time, then
-:func:`slurm_robust.launcher.policy.blamed_nodes` and
-:func:`slurm_robust.launcher.policy.decide` choose the rung from the same facts the
+:func:`slurm_robust.launcher.control.policy.blamed_nodes` and
+:func:`slurm_robust.launcher.control.policy.decide` choose the rung from the same facts the
 controller gathers (restarts, no-progress streak, signatures, spares left, the
 controller's node), and the rung is applied:
 
@@ -29,8 +29,7 @@ from typing import Any
 
 import simpy
 
-from slurm_robust.launcher.classify import CATEGORY
-from slurm_robust.launcher.policy import LadderInput, blamed_nodes, decide
+from slurm_robust.launcher.control.policy import LadderInput, blamed_nodes, decide
 from slurm_robust.simulate import paper
 from slurm_robust.simulate.config import FAIL_SLOW_VOTE, HANG_TIMEOUT
 from slurm_robust.simulate.detectors import fail_slow_vote, hang_detection_s, launch_default
@@ -39,6 +38,7 @@ from slurm_robust.simulate.fleet import Fleet, Place
 from slurm_robust.simulate.reserve import Reserve
 from slurm_robust.simulate.results import IncidentResult
 from slurm_robust.simulate.trace import TraceIncident
+from slurm_robust.taxonomy import row as taxonomy_row
 
 UNLIMITED = -1  # --spares value of the oracle: every blamed machine has a spare
 
@@ -157,7 +157,7 @@ class Job:
             running = run_at
             self._segment(seg_start, steps)
             evicted = yield from self._incident(inc, k, machine, steps, seg_start)
-            recurs = inc.persistent and inc.fclass.cls != "fail_slow" and not inc.switch
+            recurs = inc.persistent and inc.fclass.cls != "mfu_decline" and not inc.switch
             if recurs and machine not in evicted and k < len(inc.recur_after):
                 seq += 1
                 heapq.heappush(pending, (running + inc.recur_after[k], seq, inc, k + 1,
@@ -226,7 +226,7 @@ class Job:
                 yield from self._requeue(evicted, result)
                 yield self._wait(inc.requeue)
         result.recovered = self.env.now
-        self.sink.incident(result, CATEGORY[cls], self.steps_done)
+        self.sink.incident(result, taxonomy_row(cls).category.value, self.steps_done)
         self.sink.attempt_start(self._names(self.slots), self.steps_done,
                                 self.env.now)
         return evicted

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from slurm_robust.launcher.policy import RUNGS
+from slurm_robust.launcher.control.policy import RUNGS
 
 if TYPE_CHECKING:
     from slurm_robust.simulate.results import IncidentResult

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slurm_robust.launcher.policy import EVICTING_CLASSES
+from slurm_robust.launcher.control.policy import EVICTING_CLASSES
 from slurm_robust.simulate.config import DAY_S, FailureClass, FailureMix, RecoveryTimes
 from slurm_robust.simulate.dists import Dist
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from slurm_robust.launcher.errors import RunStopped
-from slurm_robust.launcher.executor import RobustExecutor
+from slurm_robust.launcher.submit.executor import RobustExecutor
 from slurm_robust.records import read_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

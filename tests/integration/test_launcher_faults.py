@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.paths import RunPaths
-from slurm_robust.launcher.state import load_state
 from slurm_robust.records import read_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -187,7 +187,7 @@ def test_stop_worker_is_a_hang_with_stacks(runs, baseline_sha):
     injected = run.inject("stop-worker", "--rank", "0")
     end = run.wait_end()
     inc = the_incident(run)
-    assert (inc["class"], inc["rung"]) == ("hang", "in_place")
+    assert (inc["class"], inc["rung"]) == ("job_hang", "in_place")
     detect = inc["detected_at"] - injected["time"]
     assert detect < 8.0 + 3.0, inc                 # the configured floor, plus a step
     assert inc["ranks"] == [0]                       # the stopped worker is named
@@ -258,7 +258,7 @@ def test_slow_worker_is_evicted_to_a_spare(runs, baseline_sha, minicluster):
         end = run.wait_end()
         inc = the_incident(run)
         assert (inc["class"], inc["category"], inc["rung"]) == \
-            ("fail_slow", "implicit", "spare")
+            ("mfu_decline", "implicit", "spare")
         assert inc["nodes"] == [victim] and inc["ranks"] == [rank]
         detect = inc["detected_at"] - injected["time"]
         assert detect < 2 * 5 * 1.5, inc             # within two windows of rounds
@@ -266,10 +266,10 @@ def test_slow_worker_is_evicted_to_a_spare(runs, baseline_sha, minicluster):
         assert recovery_s(inc, injected) < detect + 10.0, inc
         verdicts = read_records(run.paths.verdicts).records
         assert [(v["node"], v["class"], v["job_id"]) for v in verdicts] == \
-            [(victim, "fail_slow", run.job_id)]
+            [(victim, "mfu_decline", run.job_id)]
         assert victim not in load_state(run.paths.state).slots
         assert end["status"] == "completed" and end["params_sha256"] == baseline_sha
-        assert_report_counts(run, "fail_slow", "spare")
+        assert_report_counts(run, "mfu_decline", "spare")
     finally:
         # The teardown resumes the node; it must not run before the epilog drained it.
         if read_records(run.paths.verdicts).records:

@@ -30,7 +30,7 @@ from typing import Any
 
 from slurm_robust.cluster.config import ClusterConfig
 from slurm_robust.errors import SlurmRobustError
-from slurm_robust.launcher.status import run_status
+from slurm_robust.launcher.submit.status import run_status
 from slurm_robust.records import read_records
 from slurm_robust.slurm import Slurm
 

@@ -1,7 +1,7 @@
 """The report over an event log written by the launcher's own writer (EventLog).
 
 Until the mini-cluster fault scenario lands, this pins the contract between the two
-features: what slurm_robust.launcher.events writes is what the analysis reads.
+features: what slurm_robust.launcher.control.events writes is what the analysis reads.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from slurm_robust.cli.main import main
-from slurm_robust.launcher.events import INCIDENT_FIELDS, EventLog, make_incident
+from slurm_robust.launcher.control.events import INCIDENT_FIELDS, EventLog, make_incident
 
 T0 = 1_750_000_000.0
 

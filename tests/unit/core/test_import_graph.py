@@ -26,15 +26,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
 
-# Cycles inside slurm_robust.launcher that the launcher restructuring (issue 11, the
-# "house" half) removes; each entry is the set of modules of one cycle. This list exists
-# only so that this tree stays green until that work merges: empty it then.
-ALLOWED_LAUNCHER_CYCLES: list[frozenset[str]] = [
-    frozenset({"slurm_robust.launcher.agent", "slurm_robust.launcher.controller"}),
-    frozenset({"slurm_robust.launcher.controller", "slurm_robust.launcher.recovery"}),
-]
-
-
 def package_dirs() -> dict[str, Path]:
     """Package name -> folder, from setup.cfg (the same mapping setuptools installs)."""
     cfg = configparser.ConfigParser()
@@ -166,12 +157,6 @@ def _one_cycle(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
     raise AssertionError(f"component without a cycle: {sorted(comp)}")
 
 
-def _allowed(component: set[str]) -> bool:
-    """Tolerated only if every module of the component is in an allowed launcher cycle."""
-    allowed: set[str] = set().union(*ALLOWED_LAUNCHER_CYCLES)
-    return all(m.startswith("slurm_robust.launcher.") for m in component) and component <= allowed
-
-
 def feature_of(module: str) -> str:
     """``slurm_robust.<feature>``: a subpackage, or a top-level module (errors, layout)."""
     return ".".join(module.split(".")[:2])
@@ -194,7 +179,7 @@ def test_package_maps_to_files() -> None:
     # The mapping must find the relocated packages, or the graph would silently skip them.
     assert "slurm_robust.ckpt.manager" in files
     assert "slurm_robust.analysis.ettr" in files
-    assert "slurm_robust.launcher.controller" in files
+    assert "slurm_robust.launcher.control.controller" in files
     assert len(files) > 100
 
 
@@ -230,7 +215,7 @@ def _describe(graph: dict[str, set[str]], comps: list[set[str]]) -> str:
 
 def test_no_import_cycles() -> None:
     graph = import_graph()
-    bad = [c for c in components(graph) if not _allowed(c)]
+    bad = components(graph)
     assert not bad, "import cycles (each printed as a -> b -> ... -> a):\n" + _describe(
         graph, bad)
 
@@ -242,13 +227,6 @@ def test_no_cycles_between_features() -> None:
     graph = feature_graph(import_graph())
     bad = components(graph)
     assert not bad, "cycles between features:\n" + _describe(graph, bad)
-
-
-def test_allow_list_only_holds_existing_launcher_cycles() -> None:
-    """Each allowed cycle must still exist, so a fixed one is noticed and removed here."""
-    comps = components(import_graph())
-    for allowed in ALLOWED_LAUNCHER_CYCLES:
-        assert any(allowed <= c for c in comps), f"{sorted(allowed)} is no cycle any more"
 
 
 def test_production_code_does_not_import_rehearsal_tooling() -> None:

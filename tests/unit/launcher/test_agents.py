@@ -2,7 +2,7 @@
 
 No Slurm and no torch: agents are threads with the identity Slurm would give them, the
 workers are small Python scripts that speak the progress channel (docs in
-slurm_robust/launcher/workers.py) and keep their own "checkpoint" in a file. Faults are
+slurm_robust/launcher/node/workers.py) and keep their own "checkpoint" in a file. Faults are
 real signals on those real processes.
 """
 
@@ -18,9 +18,10 @@ import time
 
 import pytest
 
-from slurm_robust.launcher.agent import Agent, Identity
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.controller import Controller
+from slurm_robust.launcher.control.controller import Controller
+from slurm_robust.launcher.identity import Identity
+from slurm_robust.launcher.node.agent import Agent
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.records import read_records
 
@@ -131,7 +132,7 @@ def test_killed_worker_restarts_in_place(run):
     wait_for_step(cfg, 5)
     pid = worker_pid(cfg, 1)
     # The worker runs in a pre-started interpreter (zygote.py), not a fresh exec.
-    assert b"slurm_robust.launcher.zygote" in open(f"/proc/{pid}/cmdline", "rb").read()
+    assert b"slurm_robust.launcher.node.zygote" in open(f"/proc/{pid}/cmdline", "rb").read()
     os.kill(pid, signal.SIGKILL)
     result = finish(parts)
     assert result["status"] == "completed"
@@ -164,7 +165,7 @@ def test_stopped_worker_is_a_hang_with_stacks_then_restarted(run):
     result = finish(parts, timeout=90)
     assert result["status"] == "completed"
     [inc] = [e for e in events(cfg) if e["event"] == "incident"]
-    assert inc["class"] == "hang" and inc["category"] == "implicit"
+    assert inc["class"] == "job_hang" and inc["category"] == "implicit"
     assert inc["rung"] == "in_place" and inc["ranks"] == [0]
     assert inc["detected_at"] - inc["fault_time"] >= cfg.hang_floor_s
     capture = RunPaths.of(cfg.run_dir).stacks / os.path.basename(inc["evidence"]["stacks"])

@@ -16,10 +16,11 @@ import threading
 import pytest
 
 from slurm_robust.errors import UsageError
-from slurm_robust.launcher import failslow
-from slurm_robust.launcher.agent import Agent, Identity
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.controller import Controller
+from slurm_robust.launcher.control import failslow
+from slurm_robust.launcher.control.controller import Controller
+from slurm_robust.launcher.identity import Identity
+from slurm_robust.launcher.node.agent import Agent
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.records import read_records
 
@@ -101,7 +102,7 @@ def test_slow_node_is_evicted_to_the_spare(run):
     cfg, result = run(steps=70, slow_node="n3")
     assert result["status"] == "completed"
     [inc] = events(cfg, "incident")
-    assert (inc["class"], inc["category"], inc["rung"]) == ("fail_slow", "implicit", "spare")
+    assert (inc["class"], inc["category"], inc["rung"]) == ("mfu_decline", "implicit", "spare")
     assert inc["nodes"] == ["n3"] and inc["ranks"] == [2]
     assert inc["localized_at"] == inc["detected_at"] > inc["fault_time"]
     assert inc["recovered_at"] > inc["detected_at"]
@@ -110,7 +111,7 @@ def test_slow_node_is_evicted_to_the_spare(run):
     flagged = [r for r in inc["evidence"]["rounds"] if r["flagged"] == "pp:[2]"]
     assert all(r["slow_ranks"] == [2] for r in flagged)
     verdicts = read_records(RunPaths.of(cfg.run_dir).verdicts).records
-    assert [(v["node"], v["class"]) for v in verdicts] == [("n3", "fail_slow")]
+    assert [(v["node"], v["class"]) for v in verdicts] == [("n3", "mfu_decline")]
     [_, second] = events(cfg, "attempt_start")
     assert second["nodes"] == ["n1", "n2", "n4"]
 
@@ -135,7 +136,7 @@ def test_monitor_follows_the_config():
     assert decision is not None and decision.eviction.nodes == ("n3",)
     inc = failslow.incident_of(decision, "i1", 12, now, 1.0)
     assert (inc["class"], inc["category"], inc["nodes"], inc["ranks"]) == \
-        ("fail_slow", "implicit", ["n3"], [2])
+        ("mfu_decline", "implicit", ["n3"], [2])
     assert inc["detected_at"] == inc["localized_at"] == now
     off = RunConfig(command=("x",), run_dir="/tmp/x", nodes=3, fail_slow=False)
     assert failslow.new_monitor(off, NODES) is None

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from slurm_robust.launcher.policy import (
+from slurm_robust.launcher.control.policy import (
     LadderInput,
     assign_slots,
     blamed_nodes,
@@ -104,7 +104,7 @@ def test_assign_slots_fresh_and_too_few():
 
 
 def test_rendezvous_ports_differ_between_jobs_and_attempts():
-    from slurm_robust.launcher.policy import PORT_SPAN, rendezvous_port
+    from slurm_robust.launcher.control.policy import PORT_SPAN, rendezvous_port
 
     ports = {rendezvous_port(29500, job, a) for job in ("101", "102") for a in range(3)}
     assert len(ports) == 6

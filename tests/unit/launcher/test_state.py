@@ -8,14 +8,14 @@ import pytest
 
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.config import RunConfig, env_defaults
-from slurm_robust.launcher.events import (
+from slurm_robust.launcher.control.events import (
     INCIDENT_FIELDS,
     EventLog,
     last_logged_step,
     make_incident,
 )
-from slurm_robust.launcher.options import parse_time_minutes
-from slurm_robust.launcher.state import RunState, load_state, save_state
+from slurm_robust.launcher.control.state import RunState, load_state, save_state
+from slurm_robust.launcher.submit.options import parse_time_minutes
 from slurm_robust.records import read_records
 
 

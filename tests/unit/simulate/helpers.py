@@ -9,8 +9,8 @@ from slurm_robust.simulate.dists import fixed
 from slurm_robust.simulate.engine import SimConfig
 from slurm_robust.simulate.trace import TraceIncident
 
-CRASH = FailureClass("crash", "worker_crash", 1.0, fixed(30.0), fixed(20.0))
-GPU = FailureClass("gpu", "cuda_error", 1.0, fixed(10.0), fixed(5.0))
+CRASH = FailureClass("crash", "worker_signal", 1.0, fixed(30.0), fixed(20.0))
+GPU = FailureClass("gpu", "gpu_memory_error", 1.0, fixed(10.0), fixed(5.0))
 ONE_CLASS = FailureMix(0.0, (CRASH,), "test")
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from slurm_robust.errors import UsageError
-from slurm_robust.launcher.events import EventLog, make_incident
+from slurm_robust.launcher.control.events import EventLog, make_incident
 from slurm_robust.simulate import paper
 from slurm_robust.simulate.config import (
     byterobust_mix,
@@ -82,7 +82,7 @@ def test_measured_times_come_from_rehearsal_event_logs(tmp_path: Path) -> None:
     (tmp_path / "r1").mkdir()
     for i, (rung, took) in enumerate([("in_place", 12.0), ("in_place", 18.0),
                                       ("spare", 30.0)]):
-        inc = make_incident(f"i{i}", "worker_crash", "explicit", 100.0, fault_time=99.0)
+        inc = make_incident(f"i{i}", "worker_signal", "explicit", 100.0, fault_time=99.0)
         inc.update(localized_at=101.0, recovered_at=101.0 + took, rung=rung)
         log.incident(inc)
     t = measured_times(str(tmp_path), byterobust_times(128))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_robust.launcher.events import INCIDENT_FIELDS
+from slurm_robust.launcher.control.events import INCIDENT_FIELDS
 from slurm_robust.records import EVENT_SCHEMA, read_records
 from slurm_robust.simulate.config import byterobust_mix, byterobust_times
 from slurm_robust.simulate.engine import SimConfig, simulate

@@ -71,7 +71,7 @@ def test_persistent_fault_recurs_until_the_node_is_blamed() -> None:
     from slurm_robust.simulate.config import FailureClass
     from slurm_robust.simulate.dists import fixed
 
-    net = FailureClass("ib", "network_error", 1.0, fixed(30.0), fixed(30.0), persistent=1.0)
+    net = FailureClass("ib", "network", 1.0, fixed(30.0), fixed(30.0), persistent=1.0)
     trace = [incident(1000.0, net, slot=5, persistent=True, recur_after=(300.0,) * 8)]
     result = simulate(config(trace, spares=2))
     rungs = [r.rung for r in result.job.incidents]

@@ -17,6 +17,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from slurm_robust.launcher.enums import Category
+from slurm_robust.launcher.messages import Incident
 from slurm_robust.records import EVENT_SCHEMA, EVENT_VERSION, append_record, make_record
 
 INCIDENT_FIELDS = ("incident", "category", "class", "fault_time", "detected_at",
@@ -91,12 +93,12 @@ def make_incident(incident_id: str, cls: str, category: str, detected_at: float,
                   fault_time: float | None = None, nodes: list[str] | None = None,
                   ranks: list[int] | None = None, last_step: int | None = None,
                   evidence: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A new, unresolved incident with every documented field present."""
-    return {"incident": incident_id, "category": category, "class": cls,
-            "fault_time": fault_time, "detected_at": detected_at, "localized_at": None,
-            "recovered_at": None, "rung": None, "nodes": list(nodes or []),
-            "ranks": list(ranks or []), "last_step": last_step, "restored_step": None,
-            "restore_tier": None, "steps_lost": 0, "evidence": dict(evidence or {})}
+    """A new, unresolved incident with every documented field present (built by the
+    :class:`~slurm_robust.launcher.messages.Incident` record, in the documented order)."""
+    return Incident(incident=incident_id, category=Category(category), cls=cls,
+                    fault_time=fault_time, detected_at=detected_at, nodes=list(nodes or []),
+                    ranks=list(ranks or []), last_step=last_step,
+                    evidence=dict(evidence or {})).to_json()
 
 
 def last_logged_step(path: str | os.PathLike[str], tail_bytes: int = 1 << 16) -> int | None:

@@ -22,9 +22,10 @@ from pathlib import Path
 
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.executor import COMMENT_PREFIX
 from slurm_robust.launcher.paths import RunPaths, site_config_path
+from slurm_robust.launcher.submit.executor import COMMENT_PREFIX
 from slurm_robust.records import write_json_atomic
+from slurm_robust.slurm import Slurm, SlurmCommandError
 
 
 def allocation_nodes(env: dict[str, str] | None = None) -> tuple[str, int]:
@@ -47,7 +48,7 @@ def default_run_dir(job_id: str, env: dict[str, str] | None = None) -> str:
 def srun_argv(cfg: RunConfig, config_path: Path) -> list[str]:
     return ["srun", f"--nodes={cfg.total_nodes}", f"--ntasks={cfg.total_nodes}",
             "--ntasks-per-node=1", "--no-kill", "--kill-on-bad-exit=0", "--unbuffered",
-            sys.executable, "-m", "slurm_robust.launcher.agent", str(config_path)]
+            sys.executable, "-m", "slurm_robust.launcher.node.agent", str(config_path)]
 
 
 def launch(cfg: RunConfig, job_id: str) -> int:
@@ -63,8 +64,6 @@ def launch(cfg: RunConfig, job_id: str) -> int:
 
 def _tag_job(job_id: str, run_dir: str) -> None:
     # The comment lets `inject --job` and `status JOBID` find the run; best effort.
-    from slurm_robust.slurm import Slurm, SlurmCommandError
-
     try:
         Slurm().update_job(job_id, Comment=f"{COMMENT_PREFIX}{run_dir}")
     except SlurmCommandError:

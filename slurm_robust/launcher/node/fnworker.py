@@ -1,6 +1,6 @@
 """Worker entry for RobustExecutor.submit: run a pickled function on this rank.
 
-``python -m slurm_robust.launcher.fnworker RUN_DIR/function.pkl``: every rank calls
+``python -m slurm_robust.launcher.node.fnworker RUN_DIR/function.pkl``: every rank calls
 ``fn(*args, **kwargs)`` with the torchrun-style environment set by its agent (the
 function uses :mod:`slurm_robust.train` or plain torch.distributed); rank 0 writes its
 return value to ``RUN_DIR/result.pkl`` (atomically) for ``RobustJob.result()``.

@@ -6,9 +6,11 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.errors import UsageError
+from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.paths import RunPaths
-from slurm_robust.launcher.state import load_state
+from slurm_robust.launcher.submit.executor import run_dir_from_comment
 from slurm_robust.records import EVENT_SCHEMA, VERDICT_SCHEMA, read_records
+from slurm_robust.slurm import Slurm
 
 
 def resolve_run_dir(target: str) -> str:
@@ -16,9 +18,6 @@ def resolve_run_dir(target: str) -> str:
     if Path(target).is_dir():
         return str(Path(target).absolute())
     if target.isdigit():
-        from slurm_robust.launcher.executor import run_dir_from_comment
-        from slurm_robust.slurm import Slurm
-
         job = Slurm().job(target)
         run_dir = run_dir_from_comment(job.comment) if job else None
         if run_dir:

@@ -1,9 +1,10 @@
 """Detection thresholds and the recovery ladder, as pure functions.
 
 Nothing here touches a process, a socket or Slurm: the controller gathers facts,
-calls these functions, and applies what they return (STYLE.md practice 5).
+calls these functions, and the recovery owner (recovery.py) applies what they return:
+decisions stay testable without a cluster.
 
-The ladder (ARCHITECTURE.md "Recovery ladder")::
+The ladder (docs/ARCHITECTURE.md, "The recovery ladder")::
 
     stop      the same user-code error after a clean restart, no progress across
               max_no_progress attempts, or the restart budget spent
@@ -21,16 +22,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from slurm_robust.launcher.classify import NODE_CLASSES
+from slurm_robust.launcher.enums import IncidentClass, Rung
 from slurm_robust.taxonomy import stops_on_repeat
 
-RUNGS = ("in_place", "spare", "requeue", "stop")
+RUNGS = tuple(Rung)
 #: Step values needed before the spike test applies (early losses fall fast).
 SPIKE_MIN_HISTORY = 8
 #: Recent steps the medians are taken over.
 WINDOW = 32
 #: Classes that blame every node they name at once: node faults, and fail-slow (the
 #: vote over several rounds already is the repeated evidence).
-EVICTING_CLASSES = NODE_CLASSES | {"fail_slow", "mfu_decline"}
+EVICTING_CLASSES = NODE_CLASSES | {IncidentClass.MFU_DECLINE}
 
 
 def median(values: Sequence[float]) -> float | None:
@@ -102,7 +104,7 @@ class LadderInput:
 
 @dataclass(frozen=True)
 class Decision:
-    rung: str
+    rung: Rung
     reason: str
     evict: tuple[str, ...] = ()
 
@@ -110,27 +112,28 @@ class Decision:
 def decide(x: LadderInput) -> Decision:
     """Choose the ladder rung for one incident."""
     if stops_on_repeat(x.cls) and x.signature is not None and x.signature_seen >= 1:
-        return Decision("stop", f"the same user-code error ({x.signature}) came back after "
+        return Decision(Rung.STOP, f"the same user-code error ({x.signature}) came back after "
                                 "a clean restart; fix the training code and resubmit")
-    if x.cls in ("nan", "loss_spike") and x.signature_seen >= 2 and x.no_progress >= 2:
-        return Decision("stop", f"{x.cls} recurs at the same place after restoring the last "
+    if x.cls in (IncidentClass.NAN, IncidentClass.LOSS_SPIKE) and x.signature_seen >= 2 \
+            and x.no_progress >= 2:
+        return Decision(Rung.STOP, f"{x.cls} recurs at the same place after restoring the last "
                                 "good snapshot; the data or the hyper-parameters need a look")
     if x.no_progress >= x.max_no_progress:
-        return Decision("stop", f"no step finished in {x.no_progress} attempts in a row "
+        return Decision(Rung.STOP, f"no step finished in {x.no_progress} attempts in a row "
                                 f"(limit {x.max_no_progress}); last failure: {x.cls}")
     if x.restarts >= x.max_restarts:
-        return Decision("stop", f"restart budget spent ({x.restarts} of {x.max_restarts}); "
+        return Decision(Rung.STOP, f"restart budget spent ({x.restarts} of {x.max_restarts}); "
                                 f"last failure: {x.cls}")
     if x.controller_node in x.blamed:
-        return Decision("requeue", f"the controller's node {x.controller_node} is blamed "
+        return Decision(Rung.REQUEUE, f"the controller's node {x.controller_node} is blamed "
                                    f"({x.cls}); requeueing the job", x.blamed)
     if x.blamed and len(x.blamed) > x.spares_left:
-        return Decision("requeue", f"{len(x.blamed)} node(s) blamed ({', '.join(x.blamed)}) "
+        return Decision(Rung.REQUEUE, f"{len(x.blamed)} node(s) blamed ({', '.join(x.blamed)}) "
                                    f"but {x.spares_left} spare(s) left", x.blamed)
     if x.blamed:
-        return Decision("spare", f"node(s) {', '.join(x.blamed)} blamed ({x.cls}); "
+        return Decision(Rung.SPARE, f"node(s) {', '.join(x.blamed)} blamed ({x.cls}); "
                                  "activating spare(s)", x.blamed)
-    return Decision("in_place", f"{x.cls}: restarting in place from the latest snapshot")
+    return Decision(Rung.IN_PLACE, f"{x.cls}: restarting in place from the latest snapshot")
 
 
 PORT_SPAN = 8192  # rendezvous ports used above the configured base

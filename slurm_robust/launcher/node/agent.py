@@ -21,16 +21,29 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
+import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_robust.launcher import workers as wk
+from slurm_robust.ckpt import CheckpointConfig, purge_job_memory
 from slurm_robust.launcher.classify import classify_failure
 from slurm_robust.launcher.config import RunConfig
+from slurm_robust.launcher.control.controller import Controller
+from slurm_robust.launcher.control.requeue import requeue_after_controller_loss
+from slurm_robust.launcher.enums import Category, Role
+from slurm_robust.launcher.errors import RunStopped
+from slurm_robust.launcher.identity import Identity
+from slurm_robust.launcher.messages import (
+    BadMessage,
+    Plan,
+    Progress,
+    Report,
+    WorkerExit,
+    plan_from_reply,
+)
+from slurm_robust.launcher.node import workers as wk
 from slurm_robust.launcher.paths import (
     RunPaths,
     load_site,
@@ -40,29 +53,9 @@ from slurm_robust.launcher.paths import (
 )
 from slurm_robust.launcher.protocol import Channel, ChannelClosed, host_address
 from slurm_robust.records import write_json_atomic
+from slurm_robust.stacks.capture import CaptureOptions, capture_local
 
-log = logging.getLogger("slurm_robust.launcher.agent")
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Who this agent is, from Slurm's task environment."""
-
-    index: int
-    node: str
-    job_id: str
-    step_key: str
-    restart_count: int
-
-    @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> Identity:
-        e = os.environ if env is None else env
-        job = e.get("SLURM_JOB_ID") or e.get("SLURM_JOBID") or "local"
-        restart = int(e.get("SLURM_RESTART_COUNT") or 0)
-        step = e.get("SLURM_STEP_ID") or e.get("SLURM_STEPID") or "0"
-        return cls(index=int(e.get("SLURM_PROCID") or 0),
-                   node=e.get("SLURMD_NODENAME") or socket.gethostname(),
-                   job_id=job, step_key=f"{job}.{step}.{restart}", restart_count=restart)
+log = logging.getLogger("slurm_robust.launcher.node.agent")
 
 
 class Agent:
@@ -74,13 +67,13 @@ class Agent:
         self.paths = RunPaths.of(cfg.run_dir)
         self.site = load_site(cfg.site_config)
         self.gen = -1
-        self.role = "new"
+        self.role = Role.NEW
         self.workers: list[wk.Worker] = []
-        self.exits: list[dict[str, Any]] = []
-        self.pending: list[dict[str, Any]] = []
+        self.exits: list[WorkerExit] = []
+        self.pending: list[Progress] = []
         self.stacks_done: dict[str, Any] = {}
         self._stack_threads: dict[str, threading.Thread] = {}
-        self.plan: dict[str, Any] = {}
+        self.plan: Plan | None = None
         self.zygotes = wk.ZygotePool(cfg.command, cfg.prewarm, {**os.environ, **cfg.env},
                                      cfg.workers_per_node)
 
@@ -105,6 +98,14 @@ class Agent:
                 reply = chan.request(self.report())
                 last_ok = time.time()
                 self.pending.clear()
+                plan = plan_from_reply(reply)
+            except BadMessage as exc:
+                # The report went through; only the answer is refused. Reconnect.
+                log.warning("agent %s: controller's answer refused: %s", self.ident.index, exc)
+                chan.close()
+                chan = None
+                time.sleep(self.cfg.heartbeat_s)
+                continue
             except (OSError, ChannelClosed) as exc:
                 if chan is not None:
                     chan.close()
@@ -113,7 +114,7 @@ class Agent:
                     return self.controller_lost(str(exc), last_ok)
                 time.sleep(self.cfg.heartbeat_s)
                 continue
-            done = self.apply(reply.get("plan") or {})
+            done = self.apply(plan)
             if done is not None:
                 chan.close()
                 return done
@@ -150,31 +151,42 @@ class Agent:
         self.poll_workers()
         states = {str(w.rank): wk.process_state(w.pid) for w in self.workers
                   if w.popen.poll() is None}
-        return {"op": "report", "agent": self.ident.index, "node": self.ident.node,
-                "pid": os.getpid(), "addr": host_address(), "key": self.ident.step_key,
-                "gen": self.gen,
-                "role": self.role, "exits": self.exits, "progress": list(self.pending),
-                "states": states, "stacks": self.stacks_done, "time": time.time()}
+        return Report(op="report", agent=self.ident.index, node=self.ident.node,
+                      pid=os.getpid(), addr=host_address(), key=self.ident.step_key,
+                      gen=self.gen, role=self.role, exits=list(self.exits),
+                      progress=list(self.pending), states=states,
+                      stacks=dict(self.stacks_done), time=time.time()).to_json()
 
     def poll_workers(self) -> None:
         for w in self.workers:
-            self.pending.extend(wk.read_progress(w))
+            self.pending.extend(self._progress(w))
             if w.reported or w.popen.poll() is None:
                 continue
             w.reported = True
             w.exit_time = time.time()
             code, sig = wk.exit_status(w.popen.returncode)
-            self.pending.extend(wk.read_progress(w))
+            self.pending.extend(self._progress(w))
             if code == 0:
-                self.exits.append({"rank": w.rank, "gen": w.gen, "exit_code": 0,
-                                   "signal": None, "time": w.exit_time})
+                self.exits.append(WorkerExit(rank=w.rank, gen=w.gen, exit_code=0, signal=None,
+                                             time=w.exit_time))
                 continue
             c = classify_failure(code, sig, wk.log_tail(w.log_path))
-            self.exits.append({"rank": w.rank, "gen": w.gen, "exit_code": code, "signal": sig,
-                               "time": w.exit_time, "class": c.cls, "category": c.category,
-                               "secondary": c.secondary, "signature": c.signature,
-                               "line": c.line, "evidence": c.evidence,
-                               "log": str(w.log_path)})
+            self.exits.append(WorkerExit(
+                rank=w.rank, gen=w.gen, exit_code=code, signal=sig, time=w.exit_time,
+                cls=c.cls, category=Category(c.category), secondary=c.secondary,
+                signature=c.signature, line=c.line, evidence=c.evidence,
+                log=str(w.log_path)))
+
+    def _progress(self, w: wk.Worker) -> list[Progress]:
+        """The worker's new progress lines, checked here (the worker side is user code):
+        a malformed line is logged and dropped, never sent on."""
+        out = []
+        for item in wk.read_progress(w):
+            try:
+                out.append(Progress.from_json(item))
+            except BadMessage as exc:
+                log.warning("rank %s: progress line dropped: %s", w.rank, exc)
+        return out
 
     def publish(self) -> None:
         write_json_atomic(self.paths.agent_file(self.ident.node), {
@@ -184,35 +196,36 @@ class Agent:
             "time": time.time()}, mode=0o664)
 
     # ------------------------------------------------------------------ plan
-    def apply(self, plan: dict[str, Any]) -> int | None:
+    def apply(self, plan: Plan | None) -> int | None:
         """Reconcile with the plan; returns an exit code when the agent should end."""
-        if not plan:
+        if plan is None:
             return None
         self.plan = plan
-        if plan.get("role") == "exit":
+        if plan.role is Role.EXIT:
             wk.stop_workers(self.workers, self.cfg.grace_s)
-            if plan.get("purge"):
+            if plan.purge:
                 self.purge()
-            return int(plan.get("exit_code", 0))
-        if plan["gen"] != self.gen or plan["role"] != self.role:
+            return int(plan.exit_code or 0)
+        if plan.gen != self.gen or plan.role != self.role:
             self.restart(plan)
-        capture = plan.get("stacks")
+        capture = plan.stacks
         if capture and capture not in self.stacks_done and capture not in self._stack_threads:
             t = threading.Thread(target=self._capture, args=(capture,), daemon=True)
             self._stack_threads[capture] = t
             t.start()
         return None
 
-    def restart(self, plan: dict[str, Any]) -> None:
+    def restart(self, plan: Plan) -> None:
         wk.stop_workers(self.workers, self.cfg.grace_s)
         self.workers, self.exits = [], []
-        self.gen, self.role = plan["gen"], plan["role"]
-        if self.role == "active":
+        self.gen, self.role = int(plan.gen if plan.gen is not None else -1), plan.role
+        if self.role is Role.ACTIVE:
             ckpt = self._ckpt_config()
-            for local_rank, rank in enumerate(plan["ranks"]):
+            for local_rank, rank in enumerate(plan.ranks or []):
                 progress = progress_dir(self.site, self.ident.job_id, self.ident.node) / \
                     f"rank{rank}.gen{self.gen}.jsonl"
-                env = wk.worker_env(os.environ, plan, rank, local_rank, self.ident.node,
+                env = wk.worker_env(os.environ, plan.to_json(), rank, local_rank,
+                                    self.ident.node,
                                     self.ident.job_id, self.cfg.run_dir, progress, ckpt,
                                     self.cfg.env)
                 self.workers.append(wk.spawn(self.cfg.command, env, rank, local_rank,
@@ -220,20 +233,19 @@ class Agent:
                                              progress, self.zygotes.take()))
         self.publish()
         log.info("agent %s on %s: generation %s, role %s, ranks %s", self.ident.index,
-                 self.ident.node, self.gen, self.role, plan.get("ranks"))
+                 self.ident.node, self.gen, self.role, plan.ranks)
 
-    def _ckpt_config(self) -> dict[str, Any]:
-        return {"shm_root": str(node_shm_root(self.site, self.ident.node)),
-                "local_root": str(node_local_root(self.site, self.ident.node))
-                if self.cfg.local_every else None,
-                "durable_root": str(self.paths.durable) if self.cfg.durable_every else None,
-                "local_every": self.cfg.local_every, "durable_every": self.cfg.durable_every,
-                "peer_backup": self.cfg.peer_backup and self.cfg.nodes > 1,
-                "peer_slots": self.cfg.peer_slots}
+    def _ckpt_config(self) -> CheckpointConfig:
+        return CheckpointConfig(
+            shm_root=str(node_shm_root(self.site, self.ident.node)),
+            local_root=str(node_local_root(self.site, self.ident.node))
+            if self.cfg.local_every else None,
+            durable_root=str(self.paths.durable) if self.cfg.durable_every else None,
+            local_every=self.cfg.local_every, durable_every=self.cfg.durable_every,
+            peer_backup=self.cfg.peer_backup and self.cfg.nodes > 1,
+            peer_slots=self.cfg.peer_slots)
 
     def _capture(self, capture_id: str) -> None:
-        from slurm_robust.stacks.capture import CaptureOptions, capture_local
-
         pids = {w.rank: w.pid for w in self.workers if w.popen.poll() is None}
         summary: dict[str, Any] = {"ranks": sorted(pids), "error": None}
         if pids:
@@ -254,8 +266,6 @@ class Agent:
     # ------------------------------------------------------------------ endings
     def purge(self) -> None:
         """Remove this job's shared-memory snapshots on this node (the run is over)."""
-        from slurm_robust.ckpt import CheckpointConfig, purge_job_memory
-
         try:
             cfg = CheckpointConfig(shm_root=str(node_shm_root(self.site, self.ident.node)))
             purge_job_memory(cfg, self.ident.job_id, self.ident.node)
@@ -264,8 +274,6 @@ class Agent:
 
     def controller_lost(self, why: str, last_ok: float) -> int:
         wk.stop_workers(self.workers, self.cfg.grace_s)
-        from slurm_robust.launcher.requeue import requeue_after_controller_loss
-
         info = json.loads(self.paths.controller.read_text()) if \
             self.paths.controller.exists() else {}
         requeue_after_controller_loss(self.cfg, self.ident, info.get("node"), why, last_ok)
@@ -283,8 +291,6 @@ def run_agent(cfg: RunConfig) -> dict[str, Any]:
     ident = Identity.from_env()
     controller = None
     if ident.index == 0:
-        from slurm_robust.launcher.controller import Controller
-
         controller = Controller(cfg, ident)
         controller.start()
     code = Agent(cfg, ident).run()
@@ -293,16 +299,12 @@ def run_agent(cfg: RunConfig) -> dict[str, Any]:
         result = controller.join()
         summary.update(result)
         if result.get("status") == "stopped":
-            from slurm_robust.launcher.errors import RunStopped
-
             raise RunStopped(result.get("verdict") or "run stopped", cfg.run_dir)
     return summary
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m slurm_robust.launcher.agent RUN_DIR/config.json`` (used by `launch`)."""
-    import sys
-
+    """``python -m slurm_robust.launcher.node.agent RUN_DIR/config.json`` (used by `launch`)."""
     args = sys.argv[1:] if argv is None else argv
     cfg = RunConfig.from_dict(json.loads(Path(args[0]).read_text()))
     try:

@@ -2,7 +2,7 @@
 
 Importing torch takes seconds (2-5 s on a loaded 2-core node), most of an in-place
 restart. So each agent keeps one *zygote* per local rank: ``python -m
-slurm_robust.launcher.zygote torch`` imports the listed modules, then blocks reading one
+slurm_robust.launcher.node.zygote torch`` imports the listed modules, then blocks reading one
 JSON line on stdin: ``{"argv": [...], "env": {...}, "cwd": ..., "log": ...}``. On that
 line it points its stdout and stderr at the log, replaces its environment, and runs the
 script (``script.py args`` or ``-m module args``) as ``__main__``, exactly as
@@ -33,7 +33,7 @@ def usable(command: list[str] | tuple[str, ...], executable: str = sys.executabl
 
 
 def argv_for(command: list[str] | tuple[str, ...], preload: tuple[str, ...]) -> list[str]:
-    return [command[0], "-m", "slurm_robust.launcher.zygote", *preload]
+    return [command[0], "-m", "slurm_robust.launcher.node.zygote", *preload]
 
 
 def main() -> None:

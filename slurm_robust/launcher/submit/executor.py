@@ -2,7 +2,7 @@
 
 ``submit_run(cfg, slurm)`` is what ``slurm-robust submit`` calls: a submitit
 ``SlurmExecutor`` job of N + k nodes, one task per node, each running
-:func:`slurm_robust.launcher.agent.run_agent`. sbatch gets ``--requeue`` (our own
+:func:`slurm_robust.launcher.node.agent.run_agent`. sbatch gets ``--requeue`` (our own
 ``scontrol requeue`` and Slurm's node-failure requeue re-run the batch script, and
 submitit re-executes the pickled function) and ``--no-kill`` (the allocation survives
 a node loss; the spare takes over). srun gets ``--no-kill`` and
@@ -31,6 +31,7 @@ from typing import Any
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.errors import LauncherError, RunStopped
+from slurm_robust.launcher.node.agent import run_agent
 from slurm_robust.launcher.paths import RunPaths, site_config_path
 from slurm_robust.records import EVENT_SCHEMA, read_records, write_json_atomic
 
@@ -54,7 +55,7 @@ class SlurmOptions:
 
 def submit_run(cfg: RunConfig, slurm: SlurmOptions) -> Any:
     """Submit the agents of ``cfg`` through submitit; returns the submitit job."""
-    import submitit
+    import submitit  # function-level: heavy, and only the submitting side needs it
 
     paths = RunPaths.of(cfg.run_dir)
     paths.root.mkdir(parents=True, exist_ok=True)
@@ -78,8 +79,6 @@ def submit_run(cfg: RunConfig, slurm: SlurmOptions) -> Any:
     if slurm.mem_gb is not None:
         params["mem"] = f"{int(slurm.mem_gb * 1024)}M"
     ex.update_parameters(**params)
-    from slurm_robust.launcher.agent import run_agent
-
     try:
         return ex.submit(run_agent, cfg)
     except Exception as exc:  # submitit raises FailedSubmissionError with sbatch's words
@@ -120,7 +119,7 @@ class RobustExecutor:
 
     def submit(self, fn: Any, *args: Any, **kwargs: Any) -> RobustJob:
         """Run ``fn(*args, **kwargs)`` on every rank; returns the job."""
-        import cloudpickle  # shipped with submitit
+        import cloudpickle  # function-level: shipped with submitit, only the submitter needs it
 
         run_dir = self.folder / time.strftime("%Y%m%d-%H%M%S") if \
             (self.folder / "events.jsonl").exists() else self.folder
@@ -130,7 +129,7 @@ class RobustExecutor:
         fn_path.write_bytes(cloudpickle.dumps((fn, args, kwargs)))
         p = self._params
         robust = {k: v for k, v in p.items() if k in _ROBUST_KEYS}
-        cfg = RunConfig(command=(sys.executable, "-m", "slurm_robust.launcher.fnworker",
+        cfg = RunConfig(command=(sys.executable, "-m", "slurm_robust.launcher.node.fnworker",
                                  str(fn_path)), run_dir=str(run_dir), nodes=p["nodes"],
                         **robust)
         slurm = SlurmOptions(partition=p.get("partition"), time_min=int(p["time"]),

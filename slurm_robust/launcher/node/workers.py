@@ -36,6 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slurm_robust.ckpt import CheckpointConfig
+from slurm_robust.launcher.node import zygote
+
 TAIL_BYTES = 32768
 
 
@@ -63,7 +66,7 @@ class Worker:
 
 def worker_env(base: Mapping[str, str], plan: Mapping[str, Any], rank: int, local_rank: int,
                node: str, job_id: str, run_dir: str, progress: Path,
-               ckpt: Mapping[str, Any], extra: Mapping[str, str]) -> dict[str, str]:
+               ckpt: CheckpointConfig, extra: Mapping[str, str]) -> dict[str, str]:
     """The environment of one worker (see the module docstring)."""
     ranks = plan["ranks"]
     env = dict(base)
@@ -81,9 +84,9 @@ def worker_env(base: Mapping[str, str], plan: Mapping[str, Any], rank: int, loca
         "SLURM_ROBUST_PROGRESS": str(progress),
         "SLURM_ROBUST_NODE": node,
         "SLURM_ROBUST_JOB_ID": job_id,
-        "SLURM_ROBUST_CKPT": json.dumps(dict(ckpt)),
         "SLURM_ROBUST_RANK_NODES": json.dumps(plan["rank_nodes"]),
         "PYTHONUNBUFFERED": "1",
+        **ckpt.to_env(),
     })
     return env
 
@@ -118,8 +121,6 @@ class ZygotePool:
 
     def __init__(self, command: list[str] | tuple[str, ...], preload: tuple[str, ...],
                  env: Mapping[str, str], size: int) -> None:
-        from slurm_robust.launcher import zygote
-
         self.enabled = bool(preload) and zygote.usable(command)
         self.argv = zygote.argv_for(command, preload)
         self.env = {**env, "PYTHONUNBUFFERED": "1"}

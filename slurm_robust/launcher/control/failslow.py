@@ -1,6 +1,7 @@
 """Fail-slow detection in the controller: per-rank busy times in, a node eviction out.
 
-ByteRobust (BYTEROBUST.md section 3) aggregates every 10 s, flags the group with the
+ByteRobust (the paper's fail-slow detection, summarized in docs/ARCHITECTURE.md)
+aggregates every 10 s, flags the group with the
 most slow ranks, and evicts the group flagged most over 5 rounds. The vote itself is
 :mod:`slurm_robust.stacks.failslow`; this module feeds it what the launcher knows.
 
@@ -23,11 +24,12 @@ import math
 from typing import Any
 
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.events import make_incident
+from slurm_robust.launcher.control.events import make_incident
+from slurm_robust.launcher.enums import IncidentClass
 from slurm_robust.layout import ParallelLayout
 from slurm_robust.stacks.failslow import FailSlowDecision, FailSlowMonitor
 
-CLASS = "fail_slow"
+CLASS = IncidentClass.MFU_DECLINE
 CATEGORY = "implicit"
 
 

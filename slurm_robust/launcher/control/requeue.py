@@ -19,13 +19,16 @@ from typing import Any
 
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.events import last_logged_step, make_incident
+from slurm_robust.launcher.control.events import last_logged_step, make_incident
+from slurm_robust.launcher.control.state import load_state, save_state
 from slurm_robust.launcher.paths import RunPaths, load_site
-from slurm_robust.launcher.state import load_state, save_state
 from slurm_robust.records import VERDICT_SCHEMA, VERDICT_VERSION, append_record, make_record
+from slurm_robust.reserve.config import reserve_config
+from slurm_robust.reserve.verdicts import VerdictError
+from slurm_robust.reserve.verdicts import write_verdict as spool_verdict
 from slurm_robust.slurm import Slurm, SlurmCommandError
 
-log = logging.getLogger("slurm_robust.launcher.requeue")
+log = logging.getLogger("slurm_robust.launcher.control.requeue")
 
 
 def write_verdict(paths: RunPaths, job_id: str, node: str, reason: str, cls: str,
@@ -35,9 +38,6 @@ def write_verdict(paths: RunPaths, job_id: str, node: str, reason: str, cls: str
     (``<verdict_dir>/<user>/<job>.jsonl``, via slurm_robust.reserve) and in the run's own
     copy. Without the spool directory (no reserve set up on this cluster) only the run's
     copy is written, and that is logged: the node is then not drained by the epilog."""
-    from slurm_robust.reserve.config import reserve_config
-    from slurm_robust.reserve.verdicts import VerdictError
-    from slurm_robust.reserve.verdicts import write_verdict as spool_verdict
 
     user = os.environ.get("SLURM_JOB_USER") or pwd.getpwuid(os.geteuid()).pw_name
     try:

@@ -1,0 +1,2 @@
+"""Control plane: the controller (in agent 0), the recovery owner, the pure policy,
+fail-slow, the Slurm side of recovery, the persisted run state and the event log."""

@@ -1,0 +1,174 @@
+"""The controller: the agents' TCP server and the run's membership.
+
+It runs as threads inside agent 0's process: a TCP server (one handler thread per
+agent connection, see protocol.py) and a tick loop. Both work under one lock. The
+controller knows which agents exist and when each was last heard (:class:`AgentView`);
+everything else, the run's phase, generation, plans, spares, run state and event log,
+belongs to the recovery owner (:class:`~slurm_robust.launcher.control.recovery.Recovery`),
+which the controller calls in one direction: reports in, lost agents, the clock; plans
+back out to the agents. docs/ARCHITECTURE.md has the phase table.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import socketserver
+import threading
+import time
+from typing import Any
+
+from slurm_robust.launcher.config import RunConfig
+from slurm_robust.launcher.control.recovery import Recovery, SlurmSide
+from slurm_robust.launcher.enums import Phase, Role
+from slurm_robust.launcher.identity import Identity
+from slurm_robust.launcher.messages import BadMessage, Report
+from slurm_robust.launcher.paths import RunPaths
+from slurm_robust.launcher.protocol import Channel, ChannelClosed, host_address
+from slurm_robust.records import write_json_atomic
+
+log = logging.getLogger("slurm_robust.launcher.control.controller")
+
+TICK_S = 0.05
+#: A closed agent connection not re-opened within this long counts as a lost agent.
+RECONNECT_GRACE_S = 0.5
+
+
+class AgentView:
+    """What the controller knows of one agent (recovery reads it as a ``Member``)."""
+
+    def __init__(self, index: int, node: str, pid: int, addr: str, now: float) -> None:
+        self.index, self.node, self.pid, self.addr = index, node, pid, addr
+        self.last_seen = now
+        self.connected = True
+        self.closed_at: float | None = None
+        self.lost = False
+        self.gen = -1
+        self.stacks: dict[str, Any] = {}
+        self.states: dict[str, str | None] = {}
+        self.exit_sent = False
+
+
+class Controller:
+    """See the module docstring. ``start()`` then ``join()`` (returns the result)."""
+
+    def __init__(self, cfg: RunConfig, ident: Identity, slurm: SlurmSide | None = None) -> None:
+        self.cfg = cfg
+        self.ident = ident
+        self.paths = RunPaths.of(cfg.run_dir)
+        self.lock = threading.Lock()
+        self.agents: dict[int, AgentView] = {}
+        self.recovery = Recovery(cfg, ident, self.agents,
+                                 expected=int(os.environ.get("SLURM_NTASKS")
+                                              or cfg.total_nodes), slurm=slurm)
+        self._server: socketserver.ThreadingTCPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        controller = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                controller._serve(self.request)
+
+        socketserver.ThreadingTCPServer.allow_reuse_address = True
+        socketserver.ThreadingTCPServer.daemon_threads = True
+        self._server = socketserver.ThreadingTCPServer(("", self.cfg.controller_port), Handler)
+        port = self._server.server_address[1]
+        threading.Thread(target=self._server.serve_forever, daemon=True,
+                         name="robust-controller-server").start()
+        write_json_atomic(self.paths.controller, {
+            "key": self.ident.step_key, "host": host_address(), "port": port,
+            "node": self.ident.node, "pid": os.getpid(), "time": time.time()}, mode=0o664)
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name="robust-controller")
+        self._thread.start()
+        log.info("controller for %s listening on port %s", self.ident.step_key, port)
+
+    def join(self) -> dict[str, Any]:
+        if self._thread is not None:
+            self._thread.join()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        return dict(self.recovery.result)
+
+    def _loop(self) -> None:
+        while True:
+            with self.lock:
+                try:
+                    self.tick(time.time())
+                except Exception as exc:  # noqa: BLE001 - a controller bug must end the run visibly
+                    log.exception("controller failed")
+                    self.recovery.fail(f"controller error: {exc!r}")
+                if self._finished():
+                    return
+            time.sleep(TICK_S)
+
+    def _finished(self) -> bool:
+        done_at = self.recovery.done_at
+        if self.recovery.phase is not Phase.DONE or done_at is None:
+            return False
+        live = [a for a in self.agents.values() if not a.lost]
+        return all(a.exit_sent for a in live) or time.time() - done_at > 10.0
+
+    # ------------------------------------------------------------------ server side
+    def _serve(self, sock: socket.socket) -> None:
+        chan = Channel(sock, self.cfg.heartbeat_timeout_s * 3)
+        view: AgentView | None = None
+        try:
+            while True:
+                report = Report.from_json(chan.recv())
+                with self.lock:
+                    view = self.on_report(report, time.time())
+                    plan = self.recovery.plan_for(view.index) if view is not None else None
+                    if plan is not None and plan.role is Role.EXIT and view is not None:
+                        view.exit_sent = True
+                chan.send({"plan": plan.to_json() if plan is not None else {}})
+        except BadMessage as exc:
+            # Refused at the boundary: this connection ends, the run goes on (an agent
+            # that reconnects with good reports is heard again).
+            log.warning("report from %s refused: %s", view.node if view else "an agent", exc)
+        except (OSError, ChannelClosed):
+            pass
+        finally:
+            chan.close()
+            if view is not None:
+                with self.lock:
+                    view.connected = False
+                    view.closed_at = time.time()
+
+    def on_report(self, report: Report, now: float) -> AgentView | None:
+        """Membership from one report; its progress and exits go to recovery."""
+        if report.key != self.ident.step_key:
+            return None  # an agent of an earlier allocation of this job
+        view = self.agents.get(report.agent)
+        if view is None:
+            view = AgentView(report.agent, report.node, report.pid, str(report.addr), now)
+            self.agents[report.agent] = view
+        view.last_seen, view.connected, view.closed_at = now, True, None
+        view.gen = report.gen
+        view.states = report.states
+        view.stacks.update(report.stacks)
+        self.recovery.on_report(view, view.gen, report.progress, report.exits, now)
+        return view
+
+    # ------------------------------------------------------------------ the tick
+    def tick(self, now: float) -> None:
+        if self.recovery.phase in (Phase.RUNNING, Phase.DUMPING):
+            self._check_agents(now)
+        self.recovery.tick(now)
+
+    def _check_agents(self, now: float) -> None:
+        for view in self.agents.values():
+            if view.lost:
+                continue
+            closed = (not view.connected and view.closed_at is not None
+                      and now - view.closed_at > RECONNECT_GRACE_S)
+            if closed or now - view.last_seen > self.cfg.heartbeat_timeout_s:
+                view.lost = True
+                log.warning("agent %s on %s lost (%s)", view.index, view.node,
+                            "connection closed" if closed else "heartbeat timeout")
+                self.recovery.on_agent_lost(view, closed, now)

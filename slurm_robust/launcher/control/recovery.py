@@ -1,0 +1,582 @@
+"""The recovery owner: the run's phase, generation, plans and spares, and the ladder.
+
+:class:`Recovery` is the only writer of the run's phase, its current
+:class:`Generation`, the agents' plans, the spare list, the persisted run state
+(``state.json``) and the event log. The controller (controller.py) keeps the TCP server
+and the membership (which agents exist, when each was last heard) and calls in one
+direction: reports (:meth:`Recovery.on_report`), lost agents
+(:meth:`Recovery.on_agent_lost`) and the clock (:meth:`Recovery.tick`); it reads back
+:meth:`Recovery.plan_for` to answer an agent. This module never imports the controller:
+what it needs of an agent is the :class:`Member` protocol.
+
+Every phase change goes through :meth:`Recovery._enter`, which checks it against
+:data:`slurm_robust.launcher.enums.PHASE_TRANSITIONS` and raises PhaseError on a
+transition the table does not allow (docs/ARCHITECTURE.md shows the table).
+
+The ladder itself is pure (policy.py); this class gathers its input and applies the
+answer: in place (a new generation on the same slots), spare (the blamed node's slot
+goes to a parked agent), requeue (``scontrol requeue``, through the injectable
+:class:`SlurmSide`), stop (``run_end`` with a verdict). Incidents follow
+docs/SCHEMAS.md: detected when the controller first saw the failure, localized when the
+culprit was named, recovered when the first step after the restored one finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from slurm_robust.ckpt.config import TIERS
+from slurm_robust.launcher.config import RunConfig
+from slurm_robust.launcher.control import failslow
+from slurm_robust.launcher.control.events import EventLog, make_incident
+from slurm_robust.launcher.control.policy import (
+    Decision,
+    LadderInput,
+    assign_slots,
+    blamed_nodes,
+    decide,
+    is_hung,
+    rendezvous_port,
+)
+from slurm_robust.launcher.control.requeue import drain_directly, requeue_job, write_verdict
+from slurm_robust.launcher.control.state import RunState, load_state, save_state
+from slurm_robust.launcher.enums import (
+    Category,
+    IncidentClass,
+    Phase,
+    ProgressKind,
+    Role,
+    Rung,
+    RunStatus,
+    check_transition,
+)
+from slurm_robust.launcher.identity import Identity
+from slurm_robust.launcher.messages import Plan, Progress, WorkerExit
+from slurm_robust.launcher.paths import RunPaths
+from slurm_robust.slurm import SlurmCommandError
+from slurm_robust.stacks.analyze import analyze
+from slurm_robust.stacks.dumps import read_capture
+from slurm_robust.stacks.failslow import FailSlowDecision, FailSlowMonitor
+
+log = logging.getLogger("slurm_robust.launcher.control.recovery")
+
+#: Wait this long after the first primary failure for the others of the same moment.
+SETTLE_S = 0.3
+#: Longest wait for stack captures on a hang before restarting anyway.
+CAPTURE_BUDGET_S = 20.0
+
+
+class Member(Protocol):
+    """What recovery reads of one agent (the controller's membership record)."""
+
+    index: int
+    node: str
+    addr: str
+    last_seen: float
+    lost: bool
+    stacks: dict[str, Any]
+    states: dict[str, str | None]
+
+
+@dataclass
+class SlurmSide:
+    """The Slurm calls recovery makes, injectable so a test can record them."""
+
+    requeue: Callable[[str, Sequence[str]], None] = requeue_job
+    drain: Callable[[Sequence[str], str], object] = drain_directly
+    verdict: Callable[..., None] = write_verdict
+
+
+@dataclass
+class Failure:
+    """A worker exit of the current generation as the controller saw it."""
+
+    exit: WorkerExit
+    node: str
+    agent: int
+    seen: float  # when the controller first heard of it
+
+
+@dataclass
+class Generation:
+    """One start of the worker group: the plan's generation and what it has done."""
+
+    number: int
+    attempt: int
+    slots: list[int]
+    started_at: float
+    last_progress: float = 0.0
+    steps_done: int = 0
+    restored: dict[int, tuple[int | None, str | None]] = field(default_factory=dict)
+    pending: dict[int, dict[int, Progress]] = field(default_factory=dict)
+    finals: dict[int, Progress] = field(default_factory=dict)
+    succeeded: set[int] = field(default_factory=set)
+    failures: list[Failure] = field(default_factory=list)
+    exits_seen: set[tuple[int, int]] = field(default_factory=set)
+    first_failure_seen: float | None = None
+    capture: str | None = None
+    hang_detected: float | None = None
+    capture_deadline: float = 0.0
+    announced: bool = False
+
+    def __post_init__(self) -> None:
+        self.last_progress = self.last_progress or self.started_at
+
+
+class Recovery:
+    """See the module docstring. All methods run under the controller's lock."""
+
+    def __init__(self, cfg: RunConfig, ident: Identity, members: Mapping[int, Member], *,
+                 expected: int, slurm: SlurmSide | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.cfg = cfg
+        self.ident = ident
+        self.members = members
+        self.expected = expected
+        self.slurm = slurm or SlurmSide()
+        self.clock = clock
+        self.paths = RunPaths.of(cfg.run_dir)
+        self.state: RunState = load_state(self.paths.state)
+        self.events = EventLog(self.paths.events, self.state.run_id, ident.job_id,
+                               max(self.state.attempt, 0), cfg.step_events_per_s)
+        self._phase = Phase.GATHER
+        self.gen: Generation | None = None
+        self.gen_count = 0
+        self.spares: list[int] = []
+        self.evicted: set[int] = set()
+        self._plans: dict[int, Plan] = {}
+        self.failslow: FailSlowMonitor | None = None  # one per generation
+        self.step_times: list[float] = []
+        self.last_step_time: float | None = None
+        self.last_persist = 0.0
+        self.result: dict[str, Any] = {}
+        self.done_at: float | None = None
+        self.started_at = clock()
+
+    # ------------------------------------------------------------------ read side
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    def plan_for(self, index: int) -> Plan | None:
+        """The plan to send agent ``index`` (None: nothing yet)."""
+        return self._plans.get(index)
+
+    def ranks_of(self, agent_index: int) -> list[int]:
+        gen = self.gen
+        if gen is None or agent_index not in gen.slots:
+            return []
+        slot = gen.slots.index(agent_index)
+        g = self.cfg.workers_per_node
+        return list(range(slot * g, (slot + 1) * g))
+
+    # ------------------------------------------------------------------ phase
+    def _enter(self, new: Phase) -> None:
+        check_transition(self._phase, new)
+        self._phase = new
+
+    # ------------------------------------------------------------------ input
+    def on_report(self, member: Member, gen_number: int, progress: Sequence[Progress],
+                  exits: Sequence[WorkerExit], now: float) -> None:
+        """An agent's report: its step progress and worker exits (current generation)."""
+        gen = self.gen
+        if gen is None or gen_number != gen.number:
+            return
+        for item in progress:
+            self._on_progress(gen, item, now)
+        for ex in exits:
+            seen = (member.index, ex.rank)
+            if ex.gen != gen.number or seen in gen.exits_seen:
+                continue
+            gen.exits_seen.add(seen)
+            if ex.exit_code == 0:
+                gen.succeeded.add(ex.rank)
+            else:
+                gen.failures.append(Failure(ex, member.node, member.index, now))
+                gen.first_failure_seen = gen.first_failure_seen or now
+
+    def on_agent_lost(self, member: Member, closed: bool, now: float) -> None:
+        """The controller stopped hearing from ``member``: a parked spare is dropped, an
+        active slot becomes a ``node_lost`` failure of the current generation."""
+        if member.index in self.spares:
+            self.spares.remove(member.index)
+            return
+        gen = self.gen
+        if gen is not None and member.index in gen.slots:
+            lost = WorkerExit(
+                rank=self.ranks_of(member.index)[0], gen=gen.number, exit_code=None,
+                signal=None, time=member.last_seen, cls=IncidentClass.NODE_LOST,
+                category=Category.EXPLICIT, line="agent heartbeat lost",
+                evidence={"heartbeat_age_s": round(now - member.last_seen, 3),
+                          "connection_closed": closed})
+            gen.failures.append(Failure(lost, member.node, member.index, now))
+            gen.first_failure_seen = gen.first_failure_seen or now
+
+    def fail(self, reason: str) -> None:
+        """A controller bug: end the run visibly (``failed``)."""
+        self.finish(RunStatus.FAILED, reason)
+
+    # ------------------------------------------------------------------ the tick
+    def tick(self, now: float) -> None:
+        if self._phase is Phase.GATHER:
+            self._gather(now)
+            return
+        if self._phase not in (Phase.RUNNING, Phase.DUMPING):
+            return
+        gen = self.gen
+        if gen is None:
+            return
+        active = {r for i in gen.slots for r in self.ranks_of(i)}
+        if active and active <= gen.succeeded:
+            self.finish(RunStatus.COMPLETED, None)
+        elif gen.failures:
+            # Before a pending capture: a crash or a lost node during the capture is
+            # the better-localized fault, and a lost agent cannot restart in place.
+            self._maybe_handle_failures(gen, now)
+        elif self._phase is Phase.DUMPING:
+            self._check_capture(gen, now)
+        elif is_hung(gen.last_progress, now, self.step_times, self.cfg.hang_floor_s,
+                     self.cfg.hang_factor, gen.steps_done > 0, self.cfg.startup_timeout_s):
+            self._start_hang_capture(gen, now)
+        elif self.failslow is not None:
+            decision = self.failslow.poll(now)
+            if decision is not None:
+                self._handle_fail_slow(gen, decision, now)
+
+    def _gather(self, now: float) -> None:
+        if self.state.finished:
+            self.finish(self.state.finished, self.state.verdict, write=False)
+            return
+        live = [a for a in self.members.values() if not a.lost]
+        waited = now - self.started_at
+        if len(live) < self.expected and waited < min(60.0, self.cfg.startup_timeout_s):
+            return
+        usable = [a for a in sorted(live, key=lambda a: a.index)
+                  if a.node not in self.state.blamed or waited > 5.0]
+        try:
+            slot_nodes, spare_nodes = assign_slots(self.state.slots,
+                                                   [a.node for a in usable], self.cfg.nodes)
+        except ValueError as exc:
+            self.finish(RunStatus.FAILED, f"cannot start: {exc} (agents: "
+                                          f"{sorted(a.node for a in live)})")
+            return
+        by_node = {a.node: a.index for a in usable}
+        self.spares = [by_node[n] for n in spare_nodes]
+        if self.state.attempt < 0:
+            self.events.run_start(slot_nodes, spare_nodes, self.cfg.world_size,
+                                  {"tp": 1, "pp": 1, "dp": self.cfg.world_size},
+                                  self.cfg.to_dict())
+        self._begin_generation([by_node[n] for n in slot_nodes], now)
+
+    # ------------------------------------------------------------------ progress
+    def _on_progress(self, gen: Generation, item: Progress, now: float) -> None:
+        rank = item.rank
+        if item.kind is ProgressKind.RESTORED:
+            gen.restored[rank] = (item.step, item.tier)
+        elif item.kind is ProgressKind.FINAL:
+            gen.finals[rank] = item
+        elif item.kind is ProgressKind.STEP and item.step is not None:
+            step = item.step
+            busy = failslow.busy_of({"busy_s": item.busy_s})
+            if busy is not None and self.failslow is not None and 0 <= rank < \
+                    self.cfg.world_size:
+                self.failslow.record(rank, busy, now)
+            gen.pending.setdefault(step, {})[rank] = item
+            if len(gen.pending[step]) == self.cfg.world_size:
+                self._on_step_complete(gen, step, gen.pending.pop(step), now)
+
+    def _on_step_complete(self, gen: Generation, step: int, items: dict[int, Progress],
+                          now: float) -> None:
+        if not gen.announced:
+            self._announce_attempt(gen)
+        t_done = max(now if i.t is None else i.t for i in items.values())
+        step_time = None
+        if self.last_step_time is not None and gen.steps_done > 0:
+            step_time = max(0.0, t_done - self.last_step_time)
+            self.step_times.append(step_time)
+            del self.step_times[:-64]
+        self.last_step_time = t_done
+        gen.steps_done += 1
+        gen.last_progress = now
+        losses = [i.loss for i in items.values() if i.loss is not None]
+        norms = [i.grad_norm for i in items.values() if i.grad_norm is not None]
+        loss = sum(losses) / len(losses) if losses else None
+        grad_norm = max(norms) if norms else None
+        self.state.last_step = step
+        opened = self.state.open_incident is not None
+        self.events.step(step, step_time, loss, grad_norm, force=opened or gen.steps_done == 1,
+                         now=t_done)
+        if opened:
+            self._resolve_open_incident(gen, step, now)
+        if now - self.last_persist > 1.0:
+            self.persist()
+
+    def persist(self) -> None:
+        self.last_persist = self.clock()
+        save_state(self.paths.state, self.state)
+
+    # ------------------------------------------------------------------ generations
+    def _begin_generation(self, slots: list[int], now: float) -> None:
+        """Start a new generation of workers on ``slots`` (agent indices, one per slot)."""
+        st = self.state
+        st.attempt += 1
+        self.events.attempt = st.attempt
+        self.gen_count += 1
+        gen = Generation(self.gen_count, st.attempt, list(slots), now)
+        self.gen = gen
+        st.slots = [self.members[i].node for i in slots]
+        g = self.cfg.workers_per_node
+        rank_nodes = [self.members[i].node for i in slots for _ in range(g)]
+        self.failslow = failslow.new_monitor(self.cfg, rank_nodes)
+        port = rendezvous_port(self.cfg.master_port, self.ident.job_id, st.attempt)
+        plans: dict[int, Plan] = {}
+        for slot, index in enumerate(slots):
+            plans[index] = Plan(role=Role.ACTIVE, gen=gen.number, attempt=st.attempt,
+                                world_size=self.cfg.world_size,
+                                master_addr=self.members[slots[0]].addr, master_port=port,
+                                rank_nodes=rank_nodes, run_id=st.run_id,
+                                max_restarts=self.cfg.max_restarts, slot=slot,
+                                ranks=list(range(slot * g, (slot + 1) * g)))
+        for index, member in self.members.items():
+            if index in slots or member.lost:
+                continue
+            role = Role.SPARE if index in self.spares else Role.EVICTED
+            plans[index] = Plan(role=role, gen=gen.number, attempt=st.attempt)
+        self._plans = plans
+        self._enter(Phase.RUNNING)
+        self.persist()
+        log.info("generation %s (attempt %s) on %s, spares %s", gen.number, st.attempt,
+                 st.slots, [self.members[i].node for i in self.spares])
+
+    def _announce_attempt(self, gen: Generation) -> None:
+        """Write ``attempt_start`` once the ranks said what they restored (or stepped)."""
+        gen.announced = True
+        step, tier = restored_of(gen)
+        self.events.attempt_start(list(self.state.slots), step, tier)
+
+    # ------------------------------------------------------------------ incidents
+    def _maybe_handle_failures(self, gen: Generation, now: float) -> None:
+        """Decide once the root cause is clear: the earliest primary failure after a short
+        settle time, or the earliest secondary one after a heartbeat timeout."""
+        primary = [f for f in gen.failures if not f.exit.secondary]
+        first_seen = gen.first_failure_seen or now
+        if primary:
+            if now - min(f.seen for f in primary) < SETTLE_S:
+                return
+            root = min(primary, key=lambda f: f.exit.time)
+        elif now - first_seen < self.cfg.heartbeat_timeout_s:
+            return
+        else:
+            root = min(gen.failures, key=lambda f: f.exit.time)
+        incident = self._incident_from_failure(gen, root, first_seen)
+        self._handle(gen, incident, root.exit.signature, [root.node], now)
+
+    def _incident_from_failure(self, gen: Generation, root: Failure,
+                               detected: float) -> dict[str, Any]:
+        st = self.state
+        st.incidents += 1
+        ex = root.exit
+        others = sorted({f.exit.rank for f in gen.failures if f is not root})
+        evidence: dict[str, Any] = {k: v for k, v in (("exit_code", ex.exit_code),
+                                                      ("signal", ex.signal), ("line", ex.line),
+                                                      ("log", ex.log)) if v is not None}
+        evidence.update(ex.evidence)
+        if others:
+            evidence["also_failed_ranks"] = others
+        return make_incident(f"i{st.incidents}", str(ex.cls), str(ex.category), detected,
+                             fault_time=ex.time, nodes=[root.node], ranks=[ex.rank],
+                             last_step=st.last_step, evidence=evidence)
+
+    def _handle(self, gen: Generation, incident: dict[str, Any], signature: str | None,
+                nodes: list[str], now: float) -> None:
+        """Run the ladder for one incident and apply the decision."""
+        st = self.state
+        if st.open_incident is not None:
+            self._write_incident(st.open_incident)  # the earlier recovery did not finish
+            st.open_incident = None
+        made_progress = gen.steps_done > 0
+        st.no_progress = 0 if made_progress else st.no_progress + 1
+        for node in nodes:
+            st.node_failures[node] = st.node_failures.get(node, 0) + 1
+        blamed = blamed_nodes(incident["class"], nodes, st.node_failures,
+                              self.cfg.node_failures_to_blame)
+        decision = decide(LadderInput(
+            cls=incident["class"], blamed=blamed, controller_node=self.ident.node,
+            spares_left=len(self.spares), restarts=st.restarts,
+            max_restarts=self.cfg.max_restarts, signature=signature,
+            signature_seen=st.signatures.get(signature or "", 0),
+            no_progress=st.no_progress, max_no_progress=self.cfg.max_no_progress))
+        if signature:
+            st.signatures[signature] = st.signatures.get(signature, 0) + 1
+        incident["rung"] = decision.rung
+        incident["localized_at"] = incident["localized_at"] or now
+        incident["nodes"] = sorted(set(incident["nodes"]) | set(decision.evict))
+        incident["evidence"]["decision"] = decision.reason
+        log.warning("incident %s: %s on %s -> %s (%s)", incident["incident"],
+                    incident["class"], incident["nodes"], decision.rung, decision.reason)
+        if decision.rung == Rung.STOP:
+            self._write_incident(incident)
+            self.finish(RunStatus.STOPPED, decision.reason)
+            return
+        st.restarts += 1
+        for node in decision.evict:
+            self.slurm.verdict(self.paths, self.ident.job_id, node, decision.reason,
+                               incident["class"], incident["evidence"], incident["incident"],
+                               self.cfg.site_config)
+        if decision.evict and self.cfg.drain:
+            self.slurm.drain(list(decision.evict), decision.reason)
+        st.open_incident = incident
+        if decision.rung == Rung.REQUEUE:
+            self._requeue(decision)
+        elif decision.rung == Rung.SPARE:
+            self._begin_generation(self._replace(gen, decision), now)
+        else:
+            self._begin_generation(gen.slots, now)
+
+    def _replace(self, gen: Generation, decision: Decision) -> list[int]:
+        slots = list(gen.slots)
+        for node in decision.evict:
+            for pos, index in enumerate(slots):
+                if self.members[index].node == node:
+                    slots[pos] = self.spares.pop(0)
+                    self.evicted.add(index)
+        self.state.blamed = sorted(set(self.state.blamed) | set(decision.evict))
+        return slots
+
+    def _requeue(self, decision: Decision) -> None:
+        st = self.state
+        st.requeues += 1
+        st.blamed = sorted(set(st.blamed) | set(decision.evict))
+        self.persist()
+        gen_no = self.gen.number + 1 if self.gen else 1
+        self._plans = {i: Plan(role=Role.HOLD, gen=gen_no, attempt=st.attempt)
+                       for i in self.members}
+        self._enter(Phase.REQUEUED)
+        try:
+            self.slurm.requeue(self.ident.job_id, st.blamed)
+        except SlurmCommandError as exc:
+            self.finish(RunStatus.FAILED, f"requeue refused by Slurm: {exc}")
+
+    def _handle_fail_slow(self, gen: Generation, decision: FailSlowDecision,
+                          now: float) -> None:
+        """The fail-slow vote named a group: evict its node(s) through the ladder."""
+        self.state.incidents += 1
+        incident = failslow.incident_of(decision, f"i{self.state.incidents}",
+                                        self.state.last_step, now,
+                                        self.cfg.fail_slow_interval_s)
+        self._handle(gen, incident, None, list(decision.eviction.nodes), now)
+
+    # ------------------------------------------------------------------ hangs
+    def _start_hang_capture(self, gen: Generation, now: float) -> None:
+        """A hang: ask every active agent for a stack dump before anything is killed."""
+        gen.capture = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now))}-g{gen.number}"
+        gen.capture_deadline = now + CAPTURE_BUDGET_S
+        gen.hang_detected = now
+        for index in gen.slots:
+            self._plans[index] = dataclasses.replace(self._plans[index], stacks=gen.capture)
+        self._enter(Phase.DUMPING)
+        log.warning("hang: no step for %.1f s; capturing stacks as %s",
+                    now - gen.last_progress, gen.capture)
+
+    def _check_capture(self, gen: Generation, now: float) -> None:
+        views = [self.members[i] for i in gen.slots if not self.members[i].lost]
+        done = [v for v in views if gen.capture in v.stacks]
+        if len(done) < len(views) and now < gen.capture_deadline:
+            return
+        self.state.incidents += 1
+        evidence: dict[str, Any] = {"stacks": str(self.paths.stacks / str(gen.capture)),
+                                    "no_step_for_s": round(now - gen.last_progress, 3),
+                                    "captured_nodes": sorted(v.node for v in done),
+                                    "process_states": {v.node: v.states for v in views}}
+        nodes, ranks = self._analyze_capture(gen, evidence)
+        stopped = {int(r): v.node for v in views for r, s in v.states.items() if s == "T"}
+        if stopped:
+            # A worker in state T (stopped) cannot make progress: the plainest suspect.
+            # It outranks the stack grouping, which needs a clear majority to name anyone.
+            evidence["stopped_ranks"] = sorted(stopped)
+            ranks, nodes = sorted(stopped), sorted(set(stopped.values()))
+        incident = make_incident(f"i{self.state.incidents}", IncidentClass.JOB_HANG,
+                                 Category.IMPLICIT, gen.hang_detected or now,
+                                 fault_time=gen.last_progress, nodes=nodes, ranks=ranks,
+                                 last_step=self.state.last_step, evidence=evidence)
+        incident["localized_at"] = now
+        self._enter(Phase.RUNNING)
+        self._handle(gen, incident, None, [], now)
+
+    def _analyze_capture(self, gen: Generation,
+                         evidence: dict[str, Any]) -> tuple[list[str], list[int]]:
+        """Group the captured stacks; the minority groups are the suspects (evidence only:
+        a hang is restarted in place, the suspects' nodes are named in the incident)."""
+        try:
+            result = analyze(read_capture(self.paths.stacks / str(gen.capture)))
+        except Exception as exc:  # noqa: BLE001 - analysis is evidence, never a blocker
+            evidence["analysis_error"] = f"{type(exc).__name__}: {exc}"
+            return [], []
+        evidence["analysis"] = {"verdict": result.verdict, "reason": result.reason,
+                                "outlier_ranks": list(result.outlier_ranks),
+                                "nodes": result.nodes}
+        return result.nodes, list(result.outlier_ranks)
+
+    # ------------------------------------------------------------------ endings
+    def _resolve_open_incident(self, gen: Generation, step: int, now: float) -> None:
+        incident = self.state.open_incident
+        restored, tier = restored_of(gen)
+        if incident is None or (restored is not None and step <= restored):
+            return
+        last = incident.get("last_step")
+        if restored is not None and (last is None or restored > last):
+            # A controller lost with its node may not have logged the newest finished
+            # step, but the snapshot holds it: that step was done before the fault.
+            last = restored
+            incident["last_step"] = last
+        incident.update(recovered_at=now, restored_step=restored, restore_tier=tier,
+                        steps_lost=max(0, (last or 0) - (restored or 0)))
+        self._write_incident(incident)
+        self.state.open_incident = None
+        self.persist()
+        log.info("incident %s recovered in %.2f s (restored step %s from %s)",
+                 incident["incident"],
+                 now - (incident["fault_time"] or incident["detected_at"]), restored, tier)
+
+    def _write_incident(self, incident: dict[str, Any]) -> None:
+        if incident.get("rung") is None:
+            incident["rung"] = Rung.STOP
+        self.events.incident(incident)
+
+    def finish(self, status: str, verdict: str | None, write: bool = True) -> None:
+        """End the run: ``run_end``, state, and an exit plan for every agent."""
+        if self._phase is Phase.DONE:
+            return
+        gen = self.gen
+        final = gen.finals.get(0) if gen else None
+        step = final.step if final is not None and final.step is not None \
+            else self.state.last_step
+        digest = final.params_sha256 if final is not None else None
+        if write:
+            self.events.run_end(status, step, digest, verdict)
+            self.state.finished, self.state.verdict = status, verdict
+            self.persist()
+        # The snapshots are keyed by job id: a resubmission (new job) cannot use them, and
+        # tmpfs pages are node memory, so every ending frees them (the durable tier stays).
+        self._plans = {i: Plan(role=Role.EXIT, exit_code=0, purge=True) for i in self.members}
+        self.result = {"status": status, "verdict": verdict, "step": step,
+                       "params_sha256": digest,
+                       "attempt": self.state.attempt, "restarts": self.state.restarts}
+        self._enter(Phase.DONE)
+        self.done_at = self.clock()
+        log.info("run %s: %s%s", self.state.run_id, status, f" ({verdict})" if verdict else "")
+
+
+def restored_of(gen: Generation) -> tuple[int | None, str | None]:
+    """The common restored step and the slowest tier that served a rank."""
+    steps = {s for s, _ in gen.restored.values()}
+    tiers = [t for _, t in gen.restored.values() if t in TIERS]
+    step = steps.pop() if len(steps) == 1 else (min((s for s in steps if s is not None),
+                                                    default=None))
+    tier = max(tiers, key=TIERS.index) if tiers else None
+    return step, tier

@@ -1,0 +1,90 @@
+"""The launcher's closed vocabularies, as ``StrEnum`` (a leaf: only the taxonomy below it).
+
+Every value is the string that goes on the wire, into ``state.json`` and into the event
+log (docs/SCHEMAS.md), so a member compares equal to the plain string other code and the
+analysis read. The run's phases and their allowed transitions are here too: the recovery
+owner (control/recovery.py) checks every transition against :data:`PHASE_TRANSITIONS`,
+and docs/ARCHITECTURE.md shows the same table (a unit test keeps the two in step).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+# An incident's class and category are the project-wide failure taxonomy (one table,
+# slurm_robust/taxonomy.py, shared with the classifier and the analysis).
+from slurm_robust.taxonomy import Category
+from slurm_robust.taxonomy import FailureClass as IncidentClass
+
+__all__ = ["Category", "IncidentClass", "PHASE_TRANSITIONS", "Phase", "PhaseError",
+           "ProgressKind", "Role", "Rung", "RunStatus"]
+
+
+class Phase(StrEnum):
+    """Where the run stands, as the controller's recovery owner sees it."""
+
+    GATHER = "gather"      # waiting for the agents of this allocation
+    RUNNING = "running"    # a generation of workers runs (or is being started)
+    DUMPING = "dumping"    # a hang: stacks are being captured before anything is killed
+    REQUEUED = "requeued"  # Slurm was asked to requeue; waiting for this allocation to end
+    DONE = "done"          # run_end written, every agent told to exit
+
+
+#: Allowed phase transitions (from -> the phases it may go to). ``running -> running`` is
+#: a new generation (in-place or spare restart); DONE is final.
+PHASE_TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    Phase.GATHER: frozenset({Phase.RUNNING, Phase.DONE}),
+    Phase.RUNNING: frozenset({Phase.RUNNING, Phase.DUMPING, Phase.REQUEUED, Phase.DONE}),
+    Phase.DUMPING: frozenset({Phase.RUNNING, Phase.REQUEUED, Phase.DONE}),
+    Phase.REQUEUED: frozenset({Phase.DONE}),
+    Phase.DONE: frozenset(),
+}
+
+
+class PhaseError(RuntimeError):
+    """A phase transition the table does not allow: a bug in the recovery owner."""
+
+
+def check_transition(old: Phase, new: Phase) -> None:
+    """Raise PhaseError unless ``old -> new`` is in :data:`PHASE_TRANSITIONS`."""
+    if new not in PHASE_TRANSITIONS[old]:
+        allowed = sorted(p.value for p in PHASE_TRANSITIONS[old]) or ["nothing (final)"]
+        raise PhaseError(f"phase {old.value} -> {new.value} is not allowed; from "
+                         f"{old.value} only {', '.join(allowed)}")
+
+
+class Role(StrEnum):
+    """What a plan tells an agent to be."""
+
+    NEW = "new"          # an agent before its first plan
+    ACTIVE = "active"    # run workers for the plan's ranks
+    SPARE = "spare"      # parked, ready to take a slot
+    EVICTED = "evicted"  # its node was blamed; idle until the run ends
+    HOLD = "hold"        # a requeue is under way: stop workers, wait
+    EXIT = "exit"        # the run ended: stop workers and exit
+
+
+class Rung(StrEnum):
+    """The recovery ladder's rungs, cheapest first (control/policy.py decides)."""
+
+    IN_PLACE = "in_place"
+    SPARE = "spare"
+    REQUEUE = "requeue"
+    STOP = "stop"
+
+
+class RunStatus(StrEnum):
+    """How a run ended (``run_end.status``)."""
+
+    COMPLETED = "completed"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+class ProgressKind(StrEnum):
+    """The kinds of line a worker writes to its progress file (slurm_robust.train)."""
+
+    STEP = "step"          # a finished step (loss, grad norm, busy time)
+    RESTORED = "restored"  # what the worker restored at start (step, tier)
+    FINAL = "final"        # the last step and the parameters' digest
+    ANOMALY = "anomaly"    # a NaN or spike, written before the worker exits 87/88

@@ -1,0 +1,308 @@
+"""The messages between workers, agents and the controller, as typed dataclasses.
+
+The wire stays what it was (JSON objects, see protocol.py): ``to_json`` gives the dict,
+``from_json`` checks it at the boundary and raises :class:`BadMessage`, one exception
+with the field and the reason, for anything malformed or unexpected (a missing field, a
+wrong type, an unknown message or progress kind). Keys a newer peer adds are ignored,
+so one side can be updated before the other.
+
+- :class:`Progress`: one line of a worker's progress file (``kind`` step, restored,
+  final or anomaly), with the agent's ``rank`` added.
+- :class:`WorkerExit`: a worker's end as its agent saw it; a failure carries the
+  classification (``class`` on the wire), a success only ``exit_code`` 0.
+- :class:`Report`: what an agent sends every ``heartbeat_s`` (``op`` "report").
+- :class:`Plan`: the controller's answer, the agent's whole desired state.
+- :class:`Incident`: the incident record of docs/SCHEMAS.md (field order included).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, ClassVar, TypeVar
+
+from slurm_robust.launcher.enums import Category, ProgressKind, Role, Rung
+
+T = TypeVar("T", bound="Message")
+
+
+class BadMessage(ValueError):
+    """A message refused at the boundary: malformed or unexpected."""
+
+
+def _type_ok(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, arg) for arg in typing.get_args(hint))
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return isinstance(value, list) and all(_type_ok(v, item) for v in value)
+    if origin is dict:
+        key, item = typing.get_args(hint)
+        return isinstance(value, dict) and all(_type_ok(k, key) and _type_ok(v, item)
+                                               for k, v in value.items())
+    if isinstance(hint, type) and issubclass(hint, StrEnum):
+        return isinstance(value, str) and value in hint._value2member_map_
+    if isinstance(hint, type) and issubclass(hint, Message):
+        return isinstance(value, dict)
+    return isinstance(hint, type) and isinstance(value, hint)
+
+
+def _convert(value: Any, hint: Any, where: str) -> Any:
+    """Turn a checked JSON value into the field's type (enums, nested messages)."""
+    if value is None:
+        return None
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    for arg in typing.get_args(hint) if union else (hint,):
+        if typing.get_origin(arg) is list:
+            (item,) = typing.get_args(arg)
+            if isinstance(item, type) and issubclass(item, Message):
+                return [item.from_json(v, f"{where}[{i}]") for i, v in enumerate(value)]
+            return list(value)
+        if isinstance(arg, type) and issubclass(arg, StrEnum) and isinstance(value, str):
+            return arg(value)
+        if isinstance(arg, type) and issubclass(arg, Message):
+            return arg.from_json(value, where)
+        if arg is float and isinstance(value, int):
+            return float(value)
+    return value
+
+
+def _to_wire(value: Any) -> Any:
+    if isinstance(value, Message):
+        return value.to_json()
+    if isinstance(value, list):
+        return [_to_wire(v) for v in value]
+    if isinstance(value, StrEnum):
+        return value.value
+    return value
+
+
+@dataclass
+class Message:
+    """Shared ``to_json``/``from_json``: one field per wire key (``wire`` metadata renames
+    a field whose key is a Python keyword); a field without a default is required."""
+
+    #: Keys a message of this kind must not hold None in, beyond the type hints.
+    NAME: ClassVar[str] = "message"
+    #: Fields left out of ``to_json`` while they hold their default (a lean wire).
+    LEAN: ClassVar[bool] = False
+
+    @classmethod
+    def from_json(cls: type[T], raw: Any, where: str | None = None) -> T:
+        where = where or cls.NAME
+        if not isinstance(raw, Mapping):
+            raise BadMessage(f"{where}: expected a JSON object, got {type(raw).__name__}")
+        hints = typing.get_type_hints(cls)
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            key = f.metadata.get("wire", f.name)
+            required = f.default is dataclasses.MISSING and \
+                f.default_factory is dataclasses.MISSING
+            if key not in raw:
+                if required:
+                    raise BadMessage(f"{where}: missing field {key!r}")
+                continue
+            value = raw[key]
+            if not _type_ok(value, hints[f.name]):
+                raise BadMessage(f"{where}: field {key!r} has {value!r:.80}, expected "
+                                 f"{_hint_name(hints[f.name])}")
+            values[f.name] = _convert(value, hints[f.name], f"{where}.{key}")
+        obj = cls(**values)
+        obj.validate(where)
+        return obj
+
+    def validate(self, where: str) -> None:
+        """Checks across fields (a subclass adds its own)."""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if self.LEAN and _is_default(f, value):
+                continue
+            out[f.metadata.get("wire", f.name)] = _to_wire(value)
+        return out
+
+
+def _is_default(f: dataclasses.Field[Any], value: Any) -> bool:
+    if f.default is not dataclasses.MISSING:
+        return bool(value == f.default)
+    if f.default_factory is not dataclasses.MISSING:
+        return bool(value == f.default_factory())
+    return False
+
+
+def _hint_name(hint: Any) -> str:
+    return str(hint).replace("typing.", "").replace("slurm_robust.launcher.", "")
+
+
+@dataclass
+class Progress(Message):
+    """One progress line of a worker (``rank`` added by its agent); keys other than the
+    ones below (an anomaly's ``what``, ...) travel in ``extra``."""
+
+    NAME: ClassVar[str] = "progress"
+
+    rank: int
+    kind: ProgressKind = ProgressKind.STEP
+    step: int | None = None
+    t: float | None = None
+    loss: float | None = None
+    grad_norm: float | None = None
+    busy_s: Any = None  # checked by control/failslow.busy_of: a bad value is ignored there
+    tier: str | None = None
+    params_sha256: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    KNOWN: ClassVar[frozenset[str]] = frozenset(
+        {"rank", "kind", "step", "t", "loss", "grad_norm", "busy_s", "tier", "params_sha256"})
+
+    @classmethod
+    def from_json(cls, raw: Any, where: str | None = None) -> Progress:
+        obj = super().from_json(raw, where)
+        obj.extra = {k: v for k, v in raw.items() if k not in cls.KNOWN and k != "extra"}
+        return obj
+
+    def validate(self, where: str) -> None:
+        if self.kind is ProgressKind.STEP and self.step is None:
+            raise BadMessage(f"{where}: a step line needs 'step'")
+
+    def to_json(self) -> dict[str, Any]:
+        out = {k: v for k, v in super().to_json().items() if k != "extra"}
+        out = {k: v for k, v in out.items() if v is not None}
+        return {**self.extra, **out}
+
+
+@dataclass
+class WorkerExit(Message):
+    """A worker's end; ``exit_code`` 0 is a success, anything else a failure that
+    carries the classification (``class`` on the wire)."""
+
+    NAME: ClassVar[str] = "exit"
+
+    rank: int
+    gen: int
+    exit_code: int | None
+    signal: int | None
+    time: float
+    cls: str | None = field(default=None, metadata={"wire": "class"})
+    category: Category | None = None
+    secondary: bool = False
+    signature: str | None = None
+    line: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    log: str | None = None
+
+    def validate(self, where: str) -> None:
+        if self.exit_code != 0 and (self.cls is None or self.category is None):
+            raise BadMessage(f"{where}: a failed worker's exit needs 'class' and 'category'")
+
+    def to_json(self) -> dict[str, Any]:
+        if self.exit_code == 0:
+            return {"rank": self.rank, "gen": self.gen, "exit_code": 0,
+                    "signal": self.signal, "time": self.time}
+        return super().to_json()
+
+
+@dataclass
+class Report(Message):
+    """An agent's report (also its heartbeat)."""
+
+    NAME: ClassVar[str] = "report"
+
+    op: str
+    agent: int
+    node: str
+    pid: int
+    key: str
+    time: float
+    addr: str | None = None
+    gen: int = -1
+    role: Role = Role.NEW
+    exits: list[WorkerExit] = field(default_factory=list)
+    progress: list[Progress] = field(default_factory=list)
+    states: dict[str, str | None] = field(default_factory=dict)
+    stacks: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self, where: str) -> None:
+        if self.op != "report":
+            raise BadMessage(f"{where}: unknown message kind {self.op!r} (expected 'report')")
+
+
+@dataclass
+class Plan(Message):
+    """The controller's answer: the agent's whole desired state (empty: none yet)."""
+
+    NAME: ClassVar[str] = "plan"
+    LEAN: ClassVar[bool] = True
+
+    role: Role
+    gen: int | None = None
+    attempt: int | None = None
+    world_size: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    rank_nodes: list[str] | None = None
+    run_id: str | None = None
+    max_restarts: int | None = None
+    slot: int | None = None
+    ranks: list[int] | None = None
+    stacks: str | None = None
+    exit_code: int | None = None
+    purge: bool = False
+
+    def validate(self, where: str) -> None:
+        if self.role is Role.EXIT:
+            return
+        if self.gen is None:
+            raise BadMessage(f"{where}: a {self.role.value} plan needs 'gen'")
+        if self.role is Role.ACTIVE:
+            missing = [k for k in ("world_size", "master_addr", "master_port", "rank_nodes",
+                                   "slot", "ranks", "attempt") if getattr(self, k) is None]
+            if missing:
+                raise BadMessage(f"{where}: an active plan lacks {missing}")
+
+
+def plan_from_reply(raw: Any) -> Plan | None:
+    """The plan in a controller's reply ``{"plan": {...}}``; None for an empty plan."""
+    if not isinstance(raw, Mapping) or "plan" not in raw:
+        raise BadMessage("reply: expected an object with 'plan'")
+    return Plan.from_json(raw["plan"]) if raw["plan"] else None
+
+
+@dataclass
+class Incident(Message):
+    """An incident record (docs/SCHEMAS.md); ``to_json`` keeps the documented order."""
+
+    NAME: ClassVar[str] = "incident"
+
+    incident: str
+    category: Category
+    cls: str = field(metadata={"wire": "class"})
+    fault_time: float | None
+    detected_at: float
+    localized_at: float | None = None
+    recovered_at: float | None = None
+    rung: Rung | None = None
+    nodes: list[str] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+    last_step: int | None = None
+    restored_step: int | None = None
+    restore_tier: str | None = None
+    steps_lost: int = 0
+    evidence: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,136 @@
+"""Typed messages: round trips, refusal at the boundary, and the controller's handler
+closing only the connection that sent a bad report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slurm_robust.ckpt import CheckpointConfig
+from slurm_robust.ckpt.config import CKPT_ENV
+from slurm_robust.errors import UsageError
+from slurm_robust.launcher.config import RunConfig
+from slurm_robust.launcher.control.controller import Controller
+from slurm_robust.launcher.enums import Category, ProgressKind, Role, Rung
+from slurm_robust.launcher.identity import Identity
+from slurm_robust.launcher.messages import (
+    BadMessage,
+    Incident,
+    Plan,
+    Report,
+    WorkerExit,
+    plan_from_reply,
+)
+from slurm_robust.launcher.paths import RunPaths
+from slurm_robust.launcher.protocol import Channel, ChannelClosed
+
+FAILURE = {"rank": 3, "gen": 2, "exit_code": -9, "signal": 9, "time": 5.5,
+           "class": "worker_crash", "category": "explicit", "secondary": False,
+           "signature": None, "line": "killed by SIGKILL", "evidence": {"signal": 9},
+           "log": "/run/logs/g2/rank3.log"}
+REPORT = {"op": "report", "agent": 1, "node": "n2", "pid": 77, "addr": "10.0.0.2",
+          "key": "42.0.0", "gen": 2, "role": "active", "exits": [FAILURE],
+          "progress": [{"kind": "step", "rank": 3, "step": 9, "loss": 0.5, "grad_norm": 1.0,
+                        "t": 4.0, "busy_s": 0.1},
+                       {"kind": "anomaly", "rank": 3, "step": 9, "what": "nan"}],
+          "states": {"3": "R"}, "stacks": {}, "time": 6.0}
+
+
+def wire(obj: dict) -> dict:
+    return json.loads(json.dumps(obj))
+
+
+def test_report_round_trip_keeps_the_wire() -> None:
+    report = Report.from_json(REPORT)
+    assert report.role is Role.ACTIVE
+    exit_ = report.exits[0]
+    assert exit_.cls == "worker_crash" and exit_.category is Category.EXPLICIT
+    assert report.progress[1].kind is ProgressKind.ANOMALY
+    assert report.progress[1].extra == {"what": "nan"}  # unknown keys travel on
+    assert wire(report.to_json()) == wire(REPORT)
+
+
+def test_success_exit_and_lean_plans_keep_todays_shape() -> None:
+    ok = {"rank": 0, "gen": 1, "exit_code": 0, "signal": None, "time": 1.0}
+    assert WorkerExit.from_json(ok).to_json() == ok
+    exit_plan = {"role": "exit", "exit_code": 0, "purge": True}
+    assert Plan.from_json(exit_plan).to_json() == exit_plan
+    spare = {"gen": 3, "role": "spare", "attempt": 2}
+    assert Plan.from_json(spare).to_json() == {"role": "spare", "gen": 3, "attempt": 2}
+    assert plan_from_reply({"plan": {}}) is None
+
+
+def test_incident_keeps_the_documented_order() -> None:
+    inc = Incident(incident="i1", category=Category.EXPLICIT, cls="oom", fault_time=None,
+                   detected_at=3.0, rung=Rung.IN_PLACE)
+    out = inc.to_json()
+    assert list(out)[:3] == ["incident", "category", "class"] and out["rung"] == "in_place"
+    assert Incident.from_json(wire(out)) == inc
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({k: v for k, v in REPORT.items() if k != "node"}, "missing field 'node'"),
+    ({**REPORT, "agent": "1"}, "field 'agent'"),
+    ({**REPORT, "agent": True}, "field 'agent'"),  # a bool is not an index
+    ({**REPORT, "op": "hello"}, "unknown message kind 'hello'"),
+    ({**REPORT, "role": "boss"}, "field 'role'"),
+    ({**REPORT, "exits": [{**FAILURE, "gen": None}]}, "report.exits[0]: field 'gen'"),
+    ({**REPORT, "exits": [{k: v for k, v in FAILURE.items() if k != "class"}]},
+     "needs 'class'"),
+    ({**REPORT, "progress": [{"kind": "teleport", "rank": 0}]}, "field 'kind'"),
+    ({**REPORT, "progress": [{"kind": "step", "rank": 0}]}, "a step line needs 'step'"),
+    ([1, 2], "expected a JSON object"),
+])
+def test_bad_reports_are_refused_with_one_exception(raw, message) -> None:
+    with pytest.raises(BadMessage, match=message.replace("[", r"\[").replace("]", r"\]")):
+        Report.from_json(raw)
+
+
+def test_bad_plans_are_refused() -> None:
+    with pytest.raises(BadMessage, match="lacks"):
+        Plan.from_json({"role": "active", "gen": 1})
+    with pytest.raises(BadMessage, match="needs 'gen'"):
+        Plan.from_json({"role": "spare"})
+    with pytest.raises(BadMessage, match="with 'plan'"):
+        plan_from_reply({"nope": 1})
+
+
+def test_checkpoint_config_crosses_the_environment() -> None:
+    cfg = CheckpointConfig(shm_root="/dev/shm/x", local_root="/l", durable_root=None,
+                           local_every=5, peer_backup=False, peer_slots=2)
+    env = cfg.to_env()
+    assert list(env) == [CKPT_ENV]
+    assert CheckpointConfig.from_env(env) == cfg
+    assert CheckpointConfig.from_env({}) == CheckpointConfig()
+    assert CheckpointConfig.from_env({}, peer_backup=False).peer_backup is False
+    with pytest.raises(UsageError, match=CKPT_ENV):
+        CheckpointConfig.from_env({CKPT_ENV: "[1]"})
+
+
+def test_the_controller_closes_only_the_bad_connection(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("SLURM_NTASKS", raising=False)
+    cfg = RunConfig(command=("x",), run_dir=str(tmp_path / "run"), nodes=1,
+                    startup_timeout_s=30.0)
+    ctl = Controller(cfg, Identity(0, "n1", "42", "42.0.0", 0))
+    ctl.start()
+    try:
+        info = json.loads(RunPaths.of(cfg.run_dir).controller.read_text())
+        bad = Channel.connect("127.0.0.1", info["port"], 5.0)
+        with pytest.raises(ChannelClosed):
+            bad.request({**REPORT, "op": "hello"})
+        bad.close()
+        good = Channel.connect("127.0.0.1", info["port"], 5.0)
+        reply = good.request({**REPORT, "agent": 0, "node": "n1", "exits": [],
+                              "progress": [], "gen": -1, "role": "new"})
+        good.close()
+        assert "plan" in reply  # the controller still answers
+        assert ctl._thread is not None and ctl._thread.is_alive()
+    finally:
+        with ctl.lock:
+            ctl.recovery.fail("test over")
+        last = Channel.connect("127.0.0.1", info["port"], 5.0)
+        assert last.request({**REPORT, "agent": 0, "node": "n1", "exits": [], "progress": [],
+                             "gen": -1, "role": "new"})["plan"]["role"] == "exit"
+        last.close()
+        ctl.join()
