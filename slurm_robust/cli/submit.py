@@ -6,7 +6,11 @@ import argparse
 import json
 
 from slurm_robust.launcher.submit.executor import SlurmOptions, submit_run
-from slurm_robust.launcher.submit.options import add_robust_options, build_config, parse_time_minutes
+from slurm_robust.launcher.submit.options import (
+    add_robust_options,
+    build_config,
+    parse_time_minutes,
+)
 from slurm_robust.launcher.submit.status import format_status, run_status
 
 HELP = "submit a robust training run: one agent per node, spares, recovery ladder"
