@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.launcher import workers as wk
+from slurm_robust.launcher.auth import ckpt_job_key, ensure_run_secret
 from slurm_robust.launcher.classify import classify_failure
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.paths import (
@@ -81,6 +82,10 @@ class Agent:
         self.stacks_done: dict[str, Any] = {}
         self._stack_threads: dict[str, threading.Thread] = {}
         self.plan: dict[str, Any] = {}
+        # The per-run secret (0600 in the run dir): authenticates the control channel
+        # and names the checkpoint directories so no other user can pre-empt them.
+        self.secret = ensure_run_secret(cfg.run_dir)
+        self.ckpt_key = ckpt_job_key(ident.job_id, self.secret)
         self.zygotes = wk.ZygotePool(cfg.command, cfg.prewarm, {**os.environ, **cfg.env},
                                      cfg.workers_per_node)
 
@@ -229,7 +234,7 @@ class Agent:
                 "durable_root": str(self.paths.durable) if self.cfg.durable_every else None,
                 "local_every": self.cfg.local_every, "durable_every": self.cfg.durable_every,
                 "peer_backup": self.cfg.peer_backup and self.cfg.nodes > 1,
-                "peer_slots": self.cfg.peer_slots}
+                "peer_slots": self.cfg.peer_slots, "job_key": self.ckpt_key}
 
     def _capture(self, capture_id: str) -> None:
         from slurm_robust.stacks.capture import CaptureOptions, capture_local
@@ -258,7 +263,7 @@ class Agent:
 
         try:
             cfg = CheckpointConfig(shm_root=str(node_shm_root(self.site, self.ident.node)))
-            purge_job_memory(cfg, self.ident.job_id, self.ident.node)
+            purge_job_memory(cfg, self.ckpt_key, self.ident.node)
         except Exception as exc:  # noqa: BLE001 - leftover tmpfs files are reported, not fatal
             log.warning("could not purge shared memory on %s: %s", self.ident.node, exc)
 
