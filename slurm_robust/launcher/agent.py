@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.launcher import workers as wk
-from slurm_robust.launcher.auth import ckpt_job_key, ensure_run_secret
+from slurm_robust.launcher.auth import ckpt_job_key, client_handshake, ensure_run_secret
 from slurm_robust.launcher.classify import classify_failure
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.paths import (
@@ -135,10 +135,18 @@ class Agent:
             info = self._controller_info()
             if info is not None:
                 try:
-                    return Channel.connect(info["host"], int(info["port"]),
+                    chan = Channel.connect(info["host"], int(info["port"]),
                                            max(2.0, self.cfg.heartbeat_timeout_s / 2))
                 except OSError:
-                    pass
+                    chan = None
+                if chan is not None:
+                    try:  # both ends prove they hold the run secret (auth.py)
+                        client_handshake(chan, self.secret)
+                        return chan
+                    except (OSError, ChannelClosed) as exc:
+                        log.warning("controller at %s:%s failed the handshake: %s",
+                                    info["host"], info["port"], exc)
+                        chan.close()
             if time.time() >= deadline:
                 return None
             time.sleep(0.1)

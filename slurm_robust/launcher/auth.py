@@ -51,6 +51,7 @@ def ensure_run_secret(run_dir: str | os.PathLike[str]) -> bytes:
         return read_run_secret(run_dir)
     except FileNotFoundError:
         pass
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{SECRET_NAME}.{os.getpid()}.{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600)
