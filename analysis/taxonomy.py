@@ -22,4 +22,4 @@ CLASS_CATEGORY: dict[str, str] = {c: cat for cat, classes in TAXONOMY.items() fo
 RUNGS: tuple[str, ...] = ("in_place", "spare", "requeue", "stop")
 
 RUN_STATUSES: tuple[str, ...] = ("completed", "stopped", "failed")
-HEALTH_STATUSES: tuple[str, ...] = ("ok", "warn", "fail", "skip")
+HEALTH_STATUSES: tuple[str, ...] = ("ok", "warn", "fail", "skip", "error")

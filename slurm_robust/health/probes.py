@@ -217,8 +217,10 @@ def _processes() -> list[dict[str, Any]]:
             continue
         try:
             uid = entry.stat().st_uid
-            with open(f"/proc/{entry.name}/comm") as fh:
-                comm = fh.read().strip()
+            # Binary and decoded with replacement: any user names their processes, and
+            # a name that is not UTF-8 must not crash the check (issue 12, finding 3).
+            with open(f"/proc/{entry.name}/comm", "rb") as fh:
+                comm = fh.read(64).decode("utf-8", "replace").strip()
         except OSError:
             continue  # the process exited while we looked
         out.append({"pid": int(entry.name), "uid": uid, "comm": comm})
@@ -226,10 +228,23 @@ def _processes() -> list[dict[str, Any]]:
 
 
 def _mounts() -> list[str]:
-    with open("/proc/self/mounts") as fh:
-        # Octal escapes (\040 for a space) are how the kernel writes odd characters.
-        return [line.split()[1].encode().decode("unicode_escape")
+    with open("/proc/self/mounts", "rb") as fh:
+        # Octal escapes (\040 for a space) are how the kernel writes odd characters;
+        # users can mount (FUSE) paths that are not UTF-8: decode with replacement.
+        return [_unescape_mount(line.split()[1])
                 for line in fh if len(line.split()) > 1]
+
+
+def _unescape_mount(raw: bytes) -> str:
+    out, i = bytearray(), 0
+    while i < len(raw):
+        if raw[i:i + 1] == b"\\" and raw[i + 1:i + 4].isdigit() and len(raw[i + 1:i + 4]) == 3:
+            out.append(int(raw[i + 1:i + 4], 8) & 0xFF)
+            i += 4
+        else:
+            out.append(raw[i])
+            i += 1
+    return out.decode("utf-8", "replace")
 
 
 def _lock_files(patterns: list[str]) -> list[dict[str, Any]]:

@@ -52,6 +52,11 @@ class SuiteResult:
         return [r for r in self.results if r.status is Status.FAIL]
 
     @property
+    def errors(self) -> list[CheckResult]:
+        """Checks whose program raised: reported and counted, never a drain reason."""
+        return [r for r in self.results if r.status is Status.ERROR]
+
+    @property
     def passed(self) -> bool:
         return not self.failures
 
@@ -67,6 +72,7 @@ class SuiteResult:
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "job": self.job, "stage": self.stage, "suite": self.suite,
                 "run_id": self.run_id, "passed": self.passed, "reason": self.reason,
+                "check_errors": len(self.errors),
                 "journal": str(self.journal) if self.journal else None,
                 "results": [{"check": r.check, "status": r.status.value, "reason": r.reason,
                              "duration_s": r.duration_s, "injected": r.injected,
