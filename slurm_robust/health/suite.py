@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import time
 import uuid
@@ -27,6 +28,8 @@ from slurm_robust.health.probes import Probes
 from slurm_robust.site_config import SiteConfig, load_site_config
 
 STAGES = ("prolog", "epilog", "manual", "reserve", "resume")
+log = logging.getLogger("slurm_robust.health")
+
 SUITES = (QUICK, DEEP)
 STAGE_SUITE = {"prolog": QUICK, "epilog": DEEP, "reserve": DEEP, "resume": DEEP}
 # Keys of the site config's "checks" object that are not check names.
@@ -145,7 +148,14 @@ def run_suite(stage: str, node: str, job: str | None = None,
         results.append(run_check(chk, ctx, params))
     path = journal_path(node, cfg) if journal else None
     if path is not None:
-        write_run(path, make_records(node, job, stage, suite, run_id, results, time.time()))
+        try:
+            write_run(path, make_records(node, job, stage, suite, run_id, results,
+                                         time.time()))
+        except OSError as exc:
+            # The journal is bookkeeping: failing to write it is reported, but it is
+            # no evidence against the node and must not fail the prolog.
+            log.error("could not journal the %s suite on %s: %s", suite, node, exc)
+            path = None
     return SuiteResult(node, job, stage, suite, run_id, results, path)
 
 

@@ -4,6 +4,7 @@ defensively (issue 12, finding 3)."""
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import signal
 import time
@@ -58,3 +59,31 @@ def test_a_raising_check_is_an_error_and_does_not_fail_the_suite(tmp_path):
     assert result.to_dict()["check_errors"] == 1
     journal = result.journal.read_text()
     assert '"status":"error"' in journal.replace(" ", "")
+
+
+def test_a_reader_holding_a_lock_on_the_journal_does_not_stall_the_suite(tmp_path):
+    cfg = SiteConfig(state_dir=str(tmp_path / "{node}"), injection_enabled=True)
+    journal = tmp_path / "n1" / "health" / "n1.jsonl"
+    journal.parent.mkdir(parents=True)
+    journal.write_bytes(b"")
+    holder = open(journal, "rb")  # what any user can do to a world-readable file
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        t0 = time.monotonic()
+        result = run_suite("prolog", "n1", job="7", config=cfg, probes=Probes({}))
+        assert time.monotonic() - t0 < 1.5
+        assert result.journal == journal
+        assert len(journal.read_text().splitlines()) == len(result.results)
+    finally:
+        holder.close()
+
+
+def test_a_planted_symlink_journal_is_refused_without_failing_the_suite(tmp_path):
+    cfg = SiteConfig(state_dir=str(tmp_path / "{node}"), injection_enabled=True)
+    target = tmp_path / "target"
+    target.write_bytes(b"")
+    journal = tmp_path / "n1" / "health" / "n1.jsonl"
+    journal.parent.mkdir(parents=True)
+    journal.symlink_to(target)
+    result = run_suite("prolog", "n1", job="7", config=cfg, probes=Probes({}))
+    assert result.journal is None and target.read_bytes() == b""
