@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("slurm_robust.health")
 
 INJECT_FILE = "inject.json"
 
@@ -106,7 +109,15 @@ class Probes:
         self.nvml_hung: str | None = None
 
     @classmethod
-    def for_node(cls, state_dir: Path) -> Probes:
+    def for_node(cls, state_dir: Path, injection_enabled: bool = False) -> Probes:
+        """Real probes of a node, overlaid with ``inject.json`` only when the site config
+        enables injection (a leftover file must not steer a production node: issue 12
+        finding 9)."""
+        if not injection_enabled:
+            if (state_dir / INJECT_FILE).exists():
+                log.warning("ignoring %s: injection_enabled is false in the site config",
+                            state_dir / INJECT_FILE)
+            return cls({}, state_dir=state_dir)
         return cls(read_injections(state_dir), state_dir=state_dir)
 
     def view(self) -> ProbeView:

@@ -131,7 +131,8 @@ def run_suite(stage: str, node: str, job: str | None = None,
     planned, budget = plan_suite(suite, cfg)
     # Our own directory: create it so a fresh node does not fail host_disk_free on it.
     state_dir.mkdir(parents=True, exist_ok=True)
-    probes = probes if probes is not None else Probes.for_node(state_dir)
+    probes = probes if probes is not None else Probes.for_node(state_dir,
+                                                              cfg.injection_enabled)
     run_id = f"{int(time.time())}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     deadline = time.monotonic() + budget
     results = []
