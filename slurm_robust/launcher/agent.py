@@ -41,6 +41,7 @@ from slurm_robust.launcher.paths import (
 )
 from slurm_robust.launcher.protocol import Channel, ChannelClosed, host_address
 from slurm_robust.records import write_json_atomic
+from slurm_robust.secure_fs import private_dir, relative_parts
 
 log = logging.getLogger("slurm_robust.launcher.agent")
 
@@ -222,9 +223,14 @@ class Agent:
         self.gen, self.role = plan["gen"], plan["role"]
         if self.role == "active":
             ckpt = self._ckpt_config()
+            # Under the keyed, private job directory (not the guessable job id), so
+            # that no other user can pre-create it or plant links in it.
+            pdir = progress_dir(self.site, self.ckpt_key, self.ident.node)
+            shm = node_shm_root(self.site, self.ident.node)
+            with private_dir(shm, relative_parts(pdir, shm)):
+                pass
             for local_rank, rank in enumerate(plan["ranks"]):
-                progress = progress_dir(self.site, self.ident.job_id, self.ident.node) / \
-                    f"rank{rank}.gen{self.gen}.jsonl"
+                progress = pdir / f"rank{rank}.gen{self.gen}.jsonl"
                 env = wk.worker_env(os.environ, plan, rank, local_rank, self.ident.node,
                                     self.ident.job_id, self.cfg.run_dir, progress, ckpt,
                                     self.cfg.env)
