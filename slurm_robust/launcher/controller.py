@@ -30,6 +30,8 @@ from slurm_robust.launcher.events import EventLog
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.launcher.policy import assign_slots, is_hung
 from slurm_robust.launcher.protocol import (
+    MAX_MESSAGE,
+    MAX_UNAUTHENTICATED,
     BadMessage,
     Channel,
     ChannelClosed,
@@ -202,7 +204,9 @@ class Controller:
             # A short deadline for the handshake, so that idle strangers cannot hold
             # the capped connection slots for long.
             sock.settimeout(HANDSHAKE_S)
+            chan.max_message = MAX_UNAUTHENTICATED
             server_handshake(chan, self.secret)
+            chan.max_message = MAX_MESSAGE
             sock.settimeout(self.cfg.heartbeat_timeout_s * 3)
             while True:
                 msg = chan.recv()

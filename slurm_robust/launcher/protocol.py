@@ -33,6 +33,8 @@ from slurm_robust.slurm.hostlist import expand_hostlist
 log = logging.getLogger("slurm_robust.launcher.protocol")
 
 MAX_MESSAGE = 4 << 20
+#: Bound on a message before the peer has authenticated (the handshake is tiny).
+MAX_UNAUTHENTICATED = 4096
 #: Bounds on list fields of a report (per message).
 MAX_ITEMS = 4096
 
@@ -148,6 +150,7 @@ class Channel:
         self.sock.settimeout(timeout_s)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._buf = b""
+        self.max_message = MAX_MESSAGE  # lowered by the server until the peer authenticates
 
     @classmethod
     def connect(cls, host: str, port: int, timeout_s: float) -> Channel:
@@ -163,8 +166,8 @@ class Channel:
             if not chunk:
                 raise ChannelClosed("peer closed the connection")
             self._buf += chunk
-            if len(self._buf) > MAX_MESSAGE:
-                raise ChannelClosed(f"message over {MAX_MESSAGE} bytes")
+            if len(self._buf) > self.max_message:
+                raise ChannelClosed(f"message over {self.max_message} bytes")
         line, self._buf = self._buf.split(b"\n", 1)
         try:
             obj = json.loads(line)

@@ -29,8 +29,9 @@ from slurm_robust.secure_fs import UnsafePathError
 
 
 def _chan(sock):
+    # Channel's constructor sets TCP options, which a Unix socketpair does not have.
     c = Channel.__new__(Channel)
-    c.sock, c._buf = sock, b""
+    c.sock, c._buf, c.max_message = sock, b"", 4096
     sock.settimeout(5)
     return c
 
@@ -162,3 +163,11 @@ def test_strangers_are_refused_by_address_and_by_the_cap(controller):
     second = _connect(controller)
     with pytest.raises((ChannelClosed, OSError)):
         second.recv()
+
+
+def test_a_stranger_cannot_make_the_controller_buffer_megabytes(controller):
+    chan = _connect(controller)
+    assert chan.recv()["auth"] == "challenge"
+    with pytest.raises((ChannelClosed, OSError)):
+        chan.sock.sendall(b"x" * 65536)  # no newline: a message that never ends
+        chan.recv()
