@@ -60,7 +60,8 @@ _EXIT_STR_FIELDS = ("class", "category")
 
 def check_report(msg: dict[str, Any], world_size: int) -> None:
     """Raise BadMessage unless ``msg`` is a well-formed agent report (every field the
-    controller reads has the right type and range)."""
+    controller reads has the right type and range); malformed progress items are
+    removed from ``msg``."""
     def bad(why: str) -> BadMessage:
         return BadMessage(f"bad report: {why}")
 
@@ -91,14 +92,21 @@ def check_report(msg: dict[str, Any], world_size: int) -> None:
                 raise bad("exit record evidence")
             if ex.get("time") is None:
                 raise bad("failed exit record without time")
-    for item in msg.get("progress") or []:
-        if not isinstance(item, dict) or not _int(item.get("rank"), 0,
-                                                  max(world_size - 1, 0)):
-            raise bad("progress item rank")
-        if item.get("kind", "step") == "step" and not _int(item.get("step"), 0, 1 << 62):
-            raise bad("progress item step")
-        if not all(_opt_num(item.get(f)) for f in ("t", "loss", "grad_norm")):
-            raise bad("progress item t, loss or grad_norm")
+    # Progress items are the training script's own lines (relayed by the agent): a bad
+    # one is dropped with a log line instead of costing the agent its connection.
+    good = [item for item in msg.get("progress") or [] if _progress_ok(item, world_size)]
+    if len(good) != len(msg.get("progress") or []):
+        log.warning("dropped %d malformed progress item(s) from agent %s",
+                    len(msg.get("progress") or []) - len(good), msg.get("agent"))
+        msg["progress"] = good
+
+
+def _progress_ok(item: Any, world_size: int) -> bool:
+    if not isinstance(item, dict) or not _int(item.get("rank"), 0, max(world_size - 1, 0)):
+        return False
+    if item.get("kind", "step") == "step" and not _int(item.get("step"), 0, 1 << 62):
+        return False
+    return all(_opt_num(item.get(f)) for f in ("t", "loss", "grad_norm"))
 
 
 def job_node_addresses(nodelist: str | None, own: str) -> set[str]:

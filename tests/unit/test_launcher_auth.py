@@ -94,11 +94,13 @@ def test_check_report_refuses_what_the_controller_cannot_use():
     for bad in (_report(agent="0"), _report(exits=[{"gen": 0, "rank": 0, "exit_code": 1,
                                                      "time": 1.0}]),
                 _report(exits=[{"gen": 0, "rank": 9, "exit_code": 0, "time": 1.0}]),
-                _report(progress=[{"rank": 0, "step": "x"}]),
-                _report(progress=[{"rank": 0, "step": 1, "loss": "nan"}]),
                 _report(exits="no")):
         with pytest.raises(BadMessage):
             check_report(bad, 2)
+    msg = _report(progress=[{"rank": 0, "step": "x"}, {"rank": 0, "step": 1, "loss": "nan"},
+                            {"rank": 1, "step": 2, "loss": 0.5}])
+    check_report(msg, 2)
+    assert msg["progress"] == [{"rank": 1, "step": 2, "loss": 0.5}]
 
 
 @pytest.fixture
