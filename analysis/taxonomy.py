@@ -21,7 +21,7 @@ TAXONOMY: dict[str, tuple[str, ...]] = {
 RUNGS: tuple[str, ...] = ("in_place", "spare", "requeue", "stop")
 
 RUN_STATUSES: tuple[str, ...] = ("completed", "stopped", "failed")
-HEALTH_STATUSES: tuple[str, ...] = ("ok", "warn", "fail", "skip")
+HEALTH_STATUSES: tuple[str, ...] = ("ok", "warn", "fail", "skip", "error")
 
 __all__ = ["CATEGORIES", "CLASSES", "CLASS_CATEGORY", "HEALTH_STATUSES", "RUNGS",
            "RUN_STATUSES", "TAXONOMY", "read_class"]

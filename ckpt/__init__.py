@@ -52,8 +52,13 @@ a node's paths is a faithful node loss)::
     <durable_root>/<job>/step<s>/rank<r>.data|.meta          durable tier
 
 ``.data`` holds the tensors, packed and 64-byte aligned; ``.meta`` is the completion
-mark, written atomically after the data: a JSON header (format, step, rank, world size,
-layout, node, job, byte count, checksum) and the pickled non-tensor skeleton. Shared
+mark, written atomically after the data: a JSON header (format 2: step, rank, world size,
+layout, node, job, byte count, checksum, tensor table) with its own CRC32, and the
+non-tensor skeleton as tagged JSON (never pickle: nothing read back is executable).
+``<job>`` is the job id plus a keyed hash of the run secret (the launcher's
+``job_key``), and every level below a shared root is private (0700, ours), walked with
+O_NOFOLLOW and checked on every use, so other users cannot plant directories, links or
+copies there (slurm_robust.secure_fs). Shared
 memory files outlive a crashed worker (tmpfs); :func:`purge_job_memory` removes them and
 belongs to whoever owns the node's lifetime for the job (the agent, or the epilog).
 

@@ -4,18 +4,21 @@ A state is split into a *skeleton* (the nested dicts, lists and plain values, wi
 tensor replaced by a :class:`TensorRef`) and the list of its tensors. The tensors are
 packed into one flat byte buffer at 64-byte-aligned offsets (``.data``). The ``.meta``
 file holds a JSON header (format, step, rank, world size, layout, byte count, checksum,
-tensor table) and the pickled skeleton; it is written atomically *after* the data, so
-its presence is the completion mark, and it is deleted *before* a buffer is rewritten.
+tensor table) and the skeleton as tagged JSON; it is written atomically *after* the
+data, so its presence is the completion mark, and it is deleted *before* a buffer is
+rewritten.
 
-The skeleton is read with pickle: the files live in directories created mode 0700 for
-the job's user, so only that user can plant one.
+Nothing read back is executable: the skeleton is JSON with a closed set of tags (never
+pickle), the header carries its own CRC32 and the skeleton's, and :func:`decode_meta`
+validates every header field's type and range before anything uses it, so a damaged or
+planted copy raises :class:`CorruptCopyError` and nothing else.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-import pickle
 import struct
 import zlib
 from dataclasses import dataclass
@@ -24,10 +27,19 @@ from typing import Any
 
 import numpy as np
 
-FORMAT = 1
+from slurm_robust.secure_fs import UnsafePathError, check_private
+
+FORMAT = 2
 ALIGN = 64
-MAGIC = b"SRCKPT1\n"
-_LEN = struct.Struct(">Q")
+MAGIC = b"SRCKPT2\n"
+_PREFIX = struct.Struct(">QI")  # header length, CRC32 of the header bytes
+#: Bounds on what a meta file may claim, so a hostile one cannot make us allocate or
+#: recurse without limit.
+MAX_HEADER = 16 << 20
+MAX_META = 64 << 20
+MAX_DEPTH = 64
+MAX_NBYTES = 1 << 44
+CHECKSUM_ALGOS = ("crc32", "sum64")
 DATA_SUFFIX = ".data"
 META_SUFFIX = ".meta"
 
@@ -104,43 +116,177 @@ def checksum(algo: str, data: np.ndarray | memoryview) -> int:
     raise ValueError(f"unknown checksum {algo!r}")
 
 
-def pickle_skeleton(skeleton: Any) -> bytes:
-    return pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
+def encode_skeleton(skeleton: Any) -> bytes:
+    """The skeleton as tagged JSON: {"d": [[k, v]...]} dict, {"l": [...]} list,
+    {"t": [...]} tuple, {"r": i} tensor ref, {"f": "nan"|"inf"|"-inf"} odd floats,
+    {"b": hex} bytes, {"n": [dtype, shape, hex]} small numeric numpy arrays; str, int,
+    finite float, bool and None as themselves.
+
+    Raises:
+        ValueError naming the type when a value has no safe encoding.
+    """
+    return json.dumps(_enc(skeleton, 0), separators=(",", ":"), allow_nan=False).encode()
+
+
+def _enc(obj: Any, depth: int) -> Any:
+    if depth > MAX_DEPTH:
+        raise ValueError(f"checkpoint state nests deeper than {MAX_DEPTH} levels")
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    if isinstance(obj, float):
+        return obj if obj == obj and abs(obj) != float("inf") else {"f": repr(obj)}
+    if isinstance(obj, TensorRef):
+        return {"r": obj.index}
+    if isinstance(obj, dict):
+        return {"d": [[_enc(k, depth + 1), _enc(v, depth + 1)] for k, v in obj.items()]}
+    if isinstance(obj, list):
+        return {"l": [_enc(v, depth + 1) for v in obj]}
+    if isinstance(obj, tuple):
+        return {"t": [_enc(v, depth + 1) for v in obj]}
+    if isinstance(obj, (bytes, bytearray)):
+        return {"b": bytes(obj).hex()}
+    if isinstance(obj, np.ndarray) and obj.dtype.kind in _ND_KINDS:
+        # Small host arrays (numpy's RNG state); big ones belong in tensors.
+        return {"n": [obj.dtype.str, list(obj.shape), np.ascontiguousarray(obj).tobytes().hex()]}
+    if isinstance(obj, np.generic) and obj.dtype.kind in _ND_KINDS:
+        return obj.item()
+    raise ValueError(f"checkpoint state holds a {type(obj).__name__}, which has no safe "
+                     "encoding; store tensors, numbers, strings, bytes, lists, tuples and "
+                     "dicts of them")
+
+
+_ND_KINDS = "biuf"
+_FLOATS = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
+
+
+def decode_skeleton(raw: bytes, n_tensors: int, where: str) -> Any:
+    """Inverse of :func:`encode_skeleton`; CorruptCopyError on anything else."""
+    try:
+        return _dec(json.loads(raw), 0, n_tensors)
+    except (ValueError, TypeError, KeyError, RecursionError) as exc:
+        raise CorruptCopyError(f"{where}: skeleton is damaged: {exc}") from exc
+
+
+def _dec(obj: Any, depth: int, n: int) -> Any:
+    if depth > MAX_DEPTH:
+        raise ValueError(f"nests deeper than {MAX_DEPTH} levels")
+    if obj is None or isinstance(obj, (bool, int, str, float)):
+        return obj
+    if not isinstance(obj, dict) or len(obj) != 1:
+        raise ValueError(f"unknown node {str(obj)[:60]!r}")
+    (tag, val), = obj.items()
+    if tag == "r" and type(val) is int and 0 <= val < n:
+        return TensorRef(val)
+    if tag == "f" and val in _FLOATS:
+        return _FLOATS[val]
+    if tag == "b" and isinstance(val, str):
+        return bytes.fromhex(val)
+    if tag == "n" and isinstance(val, list) and len(val) == 3:
+        dtype = np.dtype(str(val[0]))
+        if dtype.kind not in _ND_KINDS or not all(type(d) is int and d >= 0 for d in val[1]):
+            raise ValueError(f"array of dtype {dtype} or shape {val[1]!r} is not allowed")
+        return np.frombuffer(bytes.fromhex(val[2]), dtype=dtype).reshape(val[1]).copy()
+    if tag in ("l", "t") and isinstance(val, list):
+        items = [_dec(v, depth + 1, n) for v in val]
+        return items if tag == "l" else tuple(items)
+    if tag == "d" and isinstance(val, list):
+        out = {}
+        for pair in val:
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise ValueError("dict entry is not a pair")
+            key = _dec(pair[0], depth + 1, n)
+            if isinstance(key, (list, dict)):
+                raise ValueError("unhashable dict key")
+            out[key] = _dec(pair[1], depth + 1, n)
+        return out
+    raise ValueError(f"unknown tag {tag!r}")
 
 
 def encode_meta(header: dict[str, Any], skel: bytes) -> bytes:
-    """Serialise a header and a pickled skeleton; the skeleton's CRC goes into the header."""
-    head = dict(header, skeleton_len=len(skel), skeleton_crc32=zlib.crc32(skel))
+    """Serialise a header and an encoded skeleton; the skeleton's CRC goes into the
+    header, the header's CRC in front of it."""
+    head = dict(header, format=FORMAT, skeleton_len=len(skel),
+                skeleton_crc32=zlib.crc32(skel))
     hbytes = json.dumps(head, sort_keys=True).encode()
-    return MAGIC + _LEN.pack(len(hbytes)) + hbytes + skel
+    return MAGIC + _PREFIX.pack(len(hbytes), zlib.crc32(hbytes)) + hbytes + skel
+
+
+def _is_int(v: Any, lo: int = 0, hi: int = MAX_NBYTES) -> bool:
+    return type(v) is int and lo <= v <= hi
+
+
+def validate_header(h: Any, where: str) -> dict[str, Any]:
+    """Check every field restore uses; CorruptCopyError names the first bad one."""
+    def bad(field: str) -> CorruptCopyError:
+        return CorruptCopyError(f"{where}: header field {field!r} is missing or invalid")
+
+    if not isinstance(h, dict):
+        raise CorruptCopyError(f"{where}: header is not a JSON object")
+    if h.get("format") != FORMAT:
+        raise bad("format")
+    for field, lo in (("step", 0), ("rank", 0), ("world_size", 1), ("nbytes", 0),
+                      ("checksum", 0), ("skeleton_len", 0), ("skeleton_crc32", 0)):
+        if not _is_int(h.get(field), lo, 1 << 64):
+            raise bad(field)
+    if h["nbytes"] > MAX_NBYTES:
+        raise bad("nbytes")
+    if h.get("checksum_algo") not in CHECKSUM_ALGOS:
+        raise bad("checksum_algo")
+    if not isinstance(h.get("layout"), dict):
+        raise bad("layout")
+    tensors = h.get("tensors")
+    if not isinstance(tensors, list):
+        raise bad("tensors")
+    for t in tensors:
+        if not (isinstance(t, list) and len(t) == 4 and isinstance(t[0], str)
+                and isinstance(t[1], list) and all(_is_int(d) for d in t[1])
+                and _is_int(t[2]) and _is_int(t[3]) and t[2] + t[3] <= h["nbytes"]
+                and t[2] % 8 == 0):
+            raise bad("tensors")
+        count = 1
+        for d in t[1]:
+            count *= d
+        if count * _itemsize(t[0], where) != t[3]:
+            raise bad("tensors")
+    return h
+
+
+def _itemsize(dtype: str, where: str) -> int:
+    import torch  # the skeleton format is torch's; imported late like the rest of ckpt
+
+    dt = getattr(torch, dtype, None) if dtype.isidentifier() else None
+    if not isinstance(dt, torch.dtype):
+        raise CorruptCopyError(f"{where}: unknown tensor dtype {dtype!r}")
+    return dt.itemsize
 
 
 def decode_meta(raw: bytes, where: str = "meta") -> tuple[dict[str, Any], Any]:
-    """Parse :func:`encode_meta` output; raise CorruptCopyError on any damage."""
-    if not raw.startswith(MAGIC) or len(raw) < len(MAGIC) + _LEN.size:
-        raise CorruptCopyError(f"{where}: not a checkpoint meta file (bad magic)")
-    (hlen,) = _LEN.unpack_from(raw, len(MAGIC))
-    start = len(MAGIC) + _LEN.size
+    """Parse :func:`encode_meta` output; raise CorruptCopyError (only) on any damage."""
+    start = len(MAGIC) + _PREFIX.size
+    if not raw.startswith(MAGIC) or len(raw) < start:
+        raise CorruptCopyError(f"{where}: not a checkpoint meta file of format {FORMAT} "
+                               "(bad magic)")
+    hlen, hcrc = _PREFIX.unpack_from(raw, len(MAGIC))
+    hbytes = raw[start:start + hlen]
+    if hlen > MAX_HEADER or len(hbytes) != hlen or zlib.crc32(hbytes) != hcrc:
+        raise CorruptCopyError(f"{where}: header damaged (length or CRC32)")
     try:
-        header = json.loads(raw[start:start + hlen])
-    except ValueError as exc:
+        header = json.loads(hbytes)
+    except (ValueError, RecursionError) as exc:
         raise CorruptCopyError(f"{where}: header is not JSON: {exc}") from exc
+    validate_header(header, where)
     skel = raw[start + hlen:]
-    if (not isinstance(header, dict) or header.get("format") != FORMAT
-            or len(skel) != header.get("skeleton_len")
-            or zlib.crc32(skel) != header.get("skeleton_crc32")):
-        raise CorruptCopyError(f"{where}: header or skeleton damaged")
-    try:
-        skeleton = pickle.loads(skel)
-    except Exception as exc:  # any unpickling failure means a damaged copy
-        raise CorruptCopyError(f"{where}: skeleton does not unpickle: {exc}") from exc
-    return header, skeleton
+    if len(skel) != header["skeleton_len"] or zlib.crc32(skel) != header["skeleton_crc32"]:
+        raise CorruptCopyError(f"{where}: skeleton damaged (length or CRC32)")
+    return header, decode_skeleton(skel, len(header["tensors"]), where)
 
 
 def write_file_atomic(path: Path, chunks: list[memoryview | bytes], durable: bool) -> None:
     """Write ``chunks`` to ``path`` via a temp file and rename; fsync when ``durable``."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    # O_NOFOLLOW: a link planted at the temp name must not redirect the write.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW,
+                 0o600)
     try:
         for chunk in chunks:
             view = memoryview(chunk)
@@ -164,7 +310,29 @@ def fsync_dir(path: Path) -> None:
 def read_meta(base: Path) -> tuple[dict[str, Any], Any]:
     """Read ``<base>.meta``; raise CorruptCopyError (or FileNotFoundError if absent)."""
     meta = base.with_name(base.name + META_SUFFIX)
-    return decode_meta(meta.read_bytes(), str(meta))
+    fd = open_copy_file(meta)
+    with os.fdopen(fd, "rb") as fh:
+        raw = fh.read(MAX_META + 1)
+    if len(raw) > MAX_META:
+        raise CorruptCopyError(f"{meta}: over {MAX_META} bytes")
+    return decode_meta(raw, str(meta))
+
+
+def open_copy_file(path: Path) -> int:
+    """Open a copy's file read-only without following a link; it must be a regular
+    file of ours that others cannot write (else CorruptCopyError: it is skipped)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CorruptCopyError(f"{path}: is a symlink (planted?); not followed") from exc
+        raise
+    try:
+        check_private(os.fstat(fd), str(path), want_dir=False)
+    except UnsafePathError as exc:
+        os.close(fd)
+        raise CorruptCopyError(str(exc)) from exc
+    return fd
 
 
 def read_data_into(base: Path, header: dict[str, Any], out: np.ndarray) -> None:
@@ -173,7 +341,7 @@ def read_data_into(base: Path, header: dict[str, Any], out: np.ndarray) -> None:
     nbytes = int(header["nbytes"])
     if out.nbytes != nbytes:
         raise ValueError(f"buffer of {out.nbytes} bytes for a {nbytes}-byte copy")
-    with open(path, "rb", buffering=0) as fh:
+    with os.fdopen(open_copy_file(path), "rb", buffering=0) as fh:
         if os.fstat(fh.fileno()).st_size < nbytes:
             raise CorruptCopyError(f"{path}: truncated (under {nbytes} bytes)")
         view, got = memoryview(out), 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from collections.abc import Mapping
@@ -10,6 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_robust.errors import UsageError
+from slurm_robust.secure_fs import UnsafePathError, private_dir, relative_parts
+
+log = logging.getLogger("slurm_robust.ckpt")
 
 #: Restore walks the tiers in this order; the names match the run event log's
 #: ``restore_tier`` field (docs/SCHEMAS.md).
@@ -21,7 +25,7 @@ CHECKSUMS: tuple[str, ...] = ("crc32", "sum64")
 CKPT_ENV = "SLURM_ROBUST_CKPT"
 #: The fields that cross to the worker; the others keep their defaults there.
 ENV_FIELDS: tuple[str, ...] = ("shm_root", "local_root", "durable_root", "local_every",
-                               "durable_every", "peer_backup", "peer_slots")
+                               "durable_every", "peer_backup", "peer_slots", "job_key")
 MiB = 1 << 20
 
 
@@ -49,6 +53,9 @@ class CheckpointConfig:
             step cost about 4% of a step in `bench ckpt`, sum64 stays within noise.
         peer_timeout_s: timeout of the private gloo groups (agreement and transfer).
         pin_memory: on CUDA, register the shared-memory buffers as pinned pages.
+        job_key: the job's directory name under every tier root: the job id plus a keyed
+            hash of the run's secret (the agent derives it), so other users cannot guess
+            or pre-create it; None means the plain job id (a run outside the launcher).
     """
 
     shm_root: str = "/dev/shm/slurm_robust"
@@ -64,6 +71,7 @@ class CheckpointConfig:
     checksum: str = "sum64"
     peer_timeout_s: float = 300.0
     pin_memory: bool = True
+    job_key: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("local_every", "durable_every"):
@@ -107,7 +115,8 @@ class CheckpointConfig:
                    local_every=int(spec.get("local_every") or 0),
                    durable_every=int(spec.get("durable_every") or 0),
                    peer_backup=bool(spec.get("peer_backup", peer_backup)),
-                   peer_slots=int(spec.get("peer_slots") or 1))
+                   peer_slots=int(spec.get("peer_slots") or 1),
+                   job_key=str(spec["job_key"]) if spec.get("job_key") else None)
 
 
 def _safe_name(kind: str, value: str) -> str:
@@ -179,23 +188,28 @@ class CkptPaths:
 
 
 def ensure_dir(path: Path, shared_root: Path) -> None:
-    """Create ``path``; levels up to ``shared_root`` are shared, the rest private.
+    """Create or reuse ``path``: ``shared_root`` (and missing levels above it) is shared
+    (created 1777), every level below it is private to us.
 
-    Roots such as ``/dev/shm/slurm_robust/<node>`` are used by every user's jobs, so a
-    level we create at or above ``shared_root`` gets mode 1777 (sticky, like /tmp);
-    the job's own levels below it are 0700. Existing directories are left as they are.
+    Levels below the root are walked with O_NOFOLLOW and checked on every call (ours,
+    mode 0700): a directory or symlink another user planted raises UnsafePathError
+    and is never used.
     """
-    shared = shared_root.resolve()
-    for d in [*reversed(path.parents), path]:
-        if d.exists():
-            continue
-        is_shared = d.resolve() == shared or d.resolve() in shared.parents
-        try:
-            d.mkdir(mode=0o700)
-        except FileExistsError:
-            continue  # another rank made it first
-        if is_shared:
-            d.chmod(0o1777)
+    with private_dir(shared_root, relative_parts(path, shared_root), create=True):
+        pass
+
+
+def private_dir_ok(path: Path, shared_root: Path) -> bool:
+    """Whether ``path`` exists as a private directory chain of ours below the root
+    (a planted or unsafe level is logged and counts as absent)."""
+    try:
+        with private_dir(shared_root, relative_parts(path, shared_root), create=False):
+            return True
+    except FileNotFoundError:
+        return False
+    except (UnsafePathError, OSError) as exc:
+        log.warning("ignoring checkpoint directory %s: %s", path, exc)
+        return False
 
 
 def purge_job_memory(config: CheckpointConfig, job_id: str, node: str | None = None) -> int:
@@ -208,8 +222,8 @@ def purge_job_memory(config: CheckpointConfig, job_id: str, node: str | None = N
     if node is not None:
         root = root / _safe_name("node name", node)
     freed = 0
-    if not root.exists():
-        return 0
+    if not private_dir_ok(root, Path(config.shm_root)):
+        return 0  # absent, or planted by someone else: never walk into it
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
             try:

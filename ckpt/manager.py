@@ -18,9 +18,9 @@ from slurm_robust.ckpt.blob import (
     FORMAT,
     checksum,
     encode_meta,
+    encode_skeleton,
     flatten,
     pack_layout,
-    pickle_skeleton,
     read_meta,
     write_file_atomic,
 )
@@ -173,6 +173,10 @@ class CheckpointManager:
         self._check_open()
         self._wait_copy()
         skeleton, tensors = flatten(state, torch.Tensor)
+        try:
+            skel_bytes = encode_skeleton(skeleton)
+        except ValueError as exc:
+            raise CheckpointError(f"cannot snapshot step {step}: {exc}") from exc
         self._ensure_slots(tensors)
         k = self._next_slot
         self._acquire_slot(k)
@@ -188,8 +192,7 @@ class CheckpointManager:
         views = tensor_views(slot.flat, self._spec_objs)
         pairs = list(zip(views, tensors, strict=True))
         event = self._start_device_copy(pairs) if any(t.is_cuda for t in tensors) else None
-        job = _Job(int(step), k, pairs if event is None else [], event, header,
-                   pickle_skeleton(skeleton))
+        job = _Job(int(step), k, pairs if event is None else [], event, header, skel_bytes)
         self._copied.clear()
         self._pending_event = event
         self._queues["copy"].put(job)

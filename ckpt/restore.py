@@ -54,7 +54,10 @@ def restore(paths: CkptPaths, world_size: int, layout: dict[str, Any], backup_sl
         state: dict[str, Any] | None = None
         try:
             state = _load(plan, me, paths, transport, global_ranks)
-        except (CorruptCopyError, OSError, ValueError, CheckpointError) as exc:
+        except (CorruptCopyError, OSError, ValueError, CheckpointError, KeyError,
+                TypeError, IndexError) as exc:
+            # Any damage to this rank's copy (including a header that decodes but
+            # does not fit the data) excludes the copy; it never ends the restore.
             failed = plan.sources[me]
             log.warning("rank %d: copy of step %d from %s tier failed to load (%s); "
                         "it is excluded and the ranks re-plan", me, plan.step, failed.tier, exc)

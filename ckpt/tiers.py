@@ -15,11 +15,12 @@ from slurm_robust.ckpt.blob import (
     META_SUFFIX,
     CorruptCopyError,
     fsync_dir,
+    open_copy_file,
     read_meta,
     verify,
     write_file_atomic,
 )
-from slurm_robust.ckpt.config import CkptPaths, ensure_dir
+from slurm_robust.ckpt.config import CkptPaths, ensure_dir, private_dir_ok
 from slurm_robust.ckpt.plan import CopyInfo
 
 log = logging.getLogger("slurm_robust.ckpt")
@@ -102,7 +103,7 @@ def _check(base: Path, rank: int | None, world_size: int, layout: dict[str, Any]
         header, _skeleton = read_meta(base)
     except FileNotFoundError:
         return None
-    except (CorruptCopyError, OSError) as exc:
+    except (CorruptCopyError, OSError, ValueError) as exc:
         log.warning("skipping checkpoint copy %s: %s", base, exc)
         return _INVALID
     if not header_matches(header, rank, world_size, layout):
@@ -112,11 +113,12 @@ def _check(base: Path, rank: int | None, world_size: int, layout: dict[str, Any]
         return _INVALID
     data = base.with_name(base.name + DATA_SUFFIX)
     try:
-        if data.stat().st_size < header["nbytes"]:
-            raise CorruptCopyError(f"{data}: shorter than {header['nbytes']} bytes")
-        if full:
-            verify(header, np.memmap(data, dtype=np.uint8, mode="r",
-                                     shape=(header["nbytes"],)), str(data))
+        with os.fdopen(open_copy_file(data), "rb") as fh:
+            if os.fstat(fh.fileno()).st_size < header["nbytes"]:
+                raise CorruptCopyError(f"{data}: shorter than {header['nbytes']} bytes")
+            if full and header["nbytes"]:
+                verify(header, np.memmap(fh, dtype=np.uint8, mode="r",
+                                         shape=(header["nbytes"],)), str(data))
     except (CorruptCopyError, OSError, ValueError) as exc:
         log.warning("skipping checkpoint copy %s: %s", base, exc)
         return _INVALID
@@ -133,14 +135,20 @@ def scan_copies(paths: CkptPaths, world_size: int, layout: dict[str, Any],
     """
     me = paths.rank
     candidates: list[tuple[str, Path, int | None, bool]] = []
-    candidates += [("memory", paths.slot(k), me, True) for k in range(2)]
-    candidates += [("peer", paths.backup(k), None, True) for k in range(backup_slots)]
-    if paths.local_dir is not None and paths.local_dir.is_dir():
+    # Only directory chains that are ours and private are looked into: a planted
+    # directory or link (another user's) is logged and skipped like a missing tier.
+    if private_dir_ok(paths.memory_dir, paths.memory_shared):
+        candidates += [("memory", paths.slot(k), me, True) for k in range(2)]
+        candidates += [("peer", paths.backup(k), None, True) for k in range(backup_slots)]
+    if paths.local_dir is not None and private_dir_ok(paths.local_dir, paths.local_shared):
         candidates += [("local", paths.local(step), me, False)
                        for step in _steps_in(paths.local_dir, META_SUFFIX)]
-    if paths.durable_dir is not None and paths.durable_dir.is_dir():
+    if paths.durable_dir is not None and private_dir_ok(paths.durable_dir,
+                                                        paths.durable_shared):
         candidates += [("durable", paths.durable(int(m.group(1))), me, False)
-                       for p in paths.durable_dir.iterdir() if (m := _STEP_RE.match(p.name))]
+                       for p in paths.durable_dir.iterdir() if (m := _STEP_RE.match(p.name))
+                       and private_dir_ok(paths.durable(int(m.group(1))).parent,
+                                          paths.durable_shared)]
     found: list[CopyInfo] = []
     for tier, base, rank, full in candidates:
         header = _check(base, rank, world_size, layout, full)

@@ -59,7 +59,8 @@ def main(stage: str, environ: Mapping[str, str], out: TextIO = sys.stdout,
         # A broken site config fails closed: the node must not take jobs unchecked.
         return _drain_and_fail(stage, node, f"slurm_robust: {stage} error: {exc}", err)
     print(json.dumps({"stage": stage, "node": node, "job": job, "passed": result.passed,
-                      "run_id": result.run_id, "reason": result.reason}), file=out)
+                      "run_id": result.run_id, "reason": result.reason,
+                      "check_errors": [r.reason for r in result.errors]}), file=out)
     if result.passed:
         return EXIT_OK
     return _drain_and_fail(stage, node, result.reason, err)

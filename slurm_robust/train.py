@@ -103,8 +103,11 @@ class RobustRun:
 
         cfg = ckpt.CheckpointConfig.from_env(peer_backup=self.world_size > 1)
         rank_nodes = json.loads(os.environ.get("SLURM_ROBUST_RANK_NODES") or "null")
+        # job_key: the job id plus a keyed hash of the run secret (the agent derives
+        # it), so the private checkpoint directories cannot be pre-created by others.
         self._mgr = ckpt.CheckpointManager(cfg, self.rank, self.world_size, self.node,
-                                           self.job_id, rank_nodes=rank_nodes)
+                                           cfg.job_key or self.job_id,
+                                           rank_nodes=rank_nodes)
         res = self._mgr.restore()
         position: Any = 0
         if res.step is not None:

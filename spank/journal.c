@@ -169,25 +169,108 @@ int sr_format_task_exit(const struct sr_task_exit *rec, char *buf,
 	return n;
 }
 
-/* Create the journal's parent directory if it is missing (one level only:
- * a missing grandparent means a wrong journal= path, reported as such). */
-static int make_parent(const char *path, char *err, size_t errlen)
+/* A directory on the way to the journal: owned by root or by us, and if
+ * others may write to it, sticky (so they cannot rename our entries). The
+ * journal's own directory must not be writable by others at all. */
+static int check_dir(int fd, const char *name, int last, char *err,
+		     size_t errlen)
 {
-	char dir[SR_PATH_MAX];
-	char *slash;
+	struct stat st;
 
-	if (snprintf(dir, sizeof(dir), "%s", path) >= (int)sizeof(dir)) {
+	if (fstat(fd, &st) < 0) {
+		snprintf(err, errlen, "fstat %s: %s", name, strerror(errno));
+		return -1;
+	}
+	if (st.st_uid != 0 && st.st_uid != geteuid()) {
+		snprintf(err, errlen, "directory %s is owned by uid %u, not root; "
+			 "journal path refused", name, (unsigned)st.st_uid);
+		return -1;
+	}
+	if ((st.st_mode & (S_IWGRP | S_IWOTH)) &&
+	    (last || !(st.st_mode & S_ISVTX))) {
+		snprintf(err, errlen, "directory %s is writable by others (mode "
+			 "%04o); journal path refused", name,
+			 (unsigned)(st.st_mode & 07777));
+		return -1;
+	}
+	return 0;
+}
+
+/* Walk path's directories from "/" with openat(O_NOFOLLOW) on every
+ * component, checking each (check_dir); create the last one (0755) if it is
+ * missing. Returns a descriptor of the journal's directory and points *base
+ * at the file name inside buf, or -1 with a reason in err. */
+static int open_parent(const char *path, char *buf, size_t buflen,
+		       const char **base, char *err, size_t errlen)
+{
+	char *comp, *next, *slash;
+	int dirfd, fd;
+
+	if (path[0] != '/') {
+		snprintf(err, errlen, "journal path %s is not absolute", path);
+		return -1;
+	}
+	if (snprintf(buf, buflen, "%s", path) >= (int)buflen) {
 		snprintf(err, errlen, "journal path too long");
 		return -1;
 	}
-	slash = strrchr(dir, '/');
-	if (slash == NULL || slash == dir)
-		return 0;
+	slash = strrchr(buf, '/');
 	*slash = '\0';
-	if (mkdir(dir, 0755) == 0 || errno == EEXIST)
-		return 0;
-	snprintf(err, errlen, "cannot create directory %s: %s", dir,
-		 strerror(errno));
+	*base = slash + 1;
+	if (**base == '\0' || strcmp(*base, ".") == 0 || strcmp(*base, "..") == 0) {
+		snprintf(err, errlen, "journal path %s names no file", path);
+		return -1;
+	}
+	dirfd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dirfd < 0 || check_dir(dirfd, "/", buf[0] == '\0', err, errlen) < 0)
+		goto fail;
+	for (comp = buf + 1; comp < slash && *comp; comp = next) {
+		next = strchr(comp, '/');
+		if (next != NULL)
+			*next++ = '\0';
+		else
+			next = slash;
+		if (*comp == '\0' || strcmp(comp, ".") == 0)
+			continue;
+		if (strcmp(comp, "..") == 0) {
+			snprintf(err, errlen, "journal path %s has '..'", path);
+			goto fail;
+		}
+		fd = openat(dirfd, comp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
+			    O_CLOEXEC);
+		if (fd < 0 && errno == ENOENT && next >= slash) {
+			/* One level only: a missing grandparent means a wrong
+			 * journal= path, reported as such. */
+			if (mkdirat(dirfd, comp, 0755) < 0 && errno != EEXIST) {
+				snprintf(err, errlen, "cannot create directory "
+					 "%s: %s", comp, strerror(errno));
+				goto fail;
+			}
+			fd = openat(dirfd, comp, O_RDONLY | O_DIRECTORY |
+				    O_NOFOLLOW | O_CLOEXEC);
+		}
+		if (fd < 0 && errno == ENOENT) {
+			snprintf(err, errlen, "cannot create directory of %s: "
+				 "%s is missing (a wrong journal= path?)", path,
+				 comp);
+			goto fail;
+		}
+		if (fd < 0) {
+			snprintf(err, errlen, "open directory %s of %s: %s%s",
+				 comp, path, strerror(errno),
+				 (errno == ELOOP || errno == ENOTDIR) ?
+				 " (a symlink or not a directory: refused)" : "");
+			goto fail;
+		}
+		close(dirfd);
+		dirfd = fd;
+		if (check_dir(dirfd, comp, next >= slash, err, errlen) < 0)
+			goto fail;
+	}
+	return dirfd;
+fail:
+	if (dirfd >= 0)
+		close(dirfd);
 	return -1;
 }
 
@@ -252,20 +335,39 @@ static int lock_bounded(int fd, const char *path, int timeout_ms, char *err,
 int sr_journal_append(const char *path, const char *line, size_t len,
 		      int lock_timeout_ms, char *err, size_t errlen)
 {
-	int rv = -1, fd = -1;
+	char dir[SR_PATH_MAX], lockname[SR_PATH_MAX];
+	const char *base = NULL;
+	int rv = -1, fd = -1, lockfd = -1, dirfd;
 	ssize_t n;
 
-	if (make_parent(path, err, errlen) < 0)
+	dirfd = open_parent(path, dir, sizeof(dir), &base, err, errlen);
+	if (dirfd < 0)
+		return -1;
+	/* The lock is a separate 0600 file of ours: the journal itself is
+	 * readable by everyone, and any reader could flock it and stall us. */
+	if (snprintf(lockname, sizeof(lockname), ".%s.lock", base) >=
+	    (int)sizeof(lockname)) {
+		snprintf(err, errlen, "journal name too long");
 		goto fail;
-	fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC |
-		  O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0644);
+	}
+	lockfd = openat(dirfd, lockname, O_RDONLY | O_CREAT | O_CLOEXEC |
+			O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0600);
+	if (lockfd < 0) {
+		snprintf(err, errlen, "open %s/%s: %s", dir, lockname,
+			 strerror(errno));
+		goto fail;
+	}
+	if (check_file(lockfd, lockname, err, errlen) < 0)
+		goto fail;
+	if (lock_bounded(lockfd, lockname, lock_timeout_ms, err, errlen) < 0)
+		goto fail;
+	fd = openat(dirfd, base, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC |
+		    O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0644);
 	if (fd < 0) {
 		snprintf(err, errlen, "open %s: %s", path, strerror(errno));
 		goto fail;
 	}
 	if (check_file(fd, path, err, errlen) < 0)
-		goto fail;
-	if (lock_bounded(fd, path, lock_timeout_ms, err, errlen) < 0)
 		goto fail;
 	do {
 		n = write(fd, line, len);
@@ -277,10 +379,13 @@ int sr_journal_append(const char *path, const char *line, size_t len,
 	}
 	rv = 0;
 fail:
-	/* close() also drops the lock. */
 	if (fd >= 0 && close(fd) < 0 && rv == 0) {
 		snprintf(err, errlen, "close %s: %s", path, strerror(errno));
 		rv = -1;
 	}
+	/* close() also drops the lock. */
+	if (lockfd >= 0)
+		close(lockfd);
+	close(dirfd);
 	return rv;
 }

@@ -55,10 +55,14 @@ int sr_journal_expand(const char *tmpl, const char *node, char *out,
 int sr_format_task_exit(const struct sr_task_exit *rec, char *buf,
 			size_t len, char *err, size_t errlen);
 
-/* Append line (len bytes) to path: create the parent directory (one level,
- * mode 0755) and the file (0644) if missing; refuse a symlink, a non-regular
- * file, a file not owned by the caller's euid, a group/world-writable file
- * or one with several hard links; lock it within lock_timeout_ms; write once.
+/* Append line (len bytes) to path: walk the (absolute) path from "/" with
+ * openat(O_NOFOLLOW) on every component, each directory owned by root or the
+ * caller and sticky if others may write it (the last not writable by others
+ * at all); create the parent directory (one level, mode 0755) and the file
+ * (0644) if missing; refuse a symlink, a non-regular file, a file not owned
+ * by the caller's euid, a group/world-writable file or one with several hard
+ * links; lock the separate 0600 lock file ".<name>.lock" (never the readable
+ * journal, which any user could flock) within lock_timeout_ms; write once.
  * Returns 0, or -1 with a reason in err. */
 int sr_journal_append(const char *path, const char *line, size_t len,
 		      int lock_timeout_ms, char *err, size_t errlen);

@@ -41,6 +41,7 @@ class ClusterConfig:
         ctld_port, dbd_port, mysql_port: TCP ports on 127.0.0.1.
         node_port_base: node i (1-based over train then spare nodes) listens on base + i.
         user: the unprivileged account created for tests and demos.
+        attacker: a second unprivileged account, the hostile user of the security tests.
         python: interpreter that runs the node programs (prolog, epilog, ...).
     """
 
@@ -55,6 +56,7 @@ class ClusterConfig:
     mysql_port: int = 13306
     node_port_base: int = 17000
     user: str = "robust"
+    attacker: str = "mallory"
     python: str = sys.executable
 
     @property

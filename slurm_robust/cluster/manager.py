@@ -187,6 +187,8 @@ class MiniCluster:
                 raise ClusterError("missing Debian packages: " + " ".join(missing))
             install_packages(missing)
         ensure_user(self.cfg.user)
+        # A second unprivileged user, for the multi-user security tests (issue 12).
+        ensure_user(self.cfg.attacker)
         if os.geteuid() == 0:
             for d in ensure_reachable([Path(self.cfg.python), REPO_ROOT, self.cfg.root]):
                 log.warning("added o+x to %s so user %r can reach it", d, self.cfg.user)

@@ -18,6 +18,7 @@ prints: the suite does that.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -29,6 +30,8 @@ from slurm_robust.errors import UsageError
 from slurm_robust.health.errors import NoNVMLError, NVMLHungError
 from slurm_robust.health.probes import ProbeView
 
+log = logging.getLogger("slurm_robust.health")
+
 QUICK = "quick"
 DEEP = "deep"
 QUICK_AND_DEEP = (QUICK, DEEP)
@@ -38,12 +41,19 @@ COMMON_PARAMS = ("enabled", "budget_s")
 
 
 class Status(StrEnum):
-    """A check's verdict. ``warn`` and ``skip`` pass; only ``fail`` drains."""
+    """A check's verdict. ``warn`` and ``skip`` pass; only ``fail`` drains.
+
+    ``error``: the check program itself raised (a bug, or input it could not parse,
+    such as a hostile process name). It is logged, journaled and counted, but it is not
+    evidence against the node, so it never drains by itself: otherwise any user who can
+    make a check crash could drain every node.
+    """
 
     OK = "ok"
     WARN = "warn"
     FAIL = "fail"
     SKIP = "skip"
+    ERROR = "error"
 
 
 @dataclass(frozen=True)
@@ -213,7 +223,10 @@ def _outcome_from_error(chk: Check, ctx: CheckContext, exc: BaseException) -> Ou
     if isinstance(exc, NVMLHungError):
         return fail(f"actual NVML call hung ({exc}), expected an answer within the budget",
                     nvml_hung=True)
-    # A crashing check is a failure, never a pass: a broken probe is a broken node until
-    # someone looks (a health system that hides failures is worse than none).
-    return fail(f"actual error {type(exc).__name__}: {exc}, expected a reading",
-                error=type(exc).__name__)
+    # A crashing check is an error of the check program, reported and counted, never
+    # silently a pass; but it is not evidence against the node (issue 12, finding 3):
+    # other users can feed a check input it chokes on, and must not drain nodes that way.
+    log.warning("check %s on %s raised %s: %s (journaled as an error; the node is not "
+                "drained for it)", chk.name, ctx.node, type(exc).__name__, exc)
+    return Outcome(Status.ERROR, {"error": type(exc).__name__},
+                   f"check program error {type(exc).__name__}: {exc}")

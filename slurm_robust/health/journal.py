@@ -1,11 +1,21 @@
 """The node health journal: ``<state_dir>/health/<node>.jsonl``, schema slurm_robust.health.
 
-One record per check per suite run, appended with ONE ``append_records`` call per run
-(one ``flock`` + one ``write``), so concurrent prologs on a node never interleave runs.
+One record per check per suite run, appended with ONE ``write()`` per run, so
+concurrent prologs on a node never interleave runs. The journal is world-readable, so
+it is never locked itself (any reader could hold that lock and stall the prolog until
+Slurm's prolog timeout, issue 12 finding 4): writers serialise on a separate 0600 lock
+file of root's, with a bounded wait, and append even when the wait runs out (a single
+O_APPEND write is atomic on a local file system). The file is opened with O_NOFOLLOW
+and must be a regular file of ours that others cannot write.
 """
 
 from __future__ import annotations
 
+import fcntl
+import logging
+import os
+import stat
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -13,11 +23,13 @@ from typing import Any
 from slurm_robust.records import (
     HEALTH_SCHEMA,
     HEALTH_VERSION,
-    append_records,
+    encode_record,
     make_record,
     read_records,
 )
 from slurm_robust.site_config import SiteConfig, load_site_config
+
+log = logging.getLogger("slurm_robust.health")
 
 
 def journal_path(node: str, config: SiteConfig | None = None) -> Path:
@@ -35,8 +47,51 @@ def make_records(node: str, job: str | None, stage: str, suite: str, run_id: str
     }, now=now) for r in results]
 
 
+#: Longest wait for the journal's lock file before appending anyway.
+LOCK_WAIT_S = 2.0
+
+
 def write_run(path: Path, records: list[dict[str, Any]]) -> None:
-    append_records(path, records)
+    data = b"".join(encode_record(r) for r in records)
+    if not data:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock_fd = os.open(path.with_name(f".{path.name}.lock"),
+                      os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        _check_ours(lock_fd, path)
+        _lock_bounded(lock_fd, path)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                     | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        try:
+            _check_ours(fd, path)
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(lock_fd)  # drops the lock
+
+
+def _check_ours(fd: int, path: Path) -> None:
+    st = os.fstat(fd)
+    if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid()
+            or st.st_mode & 0o022 or st.st_nlink != 1):
+        raise OSError(f"{path} (or its lock file) is not a regular file of uid "
+                      f"{os.geteuid()} that only it can write; refusing to append")
+
+
+def _lock_bounded(fd: int, path: Path) -> None:
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                log.warning("lock of %s held for over %.1f s; appending without it",
+                            path, LOCK_WAIT_S)
+                return
+            time.sleep(0.01)
 
 
 def read_journal(node: str, config: SiteConfig | None = None) -> list[dict[str, Any]]:

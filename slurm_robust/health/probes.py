@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import threading
 import time
@@ -31,6 +32,8 @@ from slurm_robust.health.nvml import NvmlReader
 
 __all__ = ["PROBES", "NoNVMLError", "NVMLHungError", "Probes", "ProbeView", "inject_path",
            "read_injections"]
+
+log = logging.getLogger("slurm_robust.health")
 
 INJECT_FILE = "inject.json"
 
@@ -105,7 +108,15 @@ class Probes:
         self.nvml_hung: str | None = None
 
     @classmethod
-    def for_node(cls, state_dir: Path) -> Probes:
+    def for_node(cls, state_dir: Path, injection_enabled: bool = False) -> Probes:
+        """Real probes of a node, overlaid with ``inject.json`` only when the site config
+        enables injection (a leftover file must not steer a production node: issue 12
+        finding 9)."""
+        if not injection_enabled:
+            if (state_dir / INJECT_FILE).exists():
+                log.warning("ignoring %s: injection_enabled is false in the site config",
+                            state_dir / INJECT_FILE)
+            return cls({}, state_dir=state_dir)
         return cls(read_injections(state_dir), state_dir=state_dir)
 
     def view(self) -> ProbeView:
@@ -215,8 +226,10 @@ def _processes() -> list[dict[str, Any]]:
             continue
         try:
             uid = entry.stat().st_uid
-            with open(f"/proc/{entry.name}/comm") as fh:
-                comm = fh.read().strip()
+            # Binary and decoded with replacement: any user names their processes, and
+            # a name that is not UTF-8 must not crash the check (issue 12, finding 3).
+            with open(f"/proc/{entry.name}/comm", "rb") as fh:
+                comm = fh.read(64).decode("utf-8", "replace").strip()
         except OSError:
             continue  # the process exited while we looked
         out.append({"pid": int(entry.name), "uid": uid, "comm": comm})
@@ -224,10 +237,23 @@ def _processes() -> list[dict[str, Any]]:
 
 
 def _mounts() -> list[str]:
-    with open("/proc/self/mounts") as fh:
-        # Octal escapes (\040 for a space) are how the kernel writes odd characters.
-        return [line.split()[1].encode().decode("unicode_escape")
+    with open("/proc/self/mounts", "rb") as fh:
+        # Octal escapes (\040 for a space) are how the kernel writes odd characters;
+        # users can mount (FUSE) paths that are not UTF-8: decode with replacement.
+        return [_unescape_mount(line.split()[1])
                 for line in fh if len(line.split()) > 1]
+
+
+def _unescape_mount(raw: bytes) -> str:
+    out, i = bytearray(), 0
+    while i < len(raw):
+        if raw[i:i + 1] == b"\\" and raw[i + 1:i + 4].isdigit() and len(raw[i + 1:i + 4]) == 3:
+            out.append(int(raw[i + 1:i + 4], 8) & 0xFF)
+            i += 4
+        else:
+            out.append(raw[i])
+            i += 1
+    return out.decode("utf-8", "replace")
 
 
 def _lock_files(patterns: list[str]) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import time
 import uuid
@@ -28,6 +29,8 @@ from slurm_robust.health.probes import Probes
 from slurm_robust.site_config import SiteConfig, load_site_config
 
 STAGES = ("prolog", "epilog", "manual", "reserve", "resume")
+log = logging.getLogger("slurm_robust.health")
+
 SUITES = (QUICK, DEEP)
 STAGE_SUITE = {"prolog": QUICK, "epilog": DEEP, "reserve": DEEP, "resume": DEEP}
 # Keys of the site config's "checks" object that are not check names.
@@ -53,6 +56,11 @@ class SuiteResult:
         return [r for r in self.results if r.status is Status.FAIL]
 
     @property
+    def errors(self) -> list[CheckResult]:
+        """Checks whose program raised: reported and counted, never a drain reason."""
+        return [r for r in self.results if r.status is Status.ERROR]
+
+    @property
     def passed(self) -> bool:
         return not self.failures
 
@@ -68,6 +76,7 @@ class SuiteResult:
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "job": self.job, "stage": self.stage, "suite": self.suite,
                 "run_id": self.run_id, "passed": self.passed, "reason": self.reason,
+                "check_errors": len(self.errors),
                 "journal": str(self.journal) if self.journal else None,
                 "results": [{"check": r.check, "status": r.status.value, "reason": r.reason,
                              "duration_s": r.duration_s, "injected": r.injected,
@@ -123,7 +132,8 @@ def run_suite(stage: str, node: str, job: str | None = None,
     planned, budget = plan_suite(suite, cfg)
     # Our own directory: create it so a fresh node does not fail host_disk_free on it.
     state_dir.mkdir(parents=True, exist_ok=True)
-    probes = probes if probes is not None else Probes.for_node(state_dir)
+    probes = probes if probes is not None else Probes.for_node(state_dir,
+                                                              cfg.injection_enabled)
     run_id = f"{int(time.time())}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     deadline = time.monotonic() + budget
     results = []
@@ -140,7 +150,14 @@ def run_suite(stage: str, node: str, job: str | None = None,
         results.append(run_check(chk, ctx, params))
     path = journal_path(node, cfg) if journal else None
     if path is not None:
-        write_run(path, make_records(node, job, stage, suite, run_id, results, time.time()))
+        try:
+            write_run(path, make_records(node, job, stage, suite, run_id, results,
+                                         time.time()))
+        except OSError as exc:
+            # The journal is bookkeeping: failing to write it is reported, but it is
+            # no evidence against the node and must not fail the prolog.
+            log.error("could not journal the %s suite on %s: %s", suite, node, exc)
+            path = None
     return SuiteResult(node, job, stage, suite, run_id, results, path)
 
 

@@ -9,19 +9,147 @@ itself is the heartbeat; a connection that closes (the agent process died: the k
 closes its sockets) is noticed at once, a silent one after ``heartbeat_timeout_s``.
 
 Messages are bounded (MAX_MESSAGE) so that a confused peer cannot exhaust memory.
+
+Security (issue 12): other users of the cluster can reach the controller's port, so
+every connection first passes the HMAC handshake of :mod:`slurm_robust.launcher.auth`
+(both ends prove they hold the run's 0600 secret), the server binds to the job node's
+own address, accepts at most ``max_connections`` peers and only from the addresses of
+the job's nodes (:func:`job_node_addresses`), and :func:`check_report` validates every
+report before the controller reads it: a bad message closes that one connection (with
+a log line); the run goes on.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import logging
 import socket
+import subprocess
 from typing import Any
 
+from slurm_robust.launcher.messages import BadMessage
+from slurm_robust.slurm.hostlist import expand_hostlist
+
+log = logging.getLogger("slurm_robust.launcher.protocol")
+
 MAX_MESSAGE = 4 << 20
+#: Bound on a message before the peer has authenticated (the handshake is tiny).
+MAX_UNAUTHENTICATED = 4096
+#: Bounds on list fields of a report (per message).
+MAX_ITEMS = 4096
 
 
 class ChannelClosed(ConnectionError):
     """The peer closed the connection or sent something that is not a message."""
+
+
+# One refusal type for every message check (the typed messages raise it too).
+__all__ = ["MAX_MESSAGE", "MAX_UNAUTHENTICATED", "BadMessage", "Channel", "ChannelClosed",
+           "check_report", "host_address", "job_node_addresses"]
+
+
+def _int(v: Any, lo: int = -1, hi: int = 1 << 31) -> bool:
+    return type(v) is int and lo <= v <= hi
+
+
+def _opt_num(v: Any) -> bool:
+    return v is None or (type(v) in (int, float))
+
+
+_EXIT_STR_FIELDS = ("class", "category")
+
+
+def check_report(msg: dict[str, Any], world_size: int) -> None:
+    """Raise BadMessage unless ``msg`` is a well-formed agent report (every field the
+    controller reads has the right type and range); malformed progress items are
+    removed from ``msg``."""
+    def bad(why: str) -> BadMessage:
+        return BadMessage(f"bad report: {why}")
+
+    if not isinstance(msg.get("key"), str) or not _int(msg.get("agent"), 0, 1 << 20):
+        raise bad("key or agent")
+    if not isinstance(msg.get("node"), str) or not _int(msg.get("pid"), 0):
+        raise bad("node or pid")
+    if not _int(msg.get("gen", -1)):
+        raise bad("gen")
+    for name, kind in (("states", dict), ("stacks", dict), ("exits", list),
+                       ("progress", list)):
+        v = msg.get(name)
+        if v is not None and (not isinstance(v, kind) or len(v) > MAX_ITEMS):
+            raise bad(name)
+    for ex in msg.get("exits") or []:
+        if not isinstance(ex, dict) or not _int(ex.get("gen")) \
+                or not _int(ex.get("rank"), 0, max(world_size - 1, 0)):
+            raise bad("exit record gen or rank")
+        code = ex.get("exit_code")
+        if code is not None and type(code) is not int:
+            raise bad("exit record exit_code")
+        if not _opt_num(ex.get("time")):
+            raise bad("exit record time")
+        if code != 0:
+            if not all(isinstance(ex.get(f), str) for f in _EXIT_STR_FIELDS):
+                raise bad("failed exit record without class and category")
+            if ex.get("evidence") is not None and not isinstance(ex["evidence"], dict):
+                raise bad("exit record evidence")
+            if ex.get("time") is None:
+                raise bad("failed exit record without time")
+    # Progress items are the training script's own lines (relayed by the agent): a bad
+    # one is dropped with a log line instead of costing the agent its connection.
+    good = [item for item in msg.get("progress") or [] if _progress_ok(item, world_size)]
+    if len(good) != len(msg.get("progress") or []):
+        log.warning("dropped %d malformed progress item(s) from agent %s",
+                    len(msg.get("progress") or []) - len(good), msg.get("agent"))
+        msg["progress"] = good
+
+
+def _progress_ok(item: Any, world_size: int) -> bool:
+    if not isinstance(item, dict) or not _int(item.get("rank"), 0, max(world_size - 1, 0)):
+        return False
+    if item.get("kind", "step") == "step" and not _int(item.get("step"), 0, 1 << 62):
+        return False
+    return all(_opt_num(item.get(f)) for f in ("t", "loss", "grad_norm"))
+
+
+def job_node_addresses(nodelist: str | None, own: str) -> set[str]:
+    """IP addresses of the job's nodes (``SLURM_JOB_NODELIST``), for the controller's
+    accept check. Names that DNS does not know are looked up as Slurm's NodeAddr.
+    When a node's address is a loopback one (every node on one host), the host's own
+    addresses count too. Empty when nodelist is None (no check: a run outside Slurm).
+    """
+    if not nodelist:
+        return set()
+    out = {own}
+    for name in expand_hostlist(nodelist):
+        addrs = _resolve(name)
+        if not addrs:
+            addr = _node_addr(name)
+            addrs = _resolve(addr) if addr else set()
+        if not addrs:
+            log.warning("cannot resolve job node %s; agents from it will be refused", name)
+        out |= addrs
+    if any(ipaddress.ip_address(a).is_loopback for a in out):
+        out.update({"127.0.0.1", own})
+    return out
+
+
+def _resolve(host: str) -> set[str]:
+    try:
+        return {i[4][0] for i in socket.getaddrinfo(host, None, socket.AF_INET)}
+    except OSError:
+        return set()
+
+
+def _node_addr(name: str) -> str | None:
+    try:
+        out = subprocess.run(["scontrol", "show", "node", "-o", name], capture_output=True,
+                             text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for field in out.split():
+        if field.startswith("NodeAddr="):
+            return field.split("=", 1)[1] or None
+    return None
 
 
 class Channel:
@@ -32,6 +160,7 @@ class Channel:
         self.sock.settimeout(timeout_s)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._buf = b""
+        self.max_message = MAX_MESSAGE  # lowered by the server until the peer authenticates
 
     @classmethod
     def connect(cls, host: str, port: int, timeout_s: float) -> Channel:
@@ -47,8 +176,8 @@ class Channel:
             if not chunk:
                 raise ChannelClosed("peer closed the connection")
             self._buf += chunk
-            if len(self._buf) > MAX_MESSAGE:
-                raise ChannelClosed(f"message over {MAX_MESSAGE} bytes")
+            if len(self._buf) > self.max_message:
+                raise ChannelClosed(f"message over {self.max_message} bytes")
         line, self._buf = self._buf.split(b"\n", 1)
         try:
             obj = json.loads(line)

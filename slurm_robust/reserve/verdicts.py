@@ -150,8 +150,11 @@ def parse_verdicts(data: bytes, job_id: str, job_nodes: Collection[str],
         excerpt = raw[:200].decode("utf-8", "replace")
         try:
             obj = json.loads(raw)
-        except ValueError:
-            refusals.append(Refusal(f"line {lineno}: not JSON", None, excerpt))
+        except (ValueError, RecursionError):
+            # RecursionError: a record nested deeper than the interpreter's stack (a
+            # hostile file; issue 12 finding 8) is refused like any other non-record.
+            refusals.append(Refusal(f"line {lineno}: not JSON (or nested too deep)", None,
+                                    excerpt))
             continue
         why, verdict = _validate(obj, job_id, job_nodes)
         if verdict is None:
@@ -182,9 +185,29 @@ def _validate(obj: Any, job_id: str, job_nodes: Collection[str]) -> tuple[str, V
     if not isinstance(reason, str) or not reason.strip():
         return "reason missing", None
     evidence = obj.get("evidence")
-    return "", Verdict(job_id, node, clean_reason(reason), str(obj.get("class") or "unknown"),
-                       str(obj.get("incident") or ""),
-                       evidence if isinstance(evidence, dict) else {})
+    if not isinstance(evidence, dict) or not _small(evidence, EVIDENCE_DEPTH):
+        evidence = {}  # too deep or too big to carry into root-written records
+    return "", Verdict(job_id, node, clean_reason(reason),
+                       str(obj.get("class") or "unknown")[:64],
+                       str(obj.get("incident") or "")[:64], evidence)
+
+
+#: Bounds on the evidence a verdict may carry into the records root writes.
+EVIDENCE_DEPTH = 6
+EVIDENCE_ITEMS = 256
+
+
+def _small(obj: Any, depth: int, budget: list[int] | None = None) -> bool:
+    """Whether ``obj`` nests at most ``depth`` levels and holds few enough items."""
+    budget = budget if budget is not None else [EVIDENCE_ITEMS]
+    budget[0] -= 1
+    if budget[0] < 0 or depth < 0:
+        return False
+    if isinstance(obj, dict):
+        return all(_small(v, depth - 1, budget) for v in obj.values())
+    if isinstance(obj, list):
+        return all(_small(v, depth - 1, budget) for v in obj)
+    return True
 
 
 def read_job_verdicts(verdict_root: Path, user: str, uid: int, job_id: str,

@@ -270,27 +270,67 @@ static double now_ms(void)
 	return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
 }
 
-/* A journal held locked by someone else: the append gives up within its
- * deadline instead of blocking slurmstepd. */
+/* A reader holding a flock on the (world-readable) journal does not stall
+ * the append (finding 4); the separate 0600 lock file, which only the
+ * writer's uid can open, is waited on within the deadline. */
 static void test_lock_timeout(void)
 {
-	char dir[] = "/tmp/sr_spank_lockXXXXXX", path[256], err[SR_ERR_MAX];
+	char dir[] = "/tmp/sr_spank_lockXXXXXX", path[256], lock[256];
+	char err[SR_ERR_MAX];
 	double t0, took;
-	int fd;
+	int fd, lfd;
 
 	CHECK(mkdtemp(dir) != NULL);
 	snprintf(path, sizeof(path), "%s/j.jsonl", dir);
-	fd = open(path, O_WRONLY | O_CREAT, 0644);
+	snprintf(lock, sizeof(lock), "%s/.j.jsonl.lock", dir);
+	fd = open(path, O_RDONLY | O_CREAT, 0644);
 	CHECK(fd >= 0);
 	CHECK(flock(fd, LOCK_EX) == 0);
+	CHECK(sr_journal_append(path, "x\n", 2, 100, err, sizeof(err)) == 0);
+	close(fd);
+	lfd = open(lock, O_RDONLY);
+	CHECK(lfd >= 0);
+	CHECK(flock(lfd, LOCK_EX) == 0);
 	t0 = now_ms();
 	CHECK(sr_journal_append(path, "x\n", 2, 100, err, sizeof(err)) == -1);
 	took = now_ms() - t0;
 	CHECK_STR_HAS(err, "stayed locked for 100 ms");
 	CHECK(took >= 90.0 && took < 2000.0);
-	close(fd);
+	close(lfd);
 	CHECK(sr_journal_append(path, "x\n", 2, 100, err, sizeof(err)) == 0);
 	unlink(path);
+	unlink(lock);
+	rmdir(dir);
+}
+
+/* No component of the path is followed as a link (finding 10), and a
+ * directory others may write to (not sticky) is refused. */
+static void test_path_components(void)
+{
+	char dir[] = "/tmp/sr_spank_walkXXXXXX", real[256], alias[256];
+	char path[300], err[SR_ERR_MAX];
+
+	CHECK(mkdtemp(dir) != NULL);
+	snprintf(real, sizeof(real), "%s/real", dir);
+	snprintf(alias, sizeof(alias), "%s/alias", dir);
+	CHECK(mkdir(real, 0755) == 0);
+	CHECK(symlink(real, alias) == 0);
+	snprintf(path, sizeof(path), "%s/j.jsonl", alias);
+	CHECK(sr_journal_append(path, "x\n", 2, 100, err, sizeof(err)) == -1);
+	CHECK_STR_HAS(err, "symlink");
+	snprintf(path, sizeof(path), "%s/j.jsonl", real);
+	CHECK(chmod(real, 0777) == 0);
+	CHECK(sr_journal_append(path, "x\n", 2, 100, err, sizeof(err)) == -1);
+	CHECK_STR_HAS(err, "writable by others");
+	CHECK(chmod(real, 0755) == 0);
+	CHECK(sr_journal_append("rel/j.jsonl", "x\n", 2, 100, err,
+				sizeof(err)) == -1);
+	CHECK(sr_journal_append(path, "x\n", 2, 100, err, sizeof(err)) == 0);
+	unlink(path);
+	snprintf(path, sizeof(path), "%s/.j.jsonl.lock", real);
+	unlink(path);
+	unlink(alias);
+	rmdir(real);
 	rmdir(dir);
 }
 
@@ -349,6 +389,7 @@ static const struct self_test self_tests[] = {
 	{ "steps", test_steps },
 	{ "format_small_buffer", test_format_small_buffer },
 	{ "lock_timeout", test_lock_timeout },
+	{ "path_components", test_path_components },
 	{ "fifo_refused", test_fifo_refused },
 	{ "untrusted_files", test_untrusted_files },
 };

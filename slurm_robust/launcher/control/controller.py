@@ -19,13 +19,22 @@ import threading
 import time
 from typing import Any
 
+from slurm_robust.launcher.auth import AuthError, ensure_run_secret, server_handshake
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control.recovery import Recovery, SlurmSide
 from slurm_robust.launcher.enums import Phase, Role
 from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.messages import BadMessage, Report
 from slurm_robust.launcher.paths import RunPaths
-from slurm_robust.launcher.protocol import Channel, ChannelClosed, host_address
+from slurm_robust.launcher.protocol import (
+    MAX_MESSAGE,
+    MAX_UNAUTHENTICATED,
+    Channel,
+    ChannelClosed,
+    check_report,
+    host_address,
+    job_node_addresses,
+)
 from slurm_robust.records import write_json_atomic
 
 log = logging.getLogger("slurm_robust.launcher.control.controller")
@@ -33,6 +42,8 @@ log = logging.getLogger("slurm_robust.launcher.control.controller")
 TICK_S = 0.05
 #: A closed agent connection not re-opened within this long counts as a lost agent.
 RECONNECT_GRACE_S = 0.5
+#: Seconds a new connection has to pass the handshake.
+HANDSHAKE_S = 5.0
 
 
 class AgentView:
@@ -64,6 +75,13 @@ class Controller:
                                               or cfg.total_nodes), slurm=slurm)
         self._server: socketserver.ThreadingTCPServer | None = None
         self._thread: threading.Thread | None = None
+        # Channel security (README "Security model"): the run secret for the handshake,
+        # the job's own node addresses for the accept check, and a cap on connections.
+        self.secret = ensure_run_secret(cfg.run_dir)
+        self.allowed = job_node_addresses(os.environ.get("SLURM_JOB_NODELIST"),
+                                          host_address())
+        self.max_connections = 2 * max(self.recovery.expected, cfg.total_nodes) + 4
+        self.connections = 0
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -73,15 +91,21 @@ class Controller:
             def handle(self) -> None:
                 controller._serve(self.request)
 
-        socketserver.ThreadingTCPServer.allow_reuse_address = True
-        socketserver.ThreadingTCPServer.daemon_threads = True
-        self._server = socketserver.ThreadingTCPServer(("", self.cfg.controller_port), Handler)
+        class Server(socketserver.ThreadingTCPServer):
+            allow_reuse_address = True
+            daemon_threads = True
+
+            def verify_request(self, request: Any, client_address: Any) -> bool:
+                return controller._admit(client_address[0])
+
+        # The job node's own address, never 0.0.0.0 (other networks need not reach it).
+        self._server = Server((host_address(), self.cfg.controller_port), Handler)
         port = self._server.server_address[1]
         threading.Thread(target=self._server.serve_forever, daemon=True,
                          name="robust-controller-server").start()
         write_json_atomic(self.paths.controller, {
             "key": self.ident.step_key, "host": host_address(), "port": port,
-            "node": self.ident.node, "pid": os.getpid(), "time": time.time()}, mode=0o664)
+            "node": self.ident.node, "pid": os.getpid(), "time": time.time()}, mode=0o600)
         self._thread = threading.Thread(target=self._loop, daemon=True,
                                         name="robust-controller")
         self._thread.start()
@@ -115,25 +139,55 @@ class Controller:
         return all(a.exit_sent for a in live) or time.time() - done_at > 10.0
 
     # ------------------------------------------------------------------ server side
+    def _admit(self, addr: str) -> bool:
+        """Accept check: a job node's address and a free connection slot."""
+        with self.lock:
+            if self.allowed and addr not in self.allowed:
+                log.warning("refused a controller connection from %s: not a node of this "
+                            "job", addr)
+                return False
+            if self.connections >= self.max_connections:
+                log.warning("refused a controller connection from %s: %d connections "
+                            "open (the cap)", addr, self.connections)
+                return False
+            self.connections += 1
+            return True
+
     def _serve(self, sock: socket.socket) -> None:
         chan = Channel(sock, self.cfg.heartbeat_timeout_s * 3)
         view: AgentView | None = None
+        peer = "?"
         try:
+            peer = str(sock.getpeername()[0])
+            # A short deadline for the handshake, so that idle strangers cannot hold
+            # the capped connection slots for long.
+            sock.settimeout(HANDSHAKE_S)
+            chan.max_message = MAX_UNAUTHENTICATED
+            server_handshake(chan, self.secret)
+            chan.max_message = MAX_MESSAGE
+            sock.settimeout(self.cfg.heartbeat_timeout_s * 3)
             while True:
-                report = Report.from_json(chan.recv())
+                raw = chan.recv()
+                # Ranges and list bounds first (they need the world size), then the
+                # typed message; either refuses at the boundary with BadMessage.
+                check_report(raw, self.cfg.world_size)
+                report = Report.from_json(raw)
                 with self.lock:
                     view = self.on_report(report, time.time())
                     plan = self.recovery.plan_for(view.index) if view is not None else None
                     if plan is not None and plan.role is Role.EXIT and view is not None:
                         view.exit_sent = True
                 chan.send({"plan": plan.to_json() if plan is not None else {}})
-        except BadMessage as exc:
+        except (AuthError, BadMessage) as exc:
             # Refused at the boundary: this connection ends, the run goes on (an agent
             # that reconnects with good reports is heard again).
-            log.warning("report from %s refused: %s", view.node if view else "an agent", exc)
+            log.warning("closed the controller connection from %s (%s): %s", peer,
+                        view.node if view else "not yet an agent", exc)
         except (OSError, ChannelClosed):
             pass
         finally:
+            with self.lock:
+                self.connections -= 1
             chan.close()
             if view is not None:
                 with self.lock:

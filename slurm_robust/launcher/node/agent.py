@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.ckpt import CheckpointConfig, purge_job_memory
+from slurm_robust.launcher.auth import ckpt_job_key, client_handshake, ensure_run_secret
 from slurm_robust.launcher.classify import classify_failure
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control.controller import Controller
@@ -53,6 +54,7 @@ from slurm_robust.launcher.paths import (
 )
 from slurm_robust.launcher.protocol import Channel, ChannelClosed, host_address
 from slurm_robust.records import write_json_atomic
+from slurm_robust.secure_fs import private_dir, relative_parts
 from slurm_robust.stacks.capture import CaptureOptions, capture_local
 
 log = logging.getLogger("slurm_robust.launcher.node.agent")
@@ -74,6 +76,10 @@ class Agent:
         self.stacks_done: dict[str, Any] = {}
         self._stack_threads: dict[str, threading.Thread] = {}
         self.plan: Plan | None = None
+        # The per-run secret (0600 in the run dir): authenticates the control channel
+        # and names the checkpoint directories so no other user can pre-empt them.
+        self.secret = ensure_run_secret(cfg.run_dir)
+        self.ckpt_key = ckpt_job_key(ident.job_id, self.secret)
         self.zygotes = wk.ZygotePool(cfg.command, cfg.prewarm, {**os.environ, **cfg.env},
                                      cfg.workers_per_node)
 
@@ -131,10 +137,18 @@ class Agent:
             info = self._controller_info()
             if info is not None:
                 try:
-                    return Channel.connect(info["host"], int(info["port"]),
+                    chan = Channel.connect(info["host"], int(info["port"]),
                                            max(2.0, self.cfg.heartbeat_timeout_s / 2))
                 except OSError:
-                    pass
+                    chan = None
+                if chan is not None:
+                    try:  # both ends prove they hold the run secret (auth.py)
+                        client_handshake(chan, self.secret)
+                        return chan
+                    except (OSError, ChannelClosed) as exc:
+                        log.warning("controller at %s:%s failed the handshake: %s",
+                                    info["host"], info["port"], exc)
+                        chan.close()
             if time.time() >= deadline:
                 return None
             time.sleep(0.1)
@@ -221,9 +235,14 @@ class Agent:
         self.gen, self.role = int(plan.gen if plan.gen is not None else -1), plan.role
         if self.role is Role.ACTIVE:
             ckpt = self._ckpt_config()
+            # Under the keyed, private job directory (not the guessable job id), so
+            # that no other user can pre-create it or plant links in it.
+            pdir = progress_dir(self.site, self.ckpt_key, self.ident.node)
+            shm = node_shm_root(self.site, self.ident.node)
+            with private_dir(shm, relative_parts(pdir, shm)):
+                pass
             for local_rank, rank in enumerate(plan.ranks or []):
-                progress = progress_dir(self.site, self.ident.job_id, self.ident.node) / \
-                    f"rank{rank}.gen{self.gen}.jsonl"
+                progress = pdir / f"rank{rank}.gen{self.gen}.jsonl"
                 env = wk.worker_env(os.environ, plan.to_json(), rank, local_rank,
                                     self.ident.node,
                                     self.ident.job_id, self.cfg.run_dir, progress, ckpt,
@@ -243,7 +262,7 @@ class Agent:
             durable_root=str(self.paths.durable) if self.cfg.durable_every else None,
             local_every=self.cfg.local_every, durable_every=self.cfg.durable_every,
             peer_backup=self.cfg.peer_backup and self.cfg.nodes > 1,
-            peer_slots=self.cfg.peer_slots)
+            peer_slots=self.cfg.peer_slots, job_key=self.ckpt_key)
 
     def _capture(self, capture_id: str) -> None:
         pids = {w.rank: w.pid for w in self.workers if w.popen.poll() is None}
@@ -268,7 +287,7 @@ class Agent:
         """Remove this job's shared-memory snapshots on this node (the run is over)."""
         try:
             cfg = CheckpointConfig(shm_root=str(node_shm_root(self.site, self.ident.node)))
-            purge_job_memory(cfg, self.ident.job_id, self.ident.node)
+            purge_job_memory(cfg, self.ckpt_key, self.ident.node)
         except Exception as exc:  # noqa: BLE001 - leftover tmpfs files are reported, not fatal
             log.warning("could not purge shared memory on %s: %s", self.ident.node, exc)
 

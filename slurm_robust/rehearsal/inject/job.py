@@ -188,7 +188,9 @@ def wipe_node_dirs(job_id: str, node: str) -> list[str]:
     site = load_site()
     wiped = []
     for root in (site.node_path(site.shm_root, node), site.node_path(site.local_root, node)):
-        for path in (root / job_id, root / node / job_id):
+        # The job's directories carry a keyed suffix (<job>.<key>, see launcher/auth.py).
+        for path in (root / job_id, *root.glob(f"{job_id}.*"), root / node / job_id,
+                     *(root / node).glob(f"{job_id}.*")):
             if path.exists():
                 shutil.rmtree(path, ignore_errors=True)
                 wiped.append(str(path))

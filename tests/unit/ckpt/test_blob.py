@@ -12,9 +12,9 @@ from slurm_robust.ckpt.blob import (
     checksum,
     decode_meta,
     encode_meta,
+    encode_skeleton,
     flatten,
     pack_layout,
-    pickle_skeleton,
     unflatten,
 )
 from slurm_robust.errors import UsageError
@@ -36,7 +36,10 @@ def test_meta_round_trip_and_damage():
     state = {"a": torch.ones(3), "b": [1, (2, torch.zeros(2))], "c": "x"}
     skeleton, tensors = flatten(state, torch.Tensor)
     assert len(tensors) == 2
-    raw = encode_meta({"format": 1, "step": 3}, pickle_skeleton(skeleton))
+    header = {"step": 3, "rank": 0, "world_size": 1, "layout": {}, "nbytes": 128,
+              "checksum_algo": "sum64", "checksum": 0,
+              "tensors": [["float32", [3], 0, 12], ["float32", [2], 64, 8]]}
+    raw = encode_meta(header, encode_skeleton(skeleton))
     header, skel = decode_meta(raw)
     assert header["step"] == 3
     back = unflatten(skel, tensors)
@@ -69,7 +72,15 @@ def test_paths_carry_job_and_node_and_refuse_traversal(tmp_path):
 def test_purge_removes_only_that_node(tmp_path):
     cfg = ckpt.CheckpointConfig(shm_root=str(tmp_path))
     for node in ("a", "b"):
-        (tmp_path / "j" / node / "rank0").mkdir(parents=True)
+        ckpt.config.ensure_dir(tmp_path / "j" / node / "rank0", tmp_path)
         (tmp_path / "j" / node / "rank0" / "slot0.data").write_bytes(b"x" * 10)
     assert ckpt.purge_job_memory(cfg, "j", "a") == 10
     assert not (tmp_path / "j" / "a").exists() and (tmp_path / "j" / "b").exists()
+
+
+def test_purge_never_walks_into_a_directory_it_does_not_own(tmp_path):
+    cfg = ckpt.CheckpointConfig(shm_root=str(tmp_path))
+    (tmp_path / "j" / "a").mkdir(parents=True, mode=0o755)  # not private: not ours
+    (tmp_path / "j" / "a" / "keep").write_bytes(b"x")
+    assert ckpt.purge_job_memory(cfg, "j", "a") == 0
+    assert (tmp_path / "j" / "a" / "keep").exists()

@@ -71,3 +71,12 @@ def test_cli_round_trip(tmp_path: Path) -> None:
     subprocess.run([*cli, "clear", "--node", "node2"], env=env, capture_output=True,
                    timeout=60, check=True)
     assert not (tmp_path / "node2" / "inject.json").exists()
+
+
+def test_a_leftover_inject_file_is_ignored_when_injection_is_disabled(tmp_path: Path) -> None:
+    enabled = SiteConfig(state_dir=str(tmp_path / "{node}"), injection_enabled=True)
+    inject_probe(enabled, "node2", "xid_events", [{"gpu": 3, "xid": 79}])
+    disabled = SiteConfig(state_dir=str(tmp_path / "{node}"), injection_enabled=False)
+    result = run_suite("prolog", "node2", config=disabled, journal=False)
+    assert result.passed and not any(r.injected for r in result.results)
+    assert not run_suite("prolog", "node2", config=enabled, journal=False).passed

@@ -10,6 +10,7 @@ import pytest
 from slurm_robust.ckpt import CheckpointConfig
 from slurm_robust.ckpt.config import CKPT_ENV
 from slurm_robust.errors import UsageError
+from slurm_robust.launcher.auth import client_handshake
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control.controller import Controller
 from slurm_robust.launcher.enums import Category, ProgressKind, Role, Rung
@@ -108,6 +109,13 @@ def test_checkpoint_config_crosses_the_environment() -> None:
         CheckpointConfig.from_env({CKPT_ENV: "[1]"})
 
 
+def _authed(ctl: Controller, info: dict) -> Channel:
+    """A connection to the controller that passed the run-secret handshake."""
+    chan = Channel.connect(info["host"], info["port"], 5.0)
+    client_handshake(chan, ctl.secret)
+    return chan
+
+
 def test_the_controller_closes_only_the_bad_connection(tmp_path, monkeypatch) -> None:
     monkeypatch.delenv("SLURM_NTASKS", raising=False)
     cfg = RunConfig(command=("x",), run_dir=str(tmp_path / "run"), nodes=1,
@@ -116,11 +124,11 @@ def test_the_controller_closes_only_the_bad_connection(tmp_path, monkeypatch) ->
     ctl.start()
     try:
         info = json.loads(RunPaths.of(cfg.run_dir).controller.read_text())
-        bad = Channel.connect("127.0.0.1", info["port"], 5.0)
+        bad = _authed(ctl, info)
         with pytest.raises(ChannelClosed):
             bad.request({**REPORT, "op": "hello"})
         bad.close()
-        good = Channel.connect("127.0.0.1", info["port"], 5.0)
+        good = _authed(ctl, info)
         reply = good.request({**REPORT, "agent": 0, "node": "n1", "exits": [],
                               "progress": [], "gen": -1, "role": "new"})
         good.close()
@@ -129,7 +137,7 @@ def test_the_controller_closes_only_the_bad_connection(tmp_path, monkeypatch) ->
     finally:
         with ctl.lock:
             ctl.recovery.fail("test over")
-        last = Channel.connect("127.0.0.1", info["port"], 5.0)
+        last = _authed(ctl, info)
         assert last.request({**REPORT, "agent": 0, "node": "n1", "exits": [], "progress": [],
                              "gen": -1, "role": "new"})["plan"]["role"] == "exit"
         last.close()

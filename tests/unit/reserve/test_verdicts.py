@@ -136,3 +136,44 @@ def test_hard_link_is_refused(tmp_path: Path) -> None:
 def test_path_components_are_validated(tmp_path: Path, user: str, job: str) -> None:
     with pytest.raises(UsageError):
         verdict_path(tmp_path, user, job)
+
+
+def test_a_verdict_nested_200000_levels_is_refused_cleanly() -> None:
+    deep = b'{"schema": "slurm_robust.verdict", "evidence": ' + b"[" * 200_000 + b"]" * 200_000
+    data = deep + b"}\n" + line()
+    verdicts, refusals = parse_verdicts(data, "42", NODES, 64)
+    assert [v.node for v in verdicts] == ["node2"]
+    assert "nested too deep" in refusals[0].why
+
+
+def test_deep_or_large_evidence_is_dropped_not_carried() -> None:
+    nested: dict = {"x": 1}
+    for _ in range(50):
+        nested = {"n": nested}
+    verdicts, _ = parse_verdicts(line(evidence=nested) + line(node="node1",
+                                                             evidence={"xs": list(range(999))}),
+                                 "42", NODES, 64)
+    assert [v.evidence for v in verdicts] == [{}, {}]
+
+
+def test_fuzzed_verdict_files_never_raise() -> None:
+    import random
+
+    rng = random.Random(7)
+    base = line() + line(node="node1", evidence={"a": [1, {"b": 2}]}) + line(job_id="9")
+    for _ in range(500):
+        buf = bytearray(base)
+        for _ in range(rng.randint(1, 8)):
+            op = rng.random()
+            i = rng.randrange(len(buf) + 1)
+            if op < 0.4 and buf:
+                buf[min(i, len(buf) - 1)] = rng.randrange(256)
+            elif op < 0.6:
+                del buf[i:i + rng.randint(1, 20)]
+            elif op < 0.8:
+                buf[i:i] = rng.choice([b"[" * 5000, b"{", b"\n", b"\xff\xfe", b'"node":"node2"'])
+            else:
+                buf[i:i] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 10)))
+        verdicts, refusals = parse_verdicts(bytes(buf), "42", NODES, 64)
+        assert all(v.node in NODES and v.job_id == "42" for v in verdicts)
+        assert all(isinstance(r.why, str) for r in refusals)

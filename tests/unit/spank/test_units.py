@@ -28,7 +28,7 @@ from slurm_robust.records import (
 
 SPANK_DIR = Path(__file__).resolve().parents[3] / "spank"
 SELF_TESTS = ["count", "profile", "printable", "config", "request", "expand", "escape",
-              "steps", "format_small_buffer", "lock_timeout", "fifo_refused",
+              "steps", "format_small_buffer", "lock_timeout", "path_components", "fifo_refused",
               "untrusted_files"]
 SLURM_HEADER = Path("/usr/include/slurm/spank.h")
 
