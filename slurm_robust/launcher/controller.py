@@ -26,6 +26,7 @@ from slurm_robust.launcher import failslow, recovery
 from slurm_robust.launcher.agent import Identity
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.events import EventLog
+from slurm_robust.launcher.metrics import RunMetrics, start_for_controller
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.launcher.policy import assign_slots, is_hung
 from slurm_robust.launcher.protocol import Channel, ChannelClosed, host_address
@@ -106,6 +107,7 @@ class Controller:
         self.started_at = time.time()
         self._server: socketserver.ThreadingTCPServer | None = None
         self._thread: threading.Thread | None = None
+        self.metrics: RunMetrics | None = None  # METRICS HOOK 1: set in start()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -124,6 +126,11 @@ class Controller:
         write_json_atomic(self.paths.controller, {
             "key": self.ident.step_key, "host": host_address(), "port": port,
             "node": self.ident.node, "pid": os.getpid(), "time": time.time()}, mode=0o664)
+        # METRICS HOOK 2: serve /metrics on this node's address, read phase/spares live.
+        self.metrics = start_for_controller(self.ident.job_id, self.state.run_id,
+                                            self.cfg.run_dir, host_address())
+        self.metrics.watch(phase=lambda: self.phase, spares_parked=lambda: len(self.spares),
+                           spares_used=lambda: len(self.evicted))
         self._thread = threading.Thread(target=self._loop, daemon=True,
                                         name="robust-controller")
         self._thread.start()
@@ -135,6 +142,8 @@ class Controller:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+        if self.metrics is not None:
+            self.metrics.close()  # METRICS HOOK 3: stop serving, withdraw the SD target
         return dict(self.result)
 
     def _loop(self) -> None:
@@ -241,6 +250,8 @@ class Controller:
         loss = sum(losses) / len(losses) if losses else None
         grad_norm = max(norms) if norms else None
         self.state.last_step = step
+        if self.metrics is not None:
+            self.metrics.on_step(step, step_time, t_done)  # METRICS HOOK 4
         opened = self.state.open_incident is not None
         self.events.step(step, step_time, loss, grad_norm, force=opened or gen.steps_done == 1,
                          now=t_done)

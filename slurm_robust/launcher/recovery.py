@@ -146,6 +146,8 @@ def handle(ctl: Controller, gen: Generation, incident: dict[str, Any],
     incident["localized_at"] = incident["localized_at"] or now
     incident["nodes"] = sorted(set(incident["nodes"]) | set(decision.evict))
     incident["evidence"]["decision"] = decision.reason
+    if ctl.metrics is not None:
+        ctl.metrics.on_incident(incident)  # METRICS HOOK 5: rung decided
     log.warning("incident %s: %s on %s -> %s (%s)", incident["incident"], incident["class"],
                 incident["nodes"], decision.rung, decision.reason)
     if decision.rung == "stop":
@@ -272,6 +274,8 @@ def resolve_open_incident(ctl: Controller, gen: Generation, step: int, now: floa
     incident.update(recovered_at=now, restored_step=restored, restore_tier=tier,
                     steps_lost=max(0, (last or 0) - (restored or 0)))
     _write_incident(ctl, incident)
+    if ctl.metrics is not None:
+        ctl.metrics.on_recovered(incident)  # METRICS HOOK 6: first step after the restore
     ctl.state.open_incident = None
     ctl.persist()
     log.info("incident %s recovered in %.2f s (restored step %s from %s)",
