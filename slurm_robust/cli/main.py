@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, str] = {
     "stacks": "slurm_robust.cli.stacks",
     "report": "slurm_robust.cli.report",
     "bench": "slurm_robust.cli.bench",
+    "exporter": "slurm_robust.cli.exporter",
 }
 
 LOG_LEVEL_ENV = "SLURM_ROBUST_LOG_LEVEL"
