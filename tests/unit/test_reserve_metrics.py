@@ -121,3 +121,21 @@ def test_generated_prometheus_config_and_alert_rules_pass_promtool(tmp_path):
     out = subprocess.run(["promtool", "check", "rules", str(prom.ALERTS)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+def test_dashboard_queries_parse_as_promql(tmp_path):
+    import json
+
+    dash = json.loads((prom.REPO_ROOT / "docs" / "grafana" / "slurm_robust.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert len(exprs) >= 4
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"slurm_robust:dashboard_{i}",
+         "expr": e.replace("$__rate_interval", "1m").replace("$job", ".*")}
+        for i, e in enumerate(exprs)]}]}
+    path = tmp_path / "dashboard_rules.yml"
+    path.write_text(json.dumps(rules))       # JSON is YAML
+    out = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
