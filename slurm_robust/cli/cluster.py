@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-install", action="store_true",
                         help="fail instead of apt-get installing missing packages")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--prometheus", action="store_true",
+                        help="up/packages: also a Prometheus server scraping the robust "
+                             "jobs and the reserve exporter (Debian package prometheus)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"export {key}={shlex.quote(value)}")
         return 0
     if args.action == "up":
-        rep = mc.up(install=not args.no_install)
+        rep = mc.up(install=not args.no_install, prometheus=args.prometheus)
         out = {"seconds": round(rep.seconds, 2), "started": rep.started,
                "already_running": rep.already_running, "slurm_conf": str(cfg.slurm_conf)}
         if args.json:
@@ -58,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         return 1 if survivors else 0
     if args.action == "packages":
 
-        missing = missing_packages()
+        missing = missing_packages(args.prometheus)
         install_packages(missing)
         print("installed: " + " ".join(missing) if missing else "all packages present")
         return 0

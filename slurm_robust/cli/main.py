@@ -33,6 +33,7 @@ SUBCOMMANDS: dict[str, str] = {
     "report": "slurm_robust.cli.report",
     "bench": "slurm_robust.cli.bench",
     "simulate": "slurm_robust.cli.simulate",
+    "exporter": "slurm_robust.cli.exporter",
 }
 
 LOG_LEVEL_ENV = "SLURM_ROBUST_LOG_LEVEL"

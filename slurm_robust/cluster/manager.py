@@ -64,8 +64,12 @@ class UpReport:
     already_running: list[str]
 
 
-def missing_packages() -> list[str]:
-    return [pkg for pkg, path in PACKAGES.items() if not Path(path).exists()]
+def missing_packages(prometheus: bool = False) -> list[str]:
+    wanted = dict(PACKAGES)
+    if prometheus:  # opt-in (cluster up --prometheus): see cluster/prometheus.py
+        from slurm_robust.cluster.prometheus import PACKAGE
+        wanted[PACKAGE[0]] = PACKAGE[1]
+    return [pkg for pkg, path in wanted.items() if not Path(path).exists()]
 
 
 def install_packages(packages: list[str]) -> None:
@@ -179,9 +183,10 @@ class MiniCluster:
         return {d.name: d.pid(self.cfg.root) for d in self.daemons()}
 
     # --- up --------------------------------------------------------------------------
-    def up(self, install: bool = True, timeout_s: float = 120.0) -> UpReport:
+    def up(self, install: bool = True, timeout_s: float = 120.0,
+           prometheus: bool = False) -> UpReport:
         start = time.monotonic()
-        missing = missing_packages()
+        missing = missing_packages(prometheus)
         if missing:
             if not install:
                 raise ClusterError("missing Debian packages: " + " ".join(missing))
@@ -202,6 +207,9 @@ class MiniCluster:
         for node in self.cfg.nodes:
             start_daemon(self.daemon(f"slurmd-{node}"), self.cfg.root, env)
         self._wait_nodes_ready(timeout_s)
+        if prometheus:
+            from slurm_robust.cluster import prometheus as prom
+            prom.start(self.cfg, env)
         after = self.running()
         started = [n for n, pid in after.items() if before.get(n) is None and pid]
         already = [n for n, pid in before.items() if pid]

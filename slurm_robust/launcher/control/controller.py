@@ -21,6 +21,7 @@ from typing import Any
 
 from slurm_robust.launcher.auth import AuthError, ensure_run_secret, server_handshake
 from slurm_robust.launcher.config import RunConfig
+from slurm_robust.launcher.control.metrics import start_for_controller
 from slurm_robust.launcher.control.recovery import Recovery, SlurmSide
 from slurm_robust.launcher.enums import Phase, Role
 from slurm_robust.launcher.identity import Identity
@@ -106,6 +107,12 @@ class Controller:
         write_json_atomic(self.paths.controller, {
             "key": self.ident.step_key, "host": host_address(), "port": port,
             "node": self.ident.node, "pid": os.getpid(), "time": time.time()}, mode=0o600)
+        # Live metrics on this node's address; phase and spares are read at scrape time.
+        rec = self.recovery
+        rec.metrics = start_for_controller(self.ident.job_id, rec.state.run_id,
+                                           self.cfg.run_dir, host_address())
+        rec.metrics.watch(phase=lambda: rec.phase, spares_parked=lambda: len(rec.spares),
+                          spares_used=lambda: len(rec.evicted))
         self._thread = threading.Thread(target=self._loop, daemon=True,
                                         name="robust-controller")
         self._thread.start()
@@ -117,6 +124,8 @@ class Controller:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+        if self.recovery.metrics is not None:
+            self.recovery.metrics.close()  # stop serving, withdraw the discovery target
         return dict(self.recovery.result)
 
     def _loop(self) -> None:

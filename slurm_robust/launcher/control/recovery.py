@@ -34,6 +34,7 @@ from slurm_robust.ckpt.config import TIERS
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import failslow
 from slurm_robust.launcher.control.events import EventLog, make_incident
+from slurm_robust.launcher.control.metrics import RunMetrics
 from slurm_robust.launcher.control.policy import (
     Decision,
     LadderInput,
@@ -157,6 +158,9 @@ class Recovery:
         self.result: dict[str, Any] = {}
         self.done_at: float | None = None
         self.started_at = clock()
+        # Live metrics (docs/METRICS.md), set by the controller once it serves them;
+        # fed here because this owner is where steps, incidents and recoveries happen.
+        self.metrics: RunMetrics | None = None
 
     # ------------------------------------------------------------------ read side
     @property
@@ -308,6 +312,8 @@ class Recovery:
         loss = sum(losses) / len(losses) if losses else None
         grad_norm = max(norms) if norms else None
         self.state.last_step = step
+        if self.metrics is not None:
+            self.metrics.on_step(step, step_time, t_done)
         opened = self.state.open_incident is not None
         self.events.step(step, step_time, loss, grad_norm, force=opened or gen.steps_done == 1,
                          now=t_done)
@@ -417,6 +423,8 @@ class Recovery:
         incident["localized_at"] = incident["localized_at"] or now
         incident["nodes"] = sorted(set(incident["nodes"]) | set(decision.evict))
         incident["evidence"]["decision"] = decision.reason
+        if self.metrics is not None:
+            self.metrics.on_incident(incident)  # the rung is decided
         log.warning("incident %s: %s on %s -> %s (%s)", incident["incident"],
                     incident["class"], incident["nodes"], decision.rung, decision.reason)
         if decision.rung == Rung.STOP:
@@ -537,6 +545,8 @@ class Recovery:
         incident.update(recovered_at=now, restored_step=restored, restore_tier=tier,
                         steps_lost=max(0, (last or 0) - (restored or 0)))
         self._write_incident(incident)
+        if self.metrics is not None:
+            self.metrics.on_recovered(incident)
         self.state.open_incident = None
         self.persist()
         log.info("incident %s recovered in %.2f s (restored step %s from %s)",
