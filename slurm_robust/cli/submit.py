@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from slurm_robust.launcher.status import format_status, run_status
 
     cfg = build_config(args, args.nodes, args.gpus_per_node)
+    _check_partition_fits(args.partition, cfg.nodes, cfg.spares)
     slurm = SlurmOptions(partition=args.partition, time_min=parse_time_minutes(args.time),
                          gpus_per_node=args.gpus_per_node, cpus_per_task=args.cpus_per_task,
                          job_name=args.job_name)
@@ -53,3 +54,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"submitted job {out['job_id']}; run directory {cfg.run_dir}")
         print(f"follow it with: slurm-robust status {cfg.run_dir}")
     return code
+
+
+def _check_partition_fits(partition: str | None, nodes: int, spares: int) -> None:
+    """Refuse now what Slurm would accept and leave pending forever (PartitionNodeLimit)."""
+    from slurm_robust.slurm import Slurm
+    from slurm_robust.slurm.capacity import check_fits, pick_partition
+
+    check_fits(pick_partition(Slurm().partitions_raw(), partition), nodes, spares)
