@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, str] = {
     "stacks": "slurm_robust.stacks.bench",
     "analysis": "slurm_robust.analysis.bench",
     "recovery": "slurm_robust.launcher.bench",
+    "ettr": "slurm_robust.rehearsal.bench.ettr",
 }
 
 HELP = "run a benchmark and print its numbers as JSON"
