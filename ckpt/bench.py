@@ -36,12 +36,18 @@ HELP = "per-step checkpoint overhead: snapshot, peer backup, torch.save, DCP asy
 MODES = ("none", "snapshot", "snapshot_peer", "torch_save", "dcp_async_save")
 QUICK = {"d_model": 128, "n_layers": 2, "vocab": 2048, "seq": 64, "batch": 2,
          "rounds": 2, "steps": 2}
+# Between the two: big enough that the peer backup moves ~100 MB a step, small enough
+# to measure on a shared 2-core machine in a few minutes.
+MEDIUM = {"d_model": 256, "n_layers": 4, "vocab": 8192, "seq": 128, "batch": 2,
+          "rounds": 5, "steps": 3}
 FULL = {"d_model": 512, "n_layers": 8, "vocab": 16384, "seq": 256, "batch": 4,
         "rounds": 4, "steps": 3}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="a small model, few steps")
+    parser.add_argument("--medium", action="store_true",
+                        help="a mid-size model (~7M parameters) for a busy machine")
     parser.add_argument("--ranks", type=int, default=2, help="gloo ranks (one per node)")
     parser.add_argument("--rounds", type=int, help="alternation rounds (first is warm-up)")
     parser.add_argument("--steps", type=int, help="steps per mode per round")
@@ -56,7 +62,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from slurm_robust.ckpt.bench_modes import copy_bandwidth
 
-    params = dict(QUICK if args.quick else FULL)
+    params = dict(QUICK if args.quick else MEDIUM if getattr(args, "medium", False) else FULL)
     for key in ("rounds", "steps", "batch"):
         if getattr(args, key, None):
             params[key] = getattr(args, key)

@@ -13,6 +13,11 @@ lose one worker to SIGKILL after step ``--fault-step``:
 
 Measured for each: fault to the next finished step, steps redone, whole-run wall time,
 and the final parameters' digest (the two must agree: same training, same data).
+With ``--rounds R`` both runs repeat R times in a seeded shuffled order per round
+(:mod:`slurm_robust.rehearsal.bench.abtest`), and every figure is given as median, IQR
+and min..max over the rounds. The plain run on a stock cluster is *computed*, not run:
+its measured time with the mini-cluster's hold replaced by Slurm's default
+cred_expire (120 s), because a real 120 s hold per round does not fit the cluster time.
 """
 
 from __future__ import annotations
@@ -33,6 +38,17 @@ from slurm_robust.errors import SlurmRobustError
 HELP = "recovery from a killed worker: robust launcher vs plain Slurm --requeue + torch.save"
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "train_gpt.py"
+DEFAULT_CRED_EXPIRE_S = 120  # slurm.conf AuthInfo cred_expire when unset
+# Peers the issue asks for that this benchmark does not run yet, and what stops them.
+NOT_MEASURED = {
+    "torchrun_max_restarts_dcp_async_save": "unavailable: the worker has no DCP "
+    "checkpoint mode and no torchrun launch on the mini-cluster yet",
+    "nvidia_resiliency_ext_ft_launcher": "unavailable: 0.4.1 (cp311 wheel) downloads, but "
+    "ft_launcher needs the worker to report heartbeats through its client API and it "
+    "pulls pynvml/nvidia-ml-py; not wired into the example worker",
+    "torchft": "unavailable: 0.2.0 (cp311 wheel) downloads, but it needs a lighthouse "
+    "server and a training loop built on its Manager/ProcessGroup wrappers; not wired",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--save-every", type=int, default=10,
                         help="plain run: torch.save every N steps")
     parser.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="repeat both runs, interleaved (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the round orders")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -53,19 +72,50 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     slurm = Slurm(cfg.env())
     if not slurm.ping():
         raise SlurmRobustError("the mini-cluster is not running: slurm-robust cluster up")
+    from slurm_robust.rehearsal.bench.abtest import round_order, spread
+
+    if args.rounds < 1:
+        raise SlurmRobustError(f"--rounds must be >= 1, got {args.rounds}")
     train = ["--steps", str(args.steps), "--min-step-time", "0.2"]
-    plain = _plain_run(slurm, cfg, args, train)
-    robust = _robust_run(cfg, args, train)
+    hold = _cred_expire(cfg)
+    runs: dict[str, list[dict[str, Any]]] = {"plain": [], "robust": []}
+    for rnd in range(args.rounds):
+        for arm in round_order(list(runs), rnd, args.seed):
+            runs[arm].append(_plain_run(slurm, cfg, args, train) if arm == "plain"
+                             else _robust_run(cfg, args, train))
+    plain_s = [r["fault_to_next_step_s"] for r in runs["plain"]]
+    robust_s = [r["fault_to_next_step_s"] for r in runs["robust"]]
+    # The same measured run under Slurm's default hold instead of the mini-cluster's.
+    stock_s = [p + DEFAULT_CRED_EXPIRE_S - (hold or 0) for p in plain_s]
+    speed_mini = [p / r for p, r in zip(plain_s, robust_s, strict=True) if r > 0]
+    speed_stock = [p / r for p, r in zip(stock_s, robust_s, strict=True) if r > 0]
+    redone = [r["steps_redone"] for r in runs["robust"]]
+    same = [p["params_sha256"] == r["params_sha256"] and p["params_sha256"] is not None
+            for p, r in zip(runs["plain"], runs["robust"], strict=True)]
     return {"benchmark": "recovery", "nodes": args.nodes, "steps": args.steps,
+            "rounds": args.rounds,
             "fault": f"SIGKILL of one worker after step {args.fault_step}",
-            "plain_slurm_requeue_torch_save": plain, "slurm_robust": robust,
-            "speedup_fault_to_next_step": _ratio(plain["fault_to_next_step_s"],
-                                                 robust["fault_to_next_step_s"]),
-            "same_final_params": plain["params_sha256"] == robust["params_sha256"],
-            "requeue_hold_s": _cred_expire(cfg),
-            "note": "plain Slurm holds a requeued job for cred_expire seconds (default 120; "
-                    "the mini-cluster sets 20), so on a stock cluster the plain number "
-                    "grows by about 100 s"}
+            "plain_slurm_requeue_torch_save": runs["plain"], "slurm_robust": runs["robust"],
+            "fault_to_next_step_s": {
+                "slurm_robust": spread(robust_s),
+                f"plain_requeue_hold_{hold}s_measured": spread(plain_s),
+                f"plain_requeue_hold_{DEFAULT_CRED_EXPIRE_S}s_computed": spread(stock_s)},
+            "speedup_fault_to_next_step": {
+                "vs_plain_mini_cluster_hold": spread(speed_mini) if speed_mini else None,
+                "vs_plain_default_hold_computed": spread(speed_stock) if speed_stock else None},
+            "steps_redone": {"slurm_robust": spread(redone),
+                             "plain": spread([r["steps_redone"] for r in runs["plain"]])},
+            "same_final_params": all(same),
+            "requeue_hold_s": hold,
+            "targets": {
+                "speedup_ge_10x_vs_each_restart_from_disk_peer": bool(
+                    speed_mini and min(speed_mini) >= 10 and min(speed_stock) >= 10),
+                "no_step_redone": max(redone) == 0,
+                "same_final_params": all(same)},
+            "not_measured": NOT_MEASURED,
+            "note": f"plain Slurm holds a requeued job for cred_expire seconds (default "
+                    f"{DEFAULT_CRED_EXPIRE_S}; the mini-cluster sets {hold}); the default-"
+                    "hold figures are the measured ones with that difference added"}
 
 
 def _plain_run(slurm: Any, cfg: Any, args: argparse.Namespace,
@@ -209,6 +259,3 @@ def _cred_expire(cfg: Any) -> int | None:
             return int(part.split("cred_expire=")[1].split(",")[0])
     return None
 
-
-def _ratio(a: float, b: float) -> float | None:
-    return round(a / b, 2) if b else None

@@ -55,6 +55,18 @@ class RatioSummary:
         return out
 
 
+def spread(values: Sequence[float]) -> dict[str, Any]:
+    """Median, IQR and min..max of a figure measured once per round."""
+    if not values:
+        raise ValueError("no values to summarise")
+    vals = list(values)
+    q1, _, q3 = (statistics.quantiles(vals, n=4, method="inclusive") if len(vals) >= 2
+                 else (vals[0], vals[0], vals[0]))
+    return {"rounds": len(vals), "median": round(statistics.median(vals), 4),
+            "q1": round(q1, 4), "q3": round(q3, 4), "min": round(min(vals), 4),
+            "max": round(max(vals), 4), "per_round": [round(v, 4) for v in vals]}
+
+
 def round_order(arms: Sequence[str], round_no: int, seed: int = 0) -> list[str]:
     """The arms in this round's order: a seeded shuffle, the same on every rank."""
     order = list(arms)
