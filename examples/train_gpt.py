@@ -210,7 +210,10 @@ def _init_under_torchrun() -> None:
     """
     count = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if count is None or world == 1 or dist.is_initialized():
+    # Only torchrun's agent sets this; the robust launcher sets the restart count too but
+    # gives every attempt its own rendezvous port.
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or count is None \
+            or world == 1 or dist.is_initialized():
         return
     from datetime import timedelta
 
