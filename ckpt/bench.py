@@ -36,7 +36,7 @@ HELP = "per-step checkpoint overhead: snapshot, peer backup, torch.save, DCP asy
 MODES = ("none", "snapshot", "snapshot_peer", "torch_save", "dcp_async_save")
 QUICK = {"d_model": 128, "n_layers": 2, "vocab": 2048, "seq": 64, "batch": 2,
          "rounds": 2, "steps": 2}
-# Between the two: big enough that the peer backup moves ~100 MB a step, small enough
+# Between the two: big enough that the peer backup moves ~60 MB a step, small enough
 # to measure on a shared 2-core machine in a few minutes.
 MEDIUM = {"d_model": 256, "n_layers": 4, "vocab": 8192, "seq": 128, "batch": 2,
           "rounds": 5, "steps": 3}
@@ -47,7 +47,7 @@ FULL = {"d_model": 512, "n_layers": 8, "vocab": 16384, "seq": 256, "batch": 4,
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="a small model, few steps")
     parser.add_argument("--medium", action="store_true",
-                        help="a mid-size model (~7M parameters) for a busy machine")
+                        help="a mid-size model (~5M parameters) for a busy machine")
     parser.add_argument("--ranks", type=int, default=2, help="gloo ranks (one per node)")
     parser.add_argument("--rounds", type=int, help="alternation rounds (first is warm-up)")
     parser.add_argument("--steps", type=int, help="steps per mode per round")
