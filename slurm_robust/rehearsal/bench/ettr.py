@@ -130,8 +130,8 @@ def _drive(cli: list[str], env: dict[str, str], job: str, run_dir: Path,
            args: argparse.Namespace, faults: list[str]) -> list[dict[str, Any]]:
     from slurm_robust.launcher.status import run_status
 
-    first = _wait(lambda: (s := run_status(str(run_dir))).get("step") and s,
-                  600, "the first step")
+    first = _wait(lambda: run_dir.is_dir() and (s := run_status(str(run_dir))).get("step")
+                  and s, 600, "the first step")
     t0 = float(first["last_step_time"])
     injected = []
     for at, fault in schedule(t0, args.minutes, args.fault_every, faults):
