@@ -142,14 +142,15 @@ def _plain_run(slurm: Any, cfg: Any, args: argparse.Namespace,
               "--ckpt-dir", marker, "--progress-file", str(progress)]
     port = 40000 + os.getpid() % 1000 + (500 if torchrun else 0)  # clear of the launcher's
     if torchrun:
-        # One elastic agent per node; a dead worker makes every agent restart its worker
+        # One elastic agent per node (it takes the script, not the interpreter); a dead
+        # worker makes every agent restart its worker
         # in a new rendezvous round, and the example reloads the newest DCP checkpoint.
         agent = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={args.nodes}",
                  "--nproc-per-node=1", f"--max-restarts={TORCHRUN_MAX_RESTARTS}",
                  "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
                  "--rdzv-id=bench$SLURM_JOB_ID", "--monitor-interval=0.5"]
         cmd = " ".join(shlex.quote(a) if "$" not in a else a for a in agent) + " " + \
-            " ".join(shlex.quote(w) for w in [*worker, "--ckpt-format", "dcp_async"])
+            " ".join(shlex.quote(w) for w in [*worker[1:], "--ckpt-format", "dcp_async"])
         script = "\n".join(["#!/bin/sh", f"srun --kill-on-bad-exit=0 {cmd}"]) + "\n"
     else:
         task = ('RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=0 '
