@@ -85,8 +85,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {"plain": [], "torchrun": [], "robust": []}
     for rnd in range(args.rounds):
         for arm in round_order(list(runs), rnd, args.seed):
-            runs[arm].append(_robust_run(cfg, args, train) if arm == "robust"
-                             else _plain_run(slurm, cfg, args, train, arm == "torchrun"))
+            try:
+                runs[arm].append(_robust_run(cfg, args, train) if arm == "robust"
+                                 else _plain_run(slurm, cfg, args, train, arm == "torchrun"))
+            except SlurmRobustError as exc:
+                # A run that never recovers (e.g. an elastic restart stuck in rendezvous)
+                # is a result, not a crash of the benchmark.
+                runs[arm].append({"error": str(exc)})
+    failed = {arm: [i for i, r in enumerate(rs) if "error" in r] for arm, rs in runs.items()}
+    good = [i for i in range(args.rounds) if not any(i in f for f in failed.values())]
+    all_runs, runs = runs, {arm: [rs[i] for i in good] for arm, rs in runs.items()}
+    if not good:
+        return {"benchmark": "recovery", "rounds": args.rounds, "failed_rounds": failed,
+                "runs": all_runs, "targets": {"met": False}}
     plain_s = [r["fault_to_next_step_s"] for r in runs["plain"]]
     robust_s = [r["fault_to_next_step_s"] for r in runs["robust"]]
     # The same measured run under Slurm's default hold instead of the mini-cluster's.
@@ -102,9 +113,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"benchmark": "recovery", "nodes": args.nodes, "steps": args.steps,
             "rounds": args.rounds,
             "fault": f"SIGKILL of one worker after step {args.fault_step}",
-            "plain_slurm_requeue_torch_save": runs["plain"],
-            "torchrun_max_restarts_dcp_async_save": runs["torchrun"],
-            "slurm_robust": runs["robust"],
+            "rounds_counted": len(good), "failed_rounds": failed,
+            "plain_slurm_requeue_torch_save": all_runs["plain"],
+            "torchrun_max_restarts_dcp_async_save": all_runs["torchrun"],
+            "slurm_robust": all_runs["robust"],
             "fault_to_next_step_s": {
                 "slurm_robust": spread(robust_s),
                 "torchrun_max_restarts_dcp_async_save": spread(torchrun_s),
