@@ -318,24 +318,63 @@ def overall_ettr(per_run: pd.DataFrame) -> float:
     return float(per_run["productive_s"].sum() / wall) if wall > 0 else float("nan")
 
 
-def default_every(spans: pd.DataFrame, window_s: float) -> float:
+def default_every(spans: pd.DataFrame, window_s: float,
+                  max_points: int | None = None) -> float:
     """The sampling step: window/12, or finer when every run is shorter than the window
-    (a few minutes of rehearsal would otherwise get a single sample and no curve)."""
+    (a few minutes of rehearsal would otherwise get a single sample and no curve).
+
+    ``max_points`` bounds the grid: the step grows until the whole fleet fits in about
+    that many samples (plus one end sample per run). A handful of rehearsal runs keeps
+    its fine grid; a million short jobs would otherwise get ~36 samples each and
+    several GiB of grid that no plot (at most 8 runs) or headline figure needs.
+    """
     longest = float(spans["wall_s"].max()) if len(spans) else 0.0
+    every = window_s / 12
     if 0.0 < longest < window_s:
-        return min(window_s / 12, max(1.0, longest / 200))
-    return window_s / 12
+        every = min(every, max(1.0, longest / 200))
+    if max_points is not None and len(spans):
+        every = max(every, float(spans["wall_s"].sum()) / max_points)
+    return every
+
+
+MAX_GRID_POINTS = 4_000_000
+# Rows of the grid evaluated at once: the merges over a chunk hold ~150 bytes a row.
+_GRID_CHUNK = 1_000_000
 
 
 def sliding_ettr(intervals: pd.DataFrame, spans: pd.DataFrame,
                  window_s: float = DEFAULT_WINDOW_S, every_s: float | None = None,
                  ) -> pd.DataFrame:
-    """Window and cumulative ETTR on a grid: run, time, window_ettr, cumulative_ettr."""
+    """Window and cumulative ETTR on a grid: run, time, window_ettr, cumulative_ettr.
+
+    Without ``every_s`` the step is :func:`default_every` with :data:`MAX_GRID_POINTS`;
+    an explicit ``every_s`` is honoured as given. The grid is evaluated in chunks of
+    whole runs so the merges never hold more than about :data:`_GRID_CHUNK` rows.
+    """
     if window_s <= 0:
         raise ValueError(f"window_s must be > 0, got {window_s}")
     live = spans[spans["wall_s"] > 0]
-    every = float(every_s if every_s is not None else default_every(live, window_s))
+    every = float(every_s if every_s is not None
+                  else default_every(live, window_s, MAX_GRID_POINTS))
     counts = np.ceil(live["wall_s"].to_numpy() / every).astype(np.int64)
+    codes = live.index.to_numpy(dtype=np.int64)
+    # Intervals are sorted by (run, a) (see _union), so a run range is a slice.
+    iv_runs = intervals["run"].to_numpy()
+    if counts.sum() == 0:
+        return _grid_chunk(intervals.iloc[:0], live, counts, every, window_s)
+    bounds = np.searchsorted(np.cumsum(counts), np.arange(0, counts.sum(), _GRID_CHUNK),
+                             side="right")
+    parts = []
+    for lo_i, hi_i in zip(bounds, np.append(bounds[1:], len(counts)), strict=True):
+        lo_iv = np.searchsorted(iv_runs, codes[lo_i], side="left")
+        hi_iv = np.searchsorted(iv_runs, codes[hi_i - 1], side="right")
+        parts.append(_grid_chunk(intervals.iloc[lo_iv:hi_iv], live.iloc[lo_i:hi_i],
+                                 counts[lo_i:hi_i], every, window_s))
+    return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+
+
+def _grid_chunk(intervals: pd.DataFrame, live: pd.DataFrame, counts: np.ndarray,
+                every: float, window_s: float) -> pd.DataFrame:
     starts = np.repeat(live["start"].to_numpy(), counts)
     ends = np.repeat(live["end"].to_numpy(), counts)
     offsets = np.repeat(np.cumsum(counts) - counts, counts)

@@ -51,6 +51,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=0,
                    help="standalone only: torch.save a checkpoint every N steps")
     p.add_argument("--ckpt-dir", default=None, help="standalone checkpoint directory")
+    p.add_argument("--ckpt-format", choices=("torch_save", "dcp_async"), default="torch_save",
+                   help="standalone only: rank 0 torch.save, or every rank "
+                        "torch.distributed.checkpoint.async_save (the torchrun+DCP peer)")
     p.add_argument("--progress-file", default=None,
                    help="standalone only: rank 0 appends 'STEP UNIXTIME' after each step "
                         "(how the plain-Slurm baseline of `bench recovery` follows a run)")
@@ -92,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    _init_under_torchrun()
     run = train.init()
     model = GPT(GPTConfig(vocab=args.vocab, d_model=args.d_model, n_layers=args.layers,
                           n_heads=args.heads, seq=args.seq, dropout=0.0))
@@ -99,7 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 10) * 0.5 * (1 + math.cos(math.pi * s / args.steps)))
     start = run.restore(model, opt, sched)
-    if not run.robust:
+    dcp_saver = DcpSaver(args) if not run.robust and args.ckpt_format == "dcp_async" else None
+    if dcp_saver is not None:
+        start = dcp_saver.load(model, opt, sched)
+    elif not run.robust:
         start = load_own_checkpoint(args, model, opt, sched)
     params = list(model.parameters())
     for step in range(start, args.steps):
@@ -121,13 +128,18 @@ def main(argv: list[str] | None = None) -> int:
         run.step_end(step + 1, loss.item(), grad_norm, model, opt, sched,
                      data_position=step + 1)
         if not run.robust and args.save_every and (step + 1) % args.save_every == 0:
-            save_own_checkpoint(args, run.rank, step + 1, model, opt, sched)
+            if dcp_saver is not None:
+                dcp_saver.save(step + 1, model, opt, sched)
+            else:
+                save_own_checkpoint(args, run.rank, step + 1, model, opt, sched)
         if args.progress_file and run.rank == 0:
             with open(args.progress_file, "a") as fh:
                 fh.write(f"{step + 1} {time.time():.3f}\n")
         pad = args.min_step_time - (time.time() - t0)
         if pad > 0:
             time.sleep(pad)
+    if dcp_saver is not None:
+        dcp_saver.wait()
     digest = train.params_digest(model)
     if run.rank == 0:
         print(f"params_sha256={digest} steps={args.steps}", flush=True)
@@ -157,6 +169,83 @@ def load_own_checkpoint(args: argparse.Namespace, model: nn.Module,
     opt.load_state_dict(state["opt"])
     sched.load_state_dict(state["sched"])  # type: ignore[attr-defined]
     return int(state["step"])
+
+
+def _init_under_torchrun() -> None:
+    """Under torchrun --max-restarts: a process group keyed by the restart count.
+
+    The agent's store outlives a restart, and gloo reads its peers' addresses from it;
+    without a per-restart prefix the new workers find the dead ones' addresses.
+    """
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    # Only torchrun's agent sets this; the robust launcher sets the restart count too but
+    # gives every attempt its own rendezvous port.
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or count is None \
+            or world == 1 or dist.is_initialized():
+        return
+    from datetime import timedelta
+
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          world_size=world, is_master=False, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"restart{count}/", store),
+                            rank=int(os.environ["RANK"]), world_size=world)
+
+
+class DcpSaver:
+    """DCP ``async_save`` every ``--save-every`` steps into ``ckpt-dir/step_N``.
+
+    As DCP's documentation asks, a save waits for the previous one first. A checkpoint
+    counts once its ``.metadata`` exists (DCP writes it last); load takes the newest.
+    """
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        if not args.ckpt_dir:
+            raise SystemExit("--ckpt-format dcp_async needs --ckpt-dir")
+        self.root = Path(args.ckpt_dir)
+        self.future: object | None = None
+        # DCP's async writes run a gloo collective of their own beside the training's.
+        self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+
+    def _state(self, model: nn.Module, opt: torch.optim.Optimizer,
+               sched: object, step: int) -> dict[str, object]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, opt_sd = get_state_dict(model, opt)
+        return {"model": model_sd, "optim": opt_sd,
+                "extra": {"step": torch.tensor(step),
+                          "sched_epoch": torch.tensor(sched.last_epoch)}}  # type: ignore[attr-defined]
+
+    def save(self, step: int, model: nn.Module, opt: torch.optim.Optimizer,
+             sched: object) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        self.wait()
+        self.future = dcp.async_save(self._state(model, opt, sched, step),
+                                     checkpoint_id=str(self.root / f"step_{step}"),
+                                     process_group=self.group)
+
+    def wait(self) -> None:
+        if self.future is not None:
+            self.future.result()  # type: ignore[attr-defined]
+            self.future = None
+
+    def load(self, model: nn.Module, opt: torch.optim.Optimizer, sched: object) -> int:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        done = sorted((int(p.name.split("_")[1]) for p in self.root.glob("step_*")
+                       if (p / ".metadata").exists()), reverse=True)
+        if not done:
+            return 0
+        state = self._state(model, opt, sched, 0)
+        dcp.load(state, checkpoint_id=str(self.root / f"step_{done[0]}"),
+                 process_group=self.group)
+        set_state_dict(model, opt, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        sched.last_epoch = int(state["extra"]["sched_epoch"])  # type: ignore[attr-defined]
+        sched._last_lr = [g["lr"] for g in opt.param_groups]  # type: ignore[attr-defined]
+        return int(state["extra"]["step"])
 
 
 if __name__ == "__main__":

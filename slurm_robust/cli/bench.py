@@ -22,6 +22,7 @@ BENCHMARKS: dict[str, str] = {
     "simulate": "slurm_robust.rehearsal.bench.simulate",
     "classify": "slurm_robust.rehearsal.bench.classify",
     "metrics": "slurm_robust.rehearsal.bench.metrics",
+    "ettr": "slurm_robust.rehearsal.bench.ettr",
 }
 
 HELP = "run a benchmark and print its numbers as JSON"

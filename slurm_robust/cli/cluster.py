@@ -8,6 +8,7 @@ import shlex
 
 from slurm_robust.cluster.config import ClusterConfig
 from slurm_robust.cluster.manager import MiniCluster, install_packages, missing_packages
+from slurm_robust.errors import UsageError
 
 HELP = "start, stop and inspect the embedded Slurm mini-cluster (real daemons on localhost)"
 
@@ -22,6 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                       "checkout, or $SLURM_ROBUST_CLUSTER_DIR)")
     parser.add_argument("--no-install", action="store_true",
                         help="fail instead of apt-get installing missing packages")
+    parser.add_argument("--nodes", type=int, default=None,
+                        help="up: nodes of the train partition (default 4, or as last up)")
+    parser.add_argument("--spares", type=int, default=None,
+                        help="up: nodes of the standby partition (default 2, or as last up)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--prometheus", action="store_true",
                         help="up/packages: also a Prometheus server scraping the robust "
@@ -33,6 +38,15 @@ def run(args: argparse.Namespace) -> int:
 
 
     cfg = ClusterConfig(root=Path(args.dir).resolve()) if args.dir else ClusterConfig()
+    cfg = cfg.with_saved_shape()  # down/status/env see the nodes the last up started
+    if args.nodes is not None or args.spares is not None:
+        if args.action != "up":
+            raise UsageError("--nodes and --spares size the cluster at `cluster up` only")
+        try:
+            cfg = cfg.sized(len(cfg.train_nodes) if args.nodes is None else args.nodes,
+                            len(cfg.spare_nodes) if args.spares is None else args.spares)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
     mc = MiniCluster(cfg)
     if args.action == "env":
         for key, value in cfg.env().items():

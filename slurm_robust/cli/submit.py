@@ -12,6 +12,8 @@ from slurm_robust.launcher.submit.options import (
     parse_time_minutes,
 )
 from slurm_robust.launcher.submit.status import format_status, run_status
+from slurm_robust.slurm import Slurm
+from slurm_robust.slurm.capacity import check_fits, pick_partition
 
 HELP = "submit a robust training run: one agent per node, spares, recovery ladder"
 
@@ -33,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
 
     cfg = build_config(args, args.nodes, args.gpus_per_node)
+    _check_partition_fits(args.partition, cfg.nodes, cfg.spares)
     slurm = SlurmOptions(partition=args.partition, time_min=parse_time_minutes(args.time),
                          gpus_per_node=args.gpus_per_node, cpus_per_task=args.cpus_per_task,
                          job_name=args.job_name)
@@ -57,3 +60,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"submitted job {out['job_id']}; run directory {cfg.run_dir}")
         print(f"follow it with: slurm-robust status {cfg.run_dir}")
     return code
+
+
+def _check_partition_fits(partition: str | None, nodes: int, spares: int) -> None:
+    """Refuse now what Slurm would accept and leave pending forever (PartitionNodeLimit)."""
+
+    check_fits(pick_partition(Slurm().partitions_raw(), partition), nodes, spares)

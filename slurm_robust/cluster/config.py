@@ -8,9 +8,10 @@ its directories) is a faithful rehearsal on one host.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 CLUSTER_DIR_ENV = "SLURM_ROBUST_CLUSTER_DIR"
@@ -132,6 +133,33 @@ class ClusterConfig:
     def node_dir(self, node: str) -> Path:
         """Everything node-local for ``node``: spool, tmp, state (health journal), shm."""
         return self.root / "nodes" / node
+
+    @property
+    def shape_file(self) -> Path:
+        """The node names the last ``up`` used, so later commands see the same cluster."""
+        return self.etc / "shape.json"
+
+    def sized(self, nodes: int, spares: int) -> ClusterConfig:
+        """This config with ``node1..nodeN`` in ``train`` and ``spare1..spareK`` in
+        ``standby``."""
+        if nodes < 1 or spares < 0:
+            raise ValueError(f"the mini-cluster needs >= 1 node and >= 0 spares, got "
+                             f"--nodes {nodes} --spares {spares}")
+        return replace(self, train_nodes=tuple(f"node{i}" for i in range(1, nodes + 1)),
+                       spare_nodes=tuple(f"spare{i}" for i in range(1, spares + 1)))
+
+    def save_shape(self) -> None:
+        self.shape_file.write_text(json.dumps({"version": 1, "train": list(self.train_nodes),
+                                               "spare": list(self.spare_nodes)}) + "\n")
+
+    def with_saved_shape(self) -> ClusterConfig:
+        """This config with the node names of the last ``up`` in its root (if any)."""
+        try:
+            shape = json.loads(self.shape_file.read_text())
+        except FileNotFoundError:
+            return self
+        return replace(self, train_nodes=tuple(shape["train"]),
+                       spare_nodes=tuple(shape["spare"]))
 
     def env(self) -> dict[str, str]:
         """Environment that points Slurm's commands at this cluster."""

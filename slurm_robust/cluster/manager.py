@@ -234,6 +234,7 @@ class MiniCluster:
         plugin = SPANK_PLUGIN if SPANK_PLUGIN.exists() else None
         changed = False
         changed |= _write_if_changed(c.slurm_conf, render_slurm_conf(c, programs))
+        c.save_shape()
         changed |= _write_if_changed(c.plugstack_conf, render_plugstack_conf(c, plugin))
         password_file = c.etc / "db.password"
         if not password_file.exists():

@@ -166,6 +166,10 @@ class Slurm:
             raise UsageError(f"partition {name!r} does not exist")
         return parse_scontrol_oneliner(out.splitlines()[0])
 
+    def partitions_raw(self) -> str:
+        """``scontrol show partition -o``: one line per partition."""
+        return self._run(["scontrol", "show", "partition", "-o"])
+
     def partition_nodes(self, name: str) -> list[str]:
         nodes = self.partition(name).get("Nodes", "")
         return [] if nodes in ("", "(null)") else self.hostnames(nodes)

@@ -11,7 +11,10 @@ plots (the report draws at most 8 runs). Peak memory is the child's peak RSS (in
 analysis together).
 It also checks the answers against the generator's exact ground truth.
 
-Target: 1M jobs in under 60 s and under 4 GiB, time growing about linearly.
+Target: 1M jobs in under 60 s and under 4 GiB, time growing about linearly. Each size
+prints its peak RSS and whether it fits that budget; the sliding-ETTR grid is bounded
+(:data:`ettr.MAX_GRID_POINTS`) and evaluated in chunks, so a fleet of short runs keeps a
+grid of a few million samples rather than ~36 per job.
 """
 
 from __future__ import annotations
@@ -91,6 +94,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if any(n <= 0 for n in sizes):
         raise SlurmRobustError(f"--jobs must be positive, got {sizes}")
     results = [_child(n, args.seed) for n in sorted(sizes)]
+    for r in results:
+        # Every size is held to the 1M-job budget; only 1M makes the headline verdict.
+        r["target"] = {"analyse_s_max": TARGET_S, "peak_rss_mib_max": TARGET_MIB,
+                       "met": r["analyse_s"] < TARGET_S and r["peak_rss_mib"] < TARGET_MIB}
     out: dict[str, Any] = {"benchmark": "analysis", "sizes": results}
     if len(results) > 1:
         a, b = results[0], results[-1]

@@ -1,6 +1,6 @@
 """Check and time the GPU path of the checkpoint package; prints one JSON object.
 
-    python -m slurm_robust.rehearsal.bench.ckpt_gpu [--steps N] [--layers N]
+    python -m slurm_robust.ckpt.gpu_check [--steps N] [--layers N]
 
 What it checks on a CUDA machine:
 

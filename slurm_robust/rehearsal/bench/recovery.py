@@ -1,4 +1,4 @@
-"""``slurm-robust bench recovery``: a killed worker, robust launcher vs plain Slurm.
+"""``slurm-robust bench recovery``: a killed worker, robust launcher vs its peers.
 
 Both runs train examples/train_gpt.py on the mini-cluster (CPU, gloo, 0.2 s steps) and
 lose one worker to SIGKILL after step ``--fault-step``:
@@ -8,11 +8,20 @@ lose one worker to SIGKILL after step ``--fault-step``:
   script requeues its own job (``scontrol requeue``), as users of plain Slurm do, and the
   requeued job reloads the last ``torch.save``. The wait includes Slurm's hold of a
   requeued job (BeginTime = cred_expire: 20 s on the mini-cluster, 120 s by default);
+- **torchrun**: ``sbatch`` + ``srun torchrun --max-restarts=3`` (c10d rendezvous, one
+  agent per node), the example saving with DCP ``async_save`` every ``--save-every``
+  steps; the elastic agents restart every worker in the job, which reload the newest
+  DCP checkpoint (in-job restart, state from disk);
 - **robust**: ``slurm-robust submit --nodes N --spares 1`` and
   ``slurm-robust inject kill-worker``: in-place restart from the shared-memory snapshot.
 
 Measured for each: fault to the next finished step, steps redone, whole-run wall time,
 and the final parameters' digest (the two must agree: same training, same data).
+With ``--rounds R`` both runs repeat R times in a seeded shuffled order per round
+(:mod:`slurm_robust.rehearsal.bench.abtest`), and every figure is given as median, IQR
+and min..max over the rounds. The plain run on a stock cluster is *computed*, not run:
+its measured time with the mini-cluster's hold replaced by Slurm's default
+cred_expire (120 s), because a real 120 s hold per round does not fit the cluster time.
 """
 
 from __future__ import annotations
@@ -34,9 +43,20 @@ from slurm_robust.launcher.submit.status import run_status
 from slurm_robust.records import read_records
 from slurm_robust.slurm import Slurm
 
-HELP = "recovery from a killed worker: robust launcher vs plain Slurm --requeue + torch.save"
+HELP = ("recovery from a killed worker: robust launcher vs torchrun+DCP and plain Slurm "
+        "--requeue + torch.save")
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "train_gpt.py"
+TORCHRUN_MAX_RESTARTS = 3
+DEFAULT_CRED_EXPIRE_S = 120  # slurm.conf AuthInfo cred_expire when unset
+# Peers the issue asks for that this benchmark does not run yet, and what stops them.
+NOT_MEASURED = {
+    "nvidia_resiliency_ext_ft_launcher": "unavailable: 0.4.1 (cp311 wheel) downloads, but "
+    "ft_launcher needs the worker to report heartbeats through its client API and it "
+    "pulls pynvml/nvidia-ml-py; not wired into the example worker",
+    "torchft": "unavailable: 0.2.0 (cp311 wheel) downloads, but it needs a lighthouse "
+    "server and a training loop built on its Manager/ProcessGroup wrappers; not wired",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--save-every", type=int, default=10,
                         help="plain run: torch.save every N steps")
     parser.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="repeat both runs, interleaved (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the round orders")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -55,43 +78,108 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     slurm = Slurm(cfg.env())
     if not slurm.ping():
         raise SlurmRobustError("the mini-cluster is not running: slurm-robust cluster up")
+    from slurm_robust.rehearsal.bench.abtest import round_order, spread
+
+    if args.rounds < 1:
+        raise SlurmRobustError(f"--rounds must be >= 1, got {args.rounds}")
     train = ["--steps", str(args.steps), "--min-step-time", "0.2"]
-    plain = _plain_run(slurm, cfg, args, train)
-    robust = _robust_run(cfg, args, train)
+    hold = _cred_expire(cfg)
+    runs: dict[str, list[dict[str, Any]]] = {"plain": [], "torchrun": [], "robust": []}
+    for rnd in range(args.rounds):
+        for arm in round_order(list(runs), rnd, args.seed):
+            try:
+                runs[arm].append(_robust_run(cfg, args, train) if arm == "robust"
+                                 else _plain_run(slurm, cfg, args, train, arm == "torchrun"))
+            except SlurmRobustError as exc:
+                # A run that never recovers (e.g. an elastic restart stuck in rendezvous)
+                # is a result, not a crash of the benchmark.
+                runs[arm].append({"error": str(exc)})
+    failed = {arm: [i for i, r in enumerate(rs) if "error" in r] for arm, rs in runs.items()}
+    good = [i for i in range(args.rounds) if not any(i in f for f in failed.values())]
+    all_runs, runs = runs, {arm: [rs[i] for i in good] for arm, rs in runs.items()}
+    if not good:
+        return {"benchmark": "recovery", "rounds": args.rounds, "failed_rounds": failed,
+                "runs": all_runs, "targets": {"met": False}}
+    plain_s = [r["fault_to_next_step_s"] for r in runs["plain"]]
+    robust_s = [r["fault_to_next_step_s"] for r in runs["robust"]]
+    # The same measured run under Slurm's default hold instead of the mini-cluster's.
+    stock_s = [p + DEFAULT_CRED_EXPIRE_S - (hold or 0) for p in plain_s]
+    torchrun_s = [r["fault_to_next_step_s"] for r in runs["torchrun"]]
+    speed_torchrun = [t / r for t, r in zip(torchrun_s, robust_s, strict=True) if r > 0]
+    speed_mini = [p / r for p, r in zip(plain_s, robust_s, strict=True) if r > 0]
+    speed_stock = [p / r for p, r in zip(stock_s, robust_s, strict=True) if r > 0]
+    redone = [r["steps_redone"] for r in runs["robust"]]
+    same = [p["params_sha256"] == r["params_sha256"] == t["params_sha256"]
+            and p["params_sha256"] is not None
+            for p, t, r in zip(runs["plain"], runs["torchrun"], runs["robust"], strict=True)]
     return {"benchmark": "recovery", "nodes": args.nodes, "steps": args.steps,
+            "rounds": args.rounds,
             "fault": f"SIGKILL of one worker after step {args.fault_step}",
-            "plain_slurm_requeue_torch_save": plain, "slurm_robust": robust,
-            "speedup_fault_to_next_step": _ratio(plain["fault_to_next_step_s"],
-                                                 robust["fault_to_next_step_s"]),
-            "same_final_params": plain["params_sha256"] == robust["params_sha256"],
-            "requeue_hold_s": _cred_expire(cfg),
-            "note": "plain Slurm holds a requeued job for cred_expire seconds (default 120; "
-                    "the mini-cluster sets 20), so on a stock cluster the plain number "
-                    "grows by about 100 s"}
+            "rounds_counted": len(good), "failed_rounds": failed,
+            "plain_slurm_requeue_torch_save": all_runs["plain"],
+            "torchrun_max_restarts_dcp_async_save": all_runs["torchrun"],
+            "slurm_robust": all_runs["robust"],
+            "fault_to_next_step_s": {
+                "slurm_robust": spread(robust_s),
+                "torchrun_max_restarts_dcp_async_save": spread(torchrun_s),
+                f"plain_requeue_hold_{hold}s_measured": spread(plain_s),
+                f"plain_requeue_hold_{DEFAULT_CRED_EXPIRE_S}s_computed": spread(stock_s)},
+            "speedup_fault_to_next_step": {
+                "vs_torchrun_dcp": spread(speed_torchrun) if speed_torchrun else None,
+                "vs_plain_mini_cluster_hold": spread(speed_mini) if speed_mini else None,
+                "vs_plain_default_hold_computed": spread(speed_stock) if speed_stock else None},
+            "steps_redone": {"slurm_robust": spread(redone),
+                             "torchrun": spread([r["steps_redone"] for r in runs["torchrun"]]),
+                             "plain": spread([r["steps_redone"] for r in runs["plain"]])},
+            "same_final_params": all(same),
+            "requeue_hold_s": hold,
+            "targets": {
+                "speedup_ge_10x_vs_each_restart_from_disk_peer": bool(
+                    speed_mini and speed_torchrun and min(speed_mini) >= 10
+                    and min(speed_stock) >= 10 and min(speed_torchrun) >= 10),
+                "no_step_redone": max(redone) == 0,
+                "same_final_params": all(same)},
+            "not_measured": NOT_MEASURED,
+            "note": f"plain Slurm holds a requeued job for cred_expire seconds (default "
+                    f"{DEFAULT_CRED_EXPIRE_S}; the mini-cluster sets {hold}); the default-"
+                    "hold figures are the measured ones with that difference added"}
 
 
 def _plain_run(slurm: Any, cfg: Any, args: argparse.Namespace,
-               train: list[str]) -> dict[str, Any]:
-    run_dir = cfg.shared_dir / f"bench-plain-{int(time.time() * 1000)}"
+               train: list[str], torchrun: bool = False) -> dict[str, Any]:
+    kind = "torchrun" if torchrun else "plain"
+    run_dir = cfg.shared_dir / f"bench-{kind}-{int(time.time() * 1000)}"
     run_dir.mkdir(parents=True)
     progress = run_dir / "progress.txt"
     marker = str(run_dir / "ckpt")
     worker = [sys.executable, str(EXAMPLE), *train, "--save-every", str(args.save_every),
               "--ckpt-dir", marker, "--progress-file", str(progress)]
-    port = 40000 + os.getpid() % 1000  # clear of the launcher's rendezvous ports
-    task = ('RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=0 '
-            'exec "$0" "$@"')
-    script = "\n".join([
-        "#!/bin/sh",
-        f"export MASTER_ADDR=127.0.0.1 MASTER_PORT={port}",
-        f"srun --kill-on-bad-exit=1 sh -c {shlex.quote(task)} "
-        + " ".join(shlex.quote(w) for w in worker),
-        # What a plain-Slurm user does: a failed step requeues the job.
-        'if [ $? -ne 0 ]; then scontrol requeue "$SLURM_JOB_ID"; sleep 60; fi',
-    ]) + "\n"
+    port = 40000 + os.getpid() % 1000 + (500 if torchrun else 0)  # clear of the launcher's
+    if torchrun:
+        # One elastic agent per node (it takes the script, not the interpreter); a dead
+        # worker makes every agent restart its worker
+        # in a new rendezvous round, and the example reloads the newest DCP checkpoint.
+        agent = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={args.nodes}",
+                 "--nproc-per-node=1", f"--max-restarts={TORCHRUN_MAX_RESTARTS}",
+                 "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                 "--rdzv-id=bench$SLURM_JOB_ID", "--monitor-interval=0.5"]
+        cmd = " ".join(shlex.quote(a) if "$" not in a else a for a in agent) + " " + \
+            " ".join(shlex.quote(w) for w in [*worker[1:], "--ckpt-format", "dcp_async"])
+        script = "\n".join(["#!/bin/sh", f"srun --kill-on-bad-exit=0 {cmd}"]) + "\n"
+    else:
+        task = ('RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=0 '
+                'exec "$0" "$@"')
+        script = "\n".join([
+            "#!/bin/sh",
+            f"export MASTER_ADDR=127.0.0.1 MASTER_PORT={port}",
+            f"srun --kill-on-bad-exit=1 sh -c {shlex.quote(task)} "
+            + " ".join(shlex.quote(w) for w in worker),
+            # What a plain-Slurm user does: a failed step requeues the job.
+            'if [ $? -ne 0 ]; then scontrol requeue "$SLURM_JOB_ID"; sleep 60; fi',
+        ]) + "\n"
     t0 = time.time()
     job = slurm.sbatch(["-N", str(args.nodes), "--ntasks-per-node=1", "-p", "train",
-                        "--requeue", "-J", "bench-plain", "-o", str(run_dir / "slurm-%j.out")],
+                        "--requeue", "-J", f"bench-{kind}", "-o", str(run_dir / "slurm-%j.out")],
                        script=script)
     try:
         last = _wait(lambda: _max_step(progress) >= args.fault_step, args.timeout,
@@ -209,6 +297,3 @@ def _cred_expire(cfg: Any) -> int | None:
             return int(part.split("cred_expire=")[1].split(",")[0])
     return None
 
-
-def _ratio(a: float, b: float) -> float | None:
-    return round(a / b, 2) if b else None

@@ -254,3 +254,23 @@ def test_short_runs_get_a_fine_sampling_grid():
     assert default_every(medium, 3600.0) == 6.0         # 1200 s / 200
     long = pd.DataFrame({"wall_s": [7200.0, 30.0]})
     assert default_every(long, 3600.0) == 300.0         # window / 12, as before
+
+
+def test_grid_is_bounded_and_chunking_does_not_change_it(monkeypatch):
+    import pandas as pd
+
+    from slurm_robust.rehearsal.synth.fleet import synth_fleet
+
+    spans = pd.DataFrame({"wall_s": [43.0] * 1000})
+    # A fleet of short runs: the fine step grows until the fleet fits the budget.
+    assert ettr.default_every(spans, 3600.0, max_points=4300) == 10.0
+    assert ettr.default_every(spans.iloc[:1], 3600.0, max_points=4300) == 1.0
+    inputs, _ = synth_fleet(300, seed=3)
+    whole = analyse(inputs).sliding
+    monkeypatch.setattr(ettr, "_GRID_CHUNK", 97)  # many chunks, boundaries mid-run
+    chunked = analyse(inputs).sliding
+    assert len(whole) > 10 * 97
+    pd.testing.assert_frame_equal(whole, chunked)
+    monkeypatch.setattr(ettr, "MAX_GRID_POINTS", 500)
+    bounded = analyse(inputs).sliding
+    assert len(bounded) <= 500 + 300  # the budget plus one end sample per run

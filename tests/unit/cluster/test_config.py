@@ -54,3 +54,20 @@ def test_ensure_reachable_adds_only_the_search_bit(tmp_path):
     assert private.stat().st_mode & 0o777 == 0o701
     assert (private / "venv").stat().st_mode & 0o777 == 0o751
     assert ensure_reachable([target / "python"]) == []
+
+
+def test_sized_cluster_renders_its_partitions_and_remembers_its_shape(tmp_path):
+    import pytest
+
+    cfg = _cfg(tmp_path).sized(5, 1)
+    text = render_slurm_conf(cfg, {})
+    assert "PartitionName=train Nodes=node[1-5] Default=YES" in text
+    assert "PartitionName=standby Nodes=spare1 " in text
+    assert "NodeName=spare1 NodeHostname=localhost NodeAddr=127.0.0.1 Port=17006" in text
+    cfg.etc.mkdir(parents=True)
+    cfg.save_shape()
+    again = _cfg(tmp_path).with_saved_shape()
+    assert again.train_nodes == cfg.train_nodes and again.spare_nodes == ("spare1",)
+    assert _cfg(tmp_path / "other").with_saved_shape().nodes == _cfg(tmp_path).nodes
+    with pytest.raises(ValueError, match="--nodes 0"):
+        _cfg(tmp_path).sized(0, 1)

@@ -1,0 +1,42 @@
+"""bench ettr's pure parts: the fault schedule, the fault list and the downtime split."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_robust.analysis.loaders import events_from_records, load_health, load_verdicts
+from slurm_robust.analysis.pipeline import Inputs, analyse
+from slurm_robust.analysis.slurm_text import parse_node_events
+from slurm_robust.errors import UsageError
+from slurm_robust.rehearsal.bench import ettr as bench_ettr
+from slurm_robust.rehearsal.synth.runs import Fault, synth_run
+
+
+def test_schedule_cycles_faults_and_leaves_time_to_recover():
+    got = bench_ettr.schedule(100.0, minutes=4, every_s=60, faults=["nan", "kill-node"])
+    # 240 s run: faults at 60, 120, 180 (not 240: no time left to recover).
+    assert got == [(160.0, "nan"), (220.0, "kill-node"), (280.0, "nan")]
+    assert bench_ettr.schedule(0.0, minutes=30, every_s=300, faults=["nan"])[-1][0] == 1500.0
+
+
+def test_fault_list_is_checked():
+    assert bench_ettr.parse_faults("kill-worker, nan") == ["kill-worker", "nan"]
+    with pytest.raises(UsageError, match="slow-worker"):
+        bench_ettr.parse_faults("nan,slow-worker")
+
+
+def test_downtime_split_adds_up_per_phase():
+    # Two in-place restarts: detect 5 s, localise 2 s, restart 10 s + one 10 s step,
+    # the second also rolls back one step (10 s of redo).
+    faults = [Fault(5, "cuda_error", "in_place", into_step_s=0.0, detect_s=5.0,
+                    localize_s=2.0, restart_s=10.0, restore_back=0),
+              Fault(12, "cuda_error", "in_place", into_step_s=0.0, detect_s=5.0,
+                    localize_s=2.0, restart_s=10.0, restore_back=1)]
+    run = synth_run(steps=20, step_time_s=10.0, faults=faults)
+    an = analyse(Inputs(log=events_from_records(run.events), verdicts=load_verdicts([]),
+                        health=load_health([]), node_events=parse_node_events("").frame))
+    split = bench_ettr.downtime_split(an.incidents)
+    assert split["detect_s"] == pytest.approx(10.0)
+    assert split["localise_s"] == pytest.approx(4.0)
+    assert split["redo_s"] == pytest.approx(10.0)
+    assert split["recover_s"] > 2 * 10.0  # restart plus the first step after it
