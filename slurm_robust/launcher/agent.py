@@ -42,6 +42,8 @@ from slurm_robust.launcher.protocol import Channel, ChannelClosed, host_address
 from slurm_robust.records import write_json_atomic
 
 log = logging.getLogger("slurm_robust.launcher.agent")
+#: Longest wait for the controller of this job step to appear.
+CONNECT_TIMEOUT_S = 180.0
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,8 @@ class Agent:
     def _run(self) -> int:
         self.publish()
         self.zygotes.fill()
-        chan = self._connect(self.cfg.startup_timeout_s)
+        # The controller starts with the allocation: a bounded wait, not the workers' one.
+        chan = self._connect(min(self.cfg.startup_timeout_s, CONNECT_TIMEOUT_S))
         last_ok = time.time()
         while True:
             try:

@@ -38,7 +38,9 @@ class RunConfig:
         hang_floor_s: a hang is declared after max(hang_floor_s, hang_factor x median
             step time) without a finished step.
         hang_factor: see hang_floor_s.
-        startup_timeout_s: longest wait for the first step of a (re)started worker group.
+        startup_timeout_s: longest wait for the first step of a (re)started worker group,
+            once the run has ever reported a step; a script that never reports steps is
+            never judged hung (only exits, heartbeats and the live inspection apply).
         heartbeat_s: how often agents report to the controller.
         heartbeat_timeout_s: an agent silent this long is lost (its node is blamed).
         max_restarts: restart budget across in-job restarts and Slurm requeues.
@@ -78,7 +80,7 @@ class RunConfig:
     workers_per_node: int = 1
     hang_floor_s: float = 20.0
     hang_factor: float = 10.0
-    startup_timeout_s: float = 180.0
+    startup_timeout_s: float = 1800.0
     heartbeat_s: float = 0.2
     heartbeat_timeout_s: float = 4.0
     max_restarts: int = 10

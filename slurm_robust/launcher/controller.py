@@ -272,7 +272,8 @@ class Controller:
             elif self.phase == "dumping":
                 recovery.check_capture(self, gen, now)
             elif is_hung(gen.last_progress, now, self.step_times, self.cfg.hang_floor_s,
-                         self.cfg.hang_factor, gen.steps_done > 0, self.cfg.startup_timeout_s):
+                         self.cfg.hang_factor, gen.steps_done > 0, self.cfg.startup_timeout_s,
+                         self.state.last_step is not None or bool(gen.pending)):
                 recovery.start_hang_capture(self, gen, now)
             elif self.failslow is not None:
                 decision = self.failslow.poll(now)

@@ -30,6 +30,10 @@ def add_robust_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hang-timeout", type=float, default=None, metavar="S",
                    help="hang floor in seconds (hang = no step for max(S, factor x median))")
     p.add_argument("--hang-factor", type=float, default=None, metavar="M")
+    p.add_argument("--startup-timeout", type=float, default=None, metavar="S",
+                   help="longest wait for the first step of a (re)started worker group, "
+                        "for scripts that report steps (default 1800); a script that never "
+                        "reports a step is never declared hung")
     p.add_argument("--max-restarts", type=int, default=None)
     p.add_argument("--local-every", type=int, default=None, metavar="STEPS")
     p.add_argument("--durable-every", type=int, default=None, metavar="STEPS")
@@ -57,6 +61,7 @@ def build_config(args: argparse.Namespace, nodes: int, gpus_per_node: int | None
     values: dict[str, Any] = env_defaults()
     for flag, key in (("spares", "spares"), ("hang_timeout", "hang_floor_s"),
                       ("hang_factor", "hang_factor"), ("max_restarts", "max_restarts"),
+                      ("startup_timeout", "startup_timeout_s"),
                       ("local_every", "local_every"), ("durable_every", "durable_every"),
                       ("heartbeat_timeout", "heartbeat_timeout_s"),
                       ("fail_slow_interval", "fail_slow_interval_s"),

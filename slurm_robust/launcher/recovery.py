@@ -279,6 +279,23 @@ def resolve_open_incident(ctl: Controller, gen: Generation, step: int, now: floa
              restored, tier)
 
 
+def close_on_completion(ctl: Controller, gen: Generation | None, now: float) -> None:
+    """The run completed with an incident still open: no step after the restore was
+    reported (a script that reports no steps). The restarted group finishing is the
+    proof of recovery; ``recovered_at`` is when that group started (the best known
+    bound) and ``steps_lost`` is null (unknown without step reports)."""
+    incident = ctl.state.open_incident
+    if incident is None:
+        return
+    restored, tier = restored_of(gen) if gen is not None else (None, None)
+    incident.update(recovered_at=gen.started_at if gen is not None else now,
+                    restored_step=restored, restore_tier=tier, steps_lost=None)
+    incident["evidence"]["recovery"] = ("closed at run completion: the restarted workers "
+                                        "finished, no step report after the restore")
+    _write_incident(ctl, incident)
+    ctl.state.open_incident = None
+
+
 def _write_incident(ctl: Controller, incident: dict[str, Any]) -> None:
     if incident.get("rung") is None:
         incident["rung"] = "stop"
@@ -292,6 +309,8 @@ def finish(ctl: Controller, status: str, verdict: str | None, write: bool = True
     gen = ctl.gen
     final = (gen.finals.get(0) if gen else None) or {}
     step = final.get("step", ctl.state.last_step)
+    if write and status == "completed" and ctl.state.open_incident is not None:
+        close_on_completion(ctl, gen, time.time())
     if write:
         ctl.events.run_end(status, step, final.get("params_sha256"), verdict)
         ctl.state.finished, ctl.state.verdict = status, verdict
