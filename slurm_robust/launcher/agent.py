@@ -40,6 +40,7 @@ from slurm_robust.launcher.paths import (
 )
 from slurm_robust.launcher.protocol import Channel, ChannelClosed, host_address
 from slurm_robust.records import write_json_atomic
+from slurm_robust.scriptenv import worker_command
 
 log = logging.getLogger("slurm_robust.launcher.agent")
 #: Longest wait for the controller of this job step to appear.
@@ -212,15 +213,18 @@ class Agent:
         self.gen, self.role = plan["gen"], plan["role"]
         if self.role == "active":
             ckpt = self._ckpt_config()
+            attempt = int(plan.get("attempt", 0))
+            command = worker_command(self.cfg.command, attempt, self.cfg.resume_args,
+                                     self.cfg.resume_if_exists, self.cfg.auto_steps)
             for local_rank, rank in enumerate(plan["ranks"]):
                 progress = progress_dir(self.site, self.ident.job_id, self.ident.node) / \
                     f"rank{rank}.gen{self.gen}.jsonl"
                 env = wk.worker_env(os.environ, plan, rank, local_rank, self.ident.node,
                                     self.ident.job_id, self.cfg.run_dir, progress, ckpt,
                                     self.cfg.env)
-                self.workers.append(wk.spawn(self.cfg.command, env, rank, local_rank,
-                                             self.gen, self.paths.worker_log(self.gen, rank),
-                                             progress, self.zygotes.take()))
+                log_path = self.paths.worker_log(self.gen, rank, attempt)
+                self.workers.append(wk.spawn(command, env, rank, local_rank, self.gen,
+                                             log_path, progress, self.zygotes.take()))
         self.publish()
         log.info("agent %s on %s: generation %s, role %s, ranks %s", self.ident.index,
                  self.ident.node, self.gen, self.role, plan.get("ranks"))
