@@ -38,6 +38,8 @@ log = logging.getLogger("slurm_robust.launcher.controller")
 TICK_S = 0.05
 #: A closed agent connection not re-opened within this long counts as a lost agent.
 RECONNECT_GRACE_S = 0.5
+#: Longest wait for every agent of the allocation before starting with those present.
+GATHER_TIMEOUT_S = 60.0
 
 
 class AgentView:
@@ -286,7 +288,7 @@ class Controller:
             return
         live = [a for a in self.agents.values() if not a.lost]
         waited = now - self.started_at
-        if len(live) < self.expected and waited < min(60.0, self.cfg.startup_timeout_s):
+        if len(live) < self.expected and waited < GATHER_TIMEOUT_S:
             return
         usable = [a for a in sorted(live, key=lambda a: a.index)
                   if a.node not in self.state.blamed or waited > 5.0]
