@@ -57,6 +57,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+# DDP users: wrap_ddp, not DistributedDataParallel, for bit-identical restarts.
+from slurm_robust.ddp import wrap_ddp  # noqa: F401  (re-exported)
 from slurm_robust.launcher.classify import EXIT_NONFINITE, EXIT_SPIKE
 from slurm_robust.launcher.policy import step_anomaly
 
