@@ -64,6 +64,18 @@ def is_hung(last_progress: float, now: float, step_times: Sequence[float], floor
     return now - last_progress > startup_timeout_s
 
 
+#: A group of a script that reports no steps, alive this long before it failed, counts as
+#: having made progress (max_no_progress then stops only quick repeated failures).
+SILENT_PROGRESS_S = 120.0
+
+
+def made_progress(steps_done: int, reports_steps: bool, alive_s: float,
+                  silent_progress_s: float = SILENT_PROGRESS_S) -> bool:
+    """Whether a failed group advanced the run: it finished a step; or, for a run that
+    never reports steps (progress unknown), it lived ``silent_progress_s``."""
+    return steps_done > 0 or (not reports_steps and alive_s >= silent_progress_s)
+
+
 def step_anomaly(history: Sequence[float], value: float | None, factor: float) -> str | None:
     """``"nan"`` for a non-finite value, ``"loss_spike"`` for one above factor x the
     recent median (once SPIKE_MIN_HISTORY values are known), else None."""

@@ -20,6 +20,7 @@ from slurm_robust.launcher.policy import (
     LadderInput,
     blamed_nodes,
     decide,
+    made_progress,
     rendezvous_port,
 )
 from slurm_robust.launcher.requeue import drain_directly, requeue_job, write_verdict
@@ -129,8 +130,9 @@ def handle(ctl: Controller, gen: Generation, incident: dict[str, Any],
     if st.open_incident is not None:
         _write_incident(ctl, st.open_incident)  # the earlier recovery did not finish
         st.open_incident = None
-    made_progress = gen.steps_done > 0
-    st.no_progress = 0 if made_progress else st.no_progress + 1
+    progressed = made_progress(gen.steps_done, st.last_step is not None or bool(gen.pending),
+                               now - gen.started_at)
+    st.no_progress = 0 if progressed else st.no_progress + 1
     for node in nodes:
         st.node_failures[node] = st.node_failures.get(node, 0) + 1
     blamed = blamed_nodes(incident["class"], nodes, st.node_failures,

@@ -9,7 +9,7 @@ from slurm_robust.analysis.loaders import events_from_records, load_health, load
 from slurm_robust.analysis.pipeline import Inputs, analyse
 from slurm_robust.analysis.slurm_text import parse_node_events
 from slurm_robust.launcher.events import EventLog
-from slurm_robust.launcher.policy import is_hung
+from slurm_robust.launcher.policy import is_hung, made_progress
 from slurm_robust.launcher.status import format_status, run_status
 
 T0 = 1_000_000.0
@@ -58,3 +58,10 @@ def test_report_has_no_ettr_for_a_run_without_step_reports():
     assert row["step_reports"] == 0
     assert math.isnan(row["ettr"])
     assert an.headline()["ettr"] is None or math.isnan(an.headline()["ettr"])
+
+
+def test_progress_of_a_silent_script_is_judged_by_its_lifetime():
+    assert made_progress(3, True, 1.0)
+    assert not made_progress(0, True, 1e6)  # a stepping run that stepped no more
+    assert not made_progress(0, False, 5.0, silent_progress_s=120.0)  # quick failure
+    assert made_progress(0, False, 600.0, silent_progress_s=120.0)
