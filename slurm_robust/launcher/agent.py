@@ -98,7 +98,7 @@ class Agent:
         self.publish()
         self.zygotes.fill()
         # The controller starts with the allocation: a bounded wait, not the workers' one.
-        chan = self._connect(min(self.cfg.startup_timeout_s, CONNECT_TIMEOUT_S))
+        chan = self._connect(CONNECT_TIMEOUT_S)
         last_ok = time.time()
         while True:
             try:
