@@ -89,3 +89,11 @@ def test_logs_are_per_attempt(tmp_path):
     paths = RunPaths.of(tmp_path)
     assert paths.worker_log(1, 0, 0) != paths.worker_log(1, 0, 3)
     assert paths.worker_log(1, 0, 3).parts[-3:] == ("attempt3", "gen1", "rank0.log")
+
+
+def test_resume_args_value_may_start_with_a_dash():
+    from slurm_robust.cli.main import glue_dash_values
+
+    assert glue_dash_values(["submit", "--resume-args", "--init_from=resume", "--",
+                             "python", "--resume-args", "x"]) == \
+        ["submit", "--resume-args=--init_from=resume", "--", "python", "--resume-args", "x"]
