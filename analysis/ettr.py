@@ -312,8 +312,23 @@ def cumulative_ettr(intervals: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFram
     return out
 
 
+def mark_step_reports(per_run: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Add ``step_reports`` (step records per run) and blank the ETTR of runs without
+    any: a script that reports no steps has unknown productive time, not zero."""
+    counts = np.bincount(run_codes(steps), minlength=int(per_run.index.max()) + 1
+                         if len(per_run) else 0) if len(steps) else None
+    out = per_run.copy()
+    out["step_reports"] = (counts[out.index.to_numpy()] if counts is not None
+                           else np.zeros(len(out), dtype=np.int64))
+    out.loc[out["step_reports"] == 0, "ettr"] = np.nan
+    return out
+
+
 def overall_ettr(per_run: pd.DataFrame) -> float:
-    """Sum of productive time over sum of wall time (NaN when there is no wall time)."""
+    """Sum of productive time over sum of wall time (NaN when there is no wall time),
+    over the runs that report steps (when ``step_reports`` is known)."""
+    if "step_reports" in per_run:
+        per_run = per_run[per_run["step_reports"] > 0]
     wall = float(per_run["wall_s"].sum())
     return float(per_run["productive_s"].sum() / wall) if wall > 0 else float("nan")
 

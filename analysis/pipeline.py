@@ -157,7 +157,7 @@ def analyse(inputs: Inputs, since: float | None = None, until: float | None = No
     steps["lost_steps"] = steps["covers"] - kept
     steps["kept"] = steps["lost_steps"] == 0
     intervals, steps["lost_s"] = ettr.productive_intervals(steps, spans)
-    per_run = ettr.cumulative_ettr(intervals, spans)
+    per_run = ettr.mark_step_reports(ettr.cumulative_ettr(intervals, spans), log.steps)
     sliding = ettr.sliding_ettr(intervals, spans, window_s, every_s)
     incidents = log.incidents[_in_window(log.incidents["detected_at"], since, until)]
     incidents = inc_mod.incident_metrics(incidents, steps[~steps["kept"]], spans)

@@ -74,7 +74,8 @@ def sections(an: Analysis) -> list[tuple[str, str, pd.DataFrame | None]]:
     out: list[tuple[str, str, pd.DataFrame | None]] = [
         ("Summary", "ETTR = productive time / wall time; productive time is the time of "
          "steps that were kept (steps redone after a rollback are not productive).", summary),
-        ("ETTR per run", "", an.per_run),
+        ("ETTR per run", "A run whose script reports no steps has no ETTR (its "
+         "productive time is unknown): it reads \"no step reports\".", _per_run(an)),
         ("Incidents by category", "", an.by_category),
         ("Incidents by class", "ByteRobust Table 1 taxonomy; times in seconds.", an.by_class),
         ("Incidents by resolution", "in_place restart, spare node, requeue, stop.", an.by_rung),
@@ -93,6 +94,15 @@ def sections(an: Analysis) -> list[tuple[str, str, pd.DataFrame | None]]:
                 pd.DataFrame([(k, json.dumps(v)) for k, v in unread.items()],
                              columns=["what", "count"])))
     return out
+
+
+def _per_run(an: Analysis) -> pd.DataFrame:
+    per_run = an.per_run.copy()
+    if "step_reports" in per_run:
+        per_run["ettr"] = [("no step reports" if n == 0 else e)
+                           for e, n in zip(per_run["ettr"], per_run["step_reports"],
+                                           strict=True)]
+    return per_run
 
 
 def _period(an: Analysis) -> str:

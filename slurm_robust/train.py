@@ -45,6 +45,7 @@ so the following step really produces a non-finite loss.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import os
@@ -56,10 +57,14 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+# DDP users: wrap_ddp, not DistributedDataParallel, for bit-identical restarts.
+from slurm_robust.ddp import wrap_ddp  # noqa: F401  (re-exported)
 from slurm_robust.launcher.classify import EXIT_NONFINITE, EXIT_SPIKE
 from slurm_robust.launcher.control.policy import step_anomaly
 
 POISON_SIGNAL = signal.SIGUSR1
+#: Where registered Stateful objects' states travel inside a snapshot's extras.
+STATEFUL_KEY = "__stateful__"
 
 
 @dataclass
@@ -84,19 +89,42 @@ class RobustRun:
     _norms: list[float] = field(default_factory=list)
     _poison: bool = False
     _busy_s: float | None = None
+    #: After restore(): the snapshot's data position and extras, whatever their type
+    #: (None and {} on a fresh start).
+    data_position: Any = None
+    extras: dict[str, Any] = field(default_factory=dict)
+    _stateful: dict[str, Any] = field(default_factory=dict)
 
     @property
     def robust(self) -> bool:
         """Whether a robust agent supervises this worker."""
         return self._progress_fd is not None
 
+    # ----------------------------------------------------------------- state
+    def register_stateful(self, name: str, obj: Any) -> None:
+        """Snapshot ``obj`` with every step and restore it with :meth:`restore`.
+
+        ``obj`` is Stateful as torch.distributed.checkpoint defines it: it has
+        ``state_dict()`` and ``load_state_dict(state)`` (a stateful data loader or
+        sampler, a metric, a prefetch queue's cursor). Register before ``restore``.
+        """
+        if not (callable(getattr(obj, "state_dict", None))
+                and callable(getattr(obj, "load_state_dict", None))):
+            raise TypeError(f"{name!r}: {type(obj).__name__} has no state_dict() and "
+                            "load_state_dict(); wrap it or pass its state as extras")
+        self._stateful[name] = obj
+
     # ----------------------------------------------------------------- restore
     def restore(self, model: Any, optimizer: Any = None, scheduler: Any = None) -> int:
         """Restore the newest common snapshot (collective); returns the steps done.
 
         Returns 0 on a fresh start or without the launcher. The snapshot's
-        ``data_position`` is returned when it is an int (the example's step counter).
+        ``data_position`` is returned when it is an int (the example's step counter),
+        else the restored step; the position itself, of any type, is in
+        ``run.data_position`` and the ``extras`` of ``step_end`` in ``run.extras``;
+        registered Stateful objects are loaded.
         """
+        self.data_position, self.extras = None, {}
         if not self.robust:
             return 0
         from slurm_robust import ckpt
@@ -113,6 +141,13 @@ class RobustRun:
         if res.step is not None:
             position = ckpt.apply_state(res.state, model, optimizer, scheduler)
             self.restore_tier = res.tiers.get(self.rank)
+            self.data_position = position
+            extras = dict(res.state.get("extras") or {})
+            saved = extras.pop(STATEFUL_KEY, None) or {}
+            for name, obj in self._stateful.items():
+                if name in saved:
+                    obj.load_state_dict(saved[name])
+            self.extras = extras
         self.restored_step = res.step
         self._report({"kind": "restored", "step": res.step, "tier": self.restore_tier,
                       "seconds": round(res.seconds, 4)})
@@ -142,8 +177,13 @@ class RobustRun:
 
     def step_end(self, step: int, loss: float | None, grad_norm: float | None = None,
                  model: Any = None, optimizer: Any = None, scheduler: Any = None,
-                 data_position: Any = None) -> None:
-        """Report the end of ``step`` (steps done so far) and snapshot the state."""
+                 data_position: Any = None, extras: dict[str, Any] | None = None) -> None:
+        """Report the end of ``step`` (steps done so far) and snapshot the state.
+
+        ``data_position`` (any picklable value) and ``extras`` (a dict of picklable
+        values or tensors) come back from ``restore`` as ``run.data_position`` and
+        ``run.extras``; registered Stateful objects are captured too.
+        """
         for name, value, history in (("loss", loss, self._losses),
                                      ("grad_norm", grad_norm, self._norms)):
             anomaly = step_anomaly(history, value, self.spike_factor)
@@ -155,8 +195,15 @@ class RobustRun:
         if self._mgr is not None and model is not None:
             from slurm_robust import ckpt
 
+            # Copies: the snapshot is taken in the background, and a loader's state or
+            # the caller's extras may change before it is.
+            saved = copy.deepcopy(dict(extras or {}))
+            if self._stateful:
+                saved[STATEFUL_KEY] = copy.deepcopy({name: obj.state_dict() for name, obj
+                                                     in self._stateful.items()})
             self._mgr.snapshot(step, ckpt.capture_state(model, optimizer, scheduler,
-                                                        data_position=data_position))
+                                                        data_position=copy.deepcopy(
+                                                            data_position), extras=saved))
         self.last_step = step
         item = {"kind": "step", "step": step, "loss": loss, "grad_norm": grad_norm,
                 "t": time.time()}

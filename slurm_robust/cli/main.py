@@ -65,6 +65,28 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+#: Options whose value usually starts with a dash (``--resume-args '--init_from=resume'``),
+#: which argparse would take for an option: glued as ``--opt=value`` before parsing.
+DASH_VALUE_OPTIONS = ("--resume-args",)
+
+
+def glue_dash_values(argv: list[str]) -> list[str]:
+    """``[--resume-args, -x]`` -> ``[--resume-args=-x]``, up to the command's ``--``."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            return out + argv[i:]
+        if a in DASH_VALUE_OPTIONS and i + 1 < len(argv):
+            out.append(f"{a}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -72,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     first = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(first if first in SUBCOMMANDS else None)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(glue_dash_values(argv))
     run = getattr(args, "_run", None)
     if run is None:
         parser.error(f"subcommand {args.command!r} is not available in this build")

@@ -15,6 +15,7 @@ from typing import Any
 
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.control.policy import PORT_SPAN
+from slurm_robust.scriptenv import is_python
 from slurm_robust.stacks.failslow import FailSlowOptions
 
 SPARES_ENV = "SLURM_ROBUST_SPARES"
@@ -38,7 +39,9 @@ class RunConfig:
         hang_floor_s: a hang is declared after max(hang_floor_s, hang_factor x median
             step time) without a finished step.
         hang_factor: see hang_floor_s.
-        startup_timeout_s: longest wait for the first step of a (re)started worker group.
+        startup_timeout_s: longest wait for the first step of a (re)started worker group,
+            once the run has ever reported a step; a script that never reports steps is
+            never judged hung (only exits, heartbeats and the live inspection apply).
         heartbeat_s: how often agents report to the controller.
         heartbeat_timeout_s: an agent silent this long is lost (its node is blamed).
         max_restarts: restart budget across in-job restarts and Slurm requeues.
@@ -69,6 +72,12 @@ class RunConfig:
         fail_slow_window, fail_slow_min_votes: a node flagged slowest in at least
             min_votes of the last window rounds (and more often than any other) is evicted.
         fail_slow_factor: a rank is slow above this multiple of the median busy time.
+        resume_args: arguments appended to the command from the first restart on (a
+            script with its own checkpoints, e.g. ``("--init_from=resume",)``).
+        resume_if_exists: append resume_args only when this file exists (relative to the
+            run's working directory); None: always from the first restart on.
+        auto_steps: run a Python command under ``python -m slurm_robust.autosteps`` (an
+            optimizer step hook reports steps; see slurm_robust/autosteps.py).
     """
 
     command: tuple[str, ...]
@@ -78,7 +87,7 @@ class RunConfig:
     workers_per_node: int = 1
     hang_floor_s: float = 20.0
     hang_factor: float = 10.0
-    startup_timeout_s: float = 180.0
+    startup_timeout_s: float = 1800.0
     heartbeat_s: float = 0.2
     heartbeat_timeout_s: float = 4.0
     max_restarts: int = 10
@@ -103,6 +112,9 @@ class RunConfig:
     fail_slow_window: int = 5
     fail_slow_min_votes: int = 3
     fail_slow_factor: float = 1.5
+    resume_args: tuple[str, ...] = ()
+    resume_if_exists: str | None = None
+    auto_steps: bool = False
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -111,6 +123,13 @@ class RunConfig:
         object.__setattr__(self, "command", tuple(str(a) for a in self.command))
         object.__setattr__(self, "run_dir", str(Path(self.run_dir).absolute()))
         object.__setattr__(self, "prewarm", tuple(self.prewarm))
+        object.__setattr__(self, "resume_args", tuple(str(a) for a in self.resume_args))
+        if self.resume_if_exists is not None and not self.resume_args:
+            raise UsageError("resume_if_exists needs resume_args (e.g. --resume-args "
+                             "'--init_from=resume')")
+        if self.auto_steps and not (len(self.command) > 1 and is_python(self.command[0])):
+            raise UsageError("--auto-steps needs a Python command, e.g. `-- python "
+                             f"train.py`; got {' '.join(self.command)!r}")
         for name in ("nodes", "workers_per_node"):
             if getattr(self, name) < 1:
                 raise UsageError(f"{name} is {getattr(self, name)}; use >= 1")
@@ -159,6 +178,7 @@ class RunConfig:
         out = asdict(self)
         out["command"] = list(self.command)
         out["prewarm"] = list(self.prewarm)
+        out["resume_args"] = list(self.resume_args)
         return out
 
     @classmethod

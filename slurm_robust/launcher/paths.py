@@ -8,7 +8,7 @@ Shared (the run directory, visible from every node)::
     <run_dir>/verdicts.jsonl           node verdicts (slurm_robust.verdict) for the epilog
     <run_dir>/controller.json          where the controller of the current step listens
     <run_dir>/agents/<node>.json       {"node", "agent_pid", "workers": {rank: pid}, ...}
-    <run_dir>/logs/gen<g>/rank<r>.log  each worker's stdout and stderr
+    <run_dir>/logs/attempt<a>/gen<g>/rank<r>.log  each worker's stdout and stderr
     <run_dir>/stacks/<capture>/...     stack dumps taken before a hang is killed
     <run_dir>/ckpt/                    durable checkpoint tier
     <run_dir>/submitit/                submitit's folder (pickles, Slurm logs)
@@ -68,8 +68,10 @@ class RunPaths:
     def agent_file(self, node: str) -> Path:
         return self.agents / f"{node}.json"
 
-    def worker_log(self, gen: int, rank: int) -> Path:
-        return self.root / "logs" / f"gen{gen}" / f"rank{rank}.log"
+    def worker_log(self, gen: int, rank: int, attempt: int = 0) -> Path:
+        # Per attempt: generation numbers restart with every allocation (a requeue), so
+        # gen<g> alone would append a requeued attempt's output to the first one's file.
+        return self.root / "logs" / f"attempt{attempt}" / f"gen{gen}" / f"rank{rank}.log"
 
     @property
     def stacks(self) -> Path:

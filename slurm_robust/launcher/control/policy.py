@@ -50,10 +50,33 @@ def hang_timeout(step_times: Sequence[float], floor_s: float, factor: float) -> 
 
 
 def is_hung(last_progress: float, now: float, step_times: Sequence[float], floor_s: float,
-            factor: float, started: bool, startup_timeout_s: float) -> bool:
-    """Whether the group is hung: before its first step the startup timeout applies."""
-    limit = hang_timeout(step_times, floor_s, factor) if started else startup_timeout_s
-    return now - last_progress > limit
+            factor: float, started: bool, startup_timeout_s: float,
+            reports_steps: bool = True) -> bool:
+    """Whether the group is hung.
+
+    started: this group finished a step (the hang timeout applies from its last one).
+    reports_steps: the run has ever reported a step (any rank, any attempt). A script
+    that never reported one is not hung while its workers live (it is judged by exits,
+    heartbeats and the live inspection only); one that did report steps gets
+    ``startup_timeout_s`` for the first step of a (re)started group.
+    """
+    if started:
+        return now - last_progress > hang_timeout(step_times, floor_s, factor)
+    if not reports_steps:
+        return False
+    return now - last_progress > startup_timeout_s
+
+
+#: A group of a script that reports no steps, alive this long before it failed, counts as
+#: having made progress (max_no_progress then stops only quick repeated failures).
+SILENT_PROGRESS_S = 120.0
+
+
+def made_progress(steps_done: int, reports_steps: bool, alive_s: float,
+                  silent_progress_s: float = SILENT_PROGRESS_S) -> bool:
+    """Whether a failed group advanced the run: it finished a step; or, for a run that
+    never reports steps (progress unknown), it lived ``silent_progress_s``."""
+    return steps_done > 0 or (not reports_steps and alive_s >= silent_progress_s)
 
 
 def step_anomaly(history: Sequence[float], value: float | None, factor: float) -> str | None:

@@ -42,6 +42,7 @@ from slurm_robust.launcher.control.policy import (
     blamed_nodes,
     decide,
     is_hung,
+    made_progress,
     rendezvous_port,
 )
 from slurm_robust.launcher.control.requeue import drain_directly, requeue_job, write_verdict
@@ -70,6 +71,8 @@ log = logging.getLogger("slurm_robust.launcher.control.recovery")
 SETTLE_S = 0.3
 #: Longest wait for stack captures on a hang before restarting anyway.
 CAPTURE_BUDGET_S = 20.0
+#: Longest wait for every agent of the allocation before starting with those present.
+GATHER_TIMEOUT_S = 60.0
 
 
 class Member(Protocol):
@@ -245,7 +248,8 @@ class Recovery:
         elif self._phase is Phase.DUMPING:
             self._check_capture(gen, now)
         elif is_hung(gen.last_progress, now, self.step_times, self.cfg.hang_floor_s,
-                     self.cfg.hang_factor, gen.steps_done > 0, self.cfg.startup_timeout_s):
+                     self.cfg.hang_factor, gen.steps_done > 0, self.cfg.startup_timeout_s,
+                     self._reports_steps(gen)):
             self._start_hang_capture(gen, now)
         elif self.failslow is not None:
             decision = self.failslow.poll(now)
@@ -258,7 +262,7 @@ class Recovery:
             return
         live = [a for a in self.members.values() if not a.lost]
         waited = now - self.started_at
-        if len(live) < self.expected and waited < min(60.0, self.cfg.startup_timeout_s):
+        if len(live) < self.expected and waited < GATHER_TIMEOUT_S:
             return
         usable = [a for a in sorted(live, key=lambda a: a.index)
                   if a.node not in self.state.blamed or waited > 5.0]
@@ -405,8 +409,9 @@ class Recovery:
         if st.open_incident is not None:
             self._write_incident(st.open_incident)  # the earlier recovery did not finish
             st.open_incident = None
-        made_progress = gen.steps_done > 0
-        st.no_progress = 0 if made_progress else st.no_progress + 1
+        progressed = made_progress(gen.steps_done, self._reports_steps(gen),
+                                   now - gen.started_at)
+        st.no_progress = 0 if progressed else st.no_progress + 1
         for node in nodes:
             st.node_failures[node] = st.node_failures.get(node, 0) + 1
         blamed = blamed_nodes(incident["class"], nodes, st.node_failures,
@@ -553,6 +558,27 @@ class Recovery:
                  incident["incident"],
                  now - (incident["fault_time"] or incident["detected_at"]), restored, tier)
 
+    def _reports_steps(self, gen: Generation) -> bool:
+        """Whether this run reports steps at all (a plain script may never do)."""
+        return self.state.last_step is not None or bool(gen.pending)
+
+    def _close_on_completion(self, gen: Generation | None, now: float) -> None:
+        """The run completed with an incident still open: no step after the restore was
+        reported (a script that reports no steps). The restarted group finishing is the
+        proof of recovery; ``recovered_at`` is when that group started (the best known
+        bound) and ``steps_lost`` is null (unknown without step reports)."""
+        incident = self.state.open_incident
+        if incident is None:
+            return
+        restored, tier = restored_of(gen) if gen is not None else (None, None)
+        incident.update(recovered_at=gen.started_at if gen is not None else now,
+                        restored_step=restored, restore_tier=tier, steps_lost=None)
+        incident["evidence"]["recovery"] = ("closed at run completion: the restarted "
+                                            "workers finished, no step report after the "
+                                            "restore")
+        self._write_incident(incident)
+        self.state.open_incident = None
+
     def _write_incident(self, incident: dict[str, Any]) -> None:
         if incident.get("rung") is None:
             incident["rung"] = Rung.STOP
@@ -567,6 +593,8 @@ class Recovery:
         step = final.step if final is not None and final.step is not None \
             else self.state.last_step
         digest = final.params_sha256 if final is not None else None
+        if write and status == RunStatus.COMPLETED and self.state.open_incident is not None:
+            self._close_on_completion(gen, self.clock())
         if write:
             self.events.run_end(status, step, digest, verdict)
             self.state.finished, self.state.verdict = status, verdict

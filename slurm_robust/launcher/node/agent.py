@@ -54,10 +54,13 @@ from slurm_robust.launcher.paths import (
 )
 from slurm_robust.launcher.protocol import Channel, ChannelClosed, host_address
 from slurm_robust.records import write_json_atomic
+from slurm_robust.scriptenv import worker_command
 from slurm_robust.secure_fs import private_dir, relative_parts
 from slurm_robust.stacks.capture import CaptureOptions, capture_local
 
 log = logging.getLogger("slurm_robust.launcher.node.agent")
+#: Longest wait for the controller of this job step to appear.
+CONNECT_TIMEOUT_S = 180.0
 
 
 class Agent:
@@ -93,7 +96,8 @@ class Agent:
     def _run(self) -> int:
         self.publish()
         self.zygotes.fill()
-        chan = self._connect(self.cfg.startup_timeout_s)
+        # The controller starts with the allocation: a bounded wait, not the workers' one.
+        chan = self._connect(CONNECT_TIMEOUT_S)
         last_ok = time.time()
         while True:
             try:
@@ -235,6 +239,9 @@ class Agent:
         self.gen, self.role = int(plan.gen if plan.gen is not None else -1), plan.role
         if self.role is Role.ACTIVE:
             ckpt = self._ckpt_config()
+            attempt = plan.attempt or 0
+            command = worker_command(self.cfg.command, attempt, self.cfg.resume_args,
+                                     self.cfg.resume_if_exists, self.cfg.auto_steps)
             # Under the keyed, private job directory (not the guessable job id), so
             # that no other user can pre-create it or plant links in it.
             pdir = progress_dir(self.site, self.ckpt_key, self.ident.node)
@@ -247,9 +254,9 @@ class Agent:
                                     self.ident.node,
                                     self.ident.job_id, self.cfg.run_dir, progress, ckpt,
                                     self.cfg.env)
-                self.workers.append(wk.spawn(self.cfg.command, env, rank, local_rank,
-                                             self.gen, self.paths.worker_log(self.gen, rank),
-                                             progress, self.zygotes.take()))
+                log_path = self.paths.worker_log(self.gen, rank, attempt)
+                self.workers.append(wk.spawn(command, env, rank, local_rank, self.gen,
+                                             log_path, progress, self.zygotes.take()))
         self.publish()
         log.info("agent %s on %s: generation %s, role %s, ranks %s", self.ident.index,
                  self.ident.node, self.gen, self.role, plan.ranks)

@@ -1,10 +1,14 @@
 """Start, watch and stop the training workers of one node.
 
-Workers get a torchrun-compatible environment (RANK, LOCAL_RANK, WORLD_SIZE,
-LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
-TORCHELASTIC_RUN_ID) plus the robust one:
+Workers get torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+GROUP_RANK, GROUP_WORLD_SIZE, ROLE_NAME, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID,
+TORCHELASTIC_USE_AGENT_STORE=False, TORCH_NCCL_ASYNC_ERROR_HANDLING=1 unless set, and,
+as torchrun does with more than one process per node, OMP_NUM_THREADS=1 unless set),
+Slurm's own (SLURM_RESTART_COUNT and the rest, passed through), plus the robust one:
 
     SLURM_ROBUST_ATTEMPT    the attempt number (one count across in-job restarts and requeues)
+    SLURM_ROBUST_RESTART_COUNT  the same count (restarts so far: 0 on the first start)
     SLURM_ROBUST_RUN_DIR    the run directory
     SLURM_ROBUST_PROGRESS   this worker's progress channel (a JSON-lines file, node-local)
     SLURM_ROBUST_NODE       the Slurm node name
@@ -13,7 +17,8 @@ TORCHELASTIC_RUN_ID) plus the robust one:
     SLURM_ROBUST_RANK_NODES JSON list: the node of every rank
 
 Workers stay in the agent's process group, so Slurm's own cleanup (scancel, requeue)
-reaches them. Their stdout and stderr go to ``<run_dir>/logs/gen<g>/rank<r>.log``; the
+reaches them. Their stdout and stderr go to
+``<run_dir>/logs/attempt<a>/gen<g>/rank<r>.log`` (a new file per attempt); the
 tail of that file is the evidence a failure is classified from.
 
 The progress channel: the training API appends one JSON line per finished step
@@ -71,15 +76,25 @@ def worker_env(base: Mapping[str, str], plan: Mapping[str, Any], rank: int, loca
     ranks = plan["ranks"]
     env = dict(base)
     env.update(extra)
+    world = int(plan["world_size"])
+    # torchrun's rule (torch.distributed.run): one OpenMP thread per process when a node
+    # runs several, unless the user chose; N processes x all cores oversubscribe a node.
+    if len(ranks) > 1 and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = "1"
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     env.update({
         "RANK": str(rank), "LOCAL_RANK": str(local_rank),
-        "WORLD_SIZE": str(plan["world_size"]), "LOCAL_WORLD_SIZE": str(len(ranks)),
-        "GROUP_RANK": str(plan["slot"]), "ROLE_RANK": str(rank),
+        "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(len(ranks)),
+        "GROUP_RANK": str(plan["slot"]), "GROUP_WORLD_SIZE": str(world // max(1, len(ranks))),
+        "ROLE_NAME": "default", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
         "MASTER_ADDR": str(plan["master_addr"]), "MASTER_PORT": str(plan["master_port"]),
         "TORCHELASTIC_RESTART_COUNT": str(plan["attempt"]),
         "TORCHELASTIC_MAX_RESTARTS": str(plan.get("max_restarts", 0)),
         "TORCHELASTIC_RUN_ID": str(plan.get("run_id", "")),
+        # No torchelastic agent store here: init_process_group uses MASTER_ADDR/PORT.
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
         "SLURM_ROBUST_ATTEMPT": str(plan["attempt"]),
+        "SLURM_ROBUST_RESTART_COUNT": str(plan["attempt"]),
         "SLURM_ROBUST_RUN_DIR": run_dir,
         "SLURM_ROBUST_PROGRESS": str(progress),
         "SLURM_ROBUST_NODE": node,

@@ -54,6 +54,11 @@ def main() -> None:
     os.dup2(devnull, 0)
     os.environ.clear()
     os.environ.update(order["env"])
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if "torch" in sys.modules and threads.isdigit() and int(threads) > 0:
+        # OpenMP read OMP_NUM_THREADS when torch was pre-imported, with the agent's
+        # environment: apply the rank's value now, as a fresh interpreter would.
+        sys.modules["torch"].set_num_threads(int(threads))
     os.chdir(order["cwd"])
     argv = order["argv"]
     if argv[0] == "-m":

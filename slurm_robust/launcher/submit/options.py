@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.config import RunConfig, env_defaults
+from slurm_robust.scriptenv import interpreter_warning
 
 _TIME = re.compile(r"^(?:(?P<d>\d+)-)?(?P<h>\d+):(?P<m>\d+)(?::(?P<s>\d+))?$")
 
@@ -25,11 +28,26 @@ def add_robust_options(p: argparse.ArgumentParser) -> None:
                         "or 0)")
     p.add_argument("--folder", default=None, metavar="RUN_DIR",
                    help="run directory on a shared filesystem (default: runs/<time>)")
-    p.add_argument("--workers-per-node", type=int, default=None, metavar="N",
-                   help="ranks per node (default: --gpus-per-node, else 1)")
+    p.add_argument("--workers-per-node", "--nproc-per-node", dest="workers_per_node",
+                   type=int, default=None, metavar="N",
+                   help="ranks per node, like torchrun's --nproc-per-node (default: "
+                        "--gpus-per-node, else 1)")
+    p.add_argument("--resume-args", default=None, metavar="ARGS",
+                   help="arguments appended to the command from the first restart on, for "
+                        "a script with its own checkpoints (e.g. '--init_from=resume')")
+    p.add_argument("--resume-if-exists", default=None, metavar="FILE",
+                   help="append --resume-args only when FILE exists (relative to the "
+                        "working directory), e.g. out/ckpt.pt")
+    p.add_argument("--auto-steps", action="store_true",
+                   help="report a step per optimizer.step() of an unmodified Python "
+                        "script (hang detection, progress, ETTR; see README)")
     p.add_argument("--hang-timeout", type=float, default=None, metavar="S",
                    help="hang floor in seconds (hang = no step for max(S, factor x median))")
     p.add_argument("--hang-factor", type=float, default=None, metavar="M")
+    p.add_argument("--startup-timeout", type=float, default=None, metavar="S",
+                   help="longest wait for the first step of a (re)started worker group, "
+                        "for scripts that report steps (default 1800); a script that never "
+                        "reports a step is never declared hung")
     p.add_argument("--max-restarts", type=int, default=None)
     p.add_argument("--local-every", type=int, default=None, metavar="STEPS")
     p.add_argument("--durable-every", type=int, default=None, metavar="STEPS")
@@ -57,6 +75,7 @@ def build_config(args: argparse.Namespace, nodes: int, gpus_per_node: int | None
     values: dict[str, Any] = env_defaults()
     for flag, key in (("spares", "spares"), ("hang_timeout", "hang_floor_s"),
                       ("hang_factor", "hang_factor"), ("max_restarts", "max_restarts"),
+                      ("startup_timeout", "startup_timeout_s"),
                       ("local_every", "local_every"), ("durable_every", "durable_every"),
                       ("heartbeat_timeout", "heartbeat_timeout_s"),
                       ("fail_slow_interval", "fail_slow_interval_s"),
@@ -66,10 +85,18 @@ def build_config(args: argparse.Namespace, nodes: int, gpus_per_node: int | None
         if value is not None:
             values[key] = value
     values.setdefault("workers_per_node", gpus_per_node or 1)
+    if getattr(args, "resume_args", None):
+        values["resume_args"] = tuple(shlex.split(args.resume_args))
+    if getattr(args, "resume_if_exists", None):
+        values["resume_if_exists"] = args.resume_if_exists
     run_dir = args.folder or str(Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
-    return RunConfig(command=tuple(command), run_dir=run_dir, nodes=nodes,
-                     drain=bool(args.drain),
-                     fail_slow=not getattr(args, "no_fail_slow", False), **values)
+    cfg = RunConfig(command=tuple(command), run_dir=run_dir, nodes=nodes,
+                    drain=bool(args.drain), auto_steps=bool(getattr(args, "auto_steps", False)),
+                    fail_slow=not getattr(args, "no_fail_slow", False), **values)
+    warning = interpreter_warning(cfg.command)
+    if warning:
+        print(f"slurm-robust: warning: {warning}", file=sys.stderr)
+    return cfg
 
 
 def parse_time_minutes(text: str) -> int:

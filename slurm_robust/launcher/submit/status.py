@@ -51,6 +51,7 @@ def run_status(target: str) -> dict[str, Any]:
         "attempt": events[-1].get("attempt"), "restarts": state.restarts,
         "requeues": state.requeues, "nodes": state.slots or start.get("nodes"),
         "world_size": start.get("world_size"), "step": last.get("step"),
+        "step_reports": bool(steps),
         "loss": last.get("loss"), "last_step_time": last.get("time"),
         "incidents": incidents, "open_incident": state.open_incident,
         "verdicts": [{"node": v["node"], "class": v["class"], "reason": v["reason"]}
@@ -72,8 +73,12 @@ def _incident_summary(e: dict[str, Any]) -> dict[str, Any]:
 def format_status(s: dict[str, Any]) -> str:
     if s.get("status") == "pending":
         return f"{s['run_dir']}: no events yet (job pending or starting)"
-    lines = [f"run {s['run_id']}  job {s['job_id']}  {s['status']}  step {s['step']}  "
-             f"loss {_num(s['loss'])}  attempt {s['attempt']}  restarts {s['restarts']}",
+    # A script that reports no steps (no training API, no --auto-steps) has no step to
+    # show: say so rather than print "step None".
+    where = (f"step {s['step']}  loss {_num(s['loss'])}" if s.get("step_reports", True)
+             else "no step reports")
+    lines = [f"run {s['run_id']}  job {s['job_id']}  {s['status']}  {where}  "
+             f"attempt {s['attempt']}  restarts {s['restarts']}",
              f"  nodes: {', '.join(s['nodes'] or [])}  run dir: {s['run_dir']}"]
     if s.get("verdict"):
         lines.append(f"  verdict: {s['verdict']}")
@@ -82,7 +87,7 @@ def format_status(s: dict[str, Any]) -> str:
     for i in s["incidents"]:
         lines.append(f"  incident {i['incident']}: {i['class']} -> {i['rung']} on "
                      f"{','.join(i['nodes']) or '-'} ranks {i['ranks']}; recovered in "
-                     f"{_num(i['recovery_s'])} s, {i['steps_lost']} step(s) lost, restored "
+                     f"{_num(i['recovery_s'])} s, {_lost(i['steps_lost'])}, restored "
                      f"from {i['restore_tier'] or '-'}")
     if s.get("open_incident"):
         o = s["open_incident"]
@@ -91,6 +96,10 @@ def format_status(s: dict[str, Any]) -> str:
     for v in s["verdicts"]:
         lines.append(f"  verdict for node {v['node']}: {v['class']}: {v['reason']}")
     return "\n".join(lines)
+
+
+def _lost(n: int | None) -> str:
+    return "steps lost unknown (no step reports)" if n is None else f"{n} step(s) lost"
 
 
 def _num(x: Any) -> str:

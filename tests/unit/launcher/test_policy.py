@@ -31,7 +31,7 @@ def test_hang_timeout_is_floor_or_multiple_of_median():
     assert hang_timeout([3.0, 3.0, 100.0], 20.0, 10.0) == 30.0
 
 
-def test_is_hung_uses_startup_timeout_before_first_step():
+def test_is_hung_uses_startup_timeout_before_first_step():  # reports_steps defaults True
     assert not is_hung(0.0, 100.0, [], 20.0, 10.0, started=False, startup_timeout_s=180.0)
     assert is_hung(0.0, 181.0, [], 20.0, 10.0, started=False, startup_timeout_s=180.0)
     assert is_hung(0.0, 21.0, [0.5], 20.0, 10.0, started=True, startup_timeout_s=180.0)
