@@ -208,6 +208,7 @@ class NodeMonitor:
         self.kernel_cursor: int | None = None
         self.kernel_unavailable: str | None = None
         self._ib_downed: dict[str, int] = {}
+        self._ib_down_last: set[str] = set()
         self._net_bytes: tuple[float, int] | None = None
         self._lock = threading.Lock()
         self._findings: list[Finding] = []
@@ -310,15 +311,24 @@ class NodeMonitor:
         reasons = []
         if result.status is Status.FAIL:
             reasons.append(result.reason)
-        for port in result.evidence.get("ports", []) if result.check == "net_ib_ports" else []:
+        ports = result.evidence.get("ports", []) if result.check == "net_ib_ports" else []
+        down_now = set(result.evidence.get("down", []))
+        for port in ports:
+            name = port["port"]
             downed = port.get("errors", {}).get("link_downed")
+            before = self._ib_downed.get(name)
             if downed is None:
                 continue
-            before = self._ib_downed.get(port["port"])
-            self._ib_downed[port["port"]] = downed
-            if before is not None and downed > before:
-                reasons.append(f"net_ib_ports: port {port['port']} went down "
-                               f"{downed - before} time(s) since the last check")
+            self._ib_downed[name] = downed
+            # A down we saw ourselves (now or last round) is already an alert; only the
+            # flaps that happened between two looks are counted from the counter.
+            seen = 1 if name in down_now or name in self._ib_down_last else 0
+            missed = (downed - before - seen) if before is not None else 0
+            if missed > 0:
+                reasons.append(f"net_ib_ports: port {name} went down {missed} time(s) "
+                               "between two checks (link_downed)")
+        if result.check == "net_ib_ports":
+            self._ib_down_last = down_now
         s = self.settings
         out = []
         for reason in reasons:
