@@ -407,9 +407,10 @@ class Recovery:
                              last_step=st.last_step, evidence=evidence)
 
     def _handle(self, gen: Generation, incident: dict[str, Any], signature: str | None,
-                nodes: list[str], now: float, evict: bool = False) -> None:
-        """Run the ladder for one incident and apply the decision (``evict``: ``nodes``
-        are blamed whatever the class, as for a monitor's fatal finding)."""
+                nodes: list[str], now: float, evict: str | None = None) -> None:
+        """Run the ladder for one incident and apply the decision. ``evict`` (a monitor's
+        fatal finding, issue 14): ``nodes`` are blamed whatever the class, and the text
+        (the check and its evidence) goes into the decision's reason and the verdict."""
         st = self.state
         if st.open_incident is not None:
             self._write_incident(st.open_incident)  # the earlier recovery did not finish
@@ -426,6 +427,8 @@ class Recovery:
             max_restarts=self.cfg.max_restarts, signature=signature,
             signature_seen=st.signatures.get(signature or "", 0),
             no_progress=st.no_progress, max_no_progress=self.cfg.max_no_progress))
+        if evict:
+            decision = dataclasses.replace(decision, reason=f"{decision.reason}; {evict}")
         if signature:
             st.signatures[signature] = st.signatures.get(signature, 0) + 1
         incident["rung"] = decision.rung
@@ -498,7 +501,8 @@ class Recovery:
             incident = node_monitor.incident_of(pending, f"i{self.state.incidents}",
                                                 self.state.last_step,
                                                 self.ranks_of(pending.agent), now)
-            self._handle(gen, incident, None, [pending.node], now, evict=True)
+            self._handle(gen, incident, None, [pending.node], now,
+                         evict=node_monitor.verdict_reason(pending))
             return True
         mon = self.findings.gpu_failslow
         decision = mon.poll(now) if mon is not None else None

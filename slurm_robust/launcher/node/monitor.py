@@ -324,9 +324,10 @@ class NodeMonitor:
             # flaps that happened between two looks are counted from the counter.
             seen = 1 if name in down_now or name in self._ib_down_last else 0
             missed = (downed - before - seen) if before is not None else 0
-            if missed > 0:
-                reasons.append(f"net_ib_ports: port {name} went down {missed} time(s) "
-                               "between two checks (link_downed)")
+            for n in range(missed):  # each flap is one alert
+                reasons.append(f"net_ib_ports: port {name} went down between two checks "
+                               f"(link_downed {before} -> {downed}, flap {n + 1} of "
+                               f"{missed})")
         if result.check == "net_ib_ports":
             self._ib_down_last = down_now
         s = self.settings

@@ -131,12 +131,19 @@ def test_a_port_that_flaps_once_is_a_warning_twice_in_the_window_fatal(site):
 
 def test_a_flap_between_two_checks_counts_through_link_downed(site):
     mon = _monitor(site)
-    inject_probe(site, NODE, "ib_ports", [_port("ACTIVE", downed=3)])
+    inject_probe(site, NODE, "ib_ports", [_port("ACTIVE", downed=1)])
     (found,) = mon.run_due(30.0)
-    assert "went down 3 time(s)" in found.reason and found.severity is Severity.WARNING
-    inject_probe(site, NODE, "ib_ports", [_port("ACTIVE", downed=4)])
+    assert "link_downed 0 -> 1" in found.reason and found.severity is Severity.WARNING
+    inject_probe(site, NODE, "ib_ports", [_port("ACTIVE", downed=2)])
     (found,) = mon.run_due(60.0)
     assert found.severity is Severity.FATAL  # the second alert within the window
+
+
+def test_two_flaps_between_two_checks_are_two_alerts(site):
+    mon = _monitor(site)
+    inject_probe(site, NODE, "ib_ports", [_port("ACTIVE", downed=2)])
+    found = mon.run_due(30.0)
+    assert [f.severity for f in found] == [Severity.WARNING, Severity.FATAL]
 
 
 def test_host_findings_are_warnings_and_a_recovery_clears_them(site):
