@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, str] = {
     "recovery": "slurm_robust.rehearsal.bench.recovery",
     "simulate": "slurm_robust.rehearsal.bench.simulate",
     "classify": "slurm_robust.rehearsal.bench.classify",
+    "monitor": "slurm_robust.rehearsal.bench.monitor",
 }
 
 HELP = "run a benchmark and print its numbers as JSON"

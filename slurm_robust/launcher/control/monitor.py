@@ -32,6 +32,9 @@ from slurm_robust.launcher.messages import Finding, NodeSample
 from slurm_robust.stacks.failslow import FailSlowMonitor
 
 EVENT = "finding"
+#: Version of the finding event's own fields (beside the event log's ``v``), so a reader
+#: can tell a later payload change apart.
+FINDING_VERSION = 1
 #: Samples kept per node (about 10 minutes at the default 10 s).
 SAMPLES_KEPT = 64
 #: GPU utilisation (percent) at or below which a GPU counts as idle.
@@ -64,7 +67,8 @@ class NodeFindings:
                   sample: NodeSample | None, active: bool, now: float) -> None:
         for f in findings:
             self.counts[(node, f.severity.value)] += 1
-            self.events.emit(EVENT, {"node": node, "agent": agent, "kind": f.kind,
+            self.events.emit(EVENT, {"finding_version": FINDING_VERSION,
+                                     "node": node, "agent": agent, "kind": f.kind,
                                      "check": f.check, "severity": f.severity.value,
                                      "class": f.cls, "reason": f.reason,
                                      "seen_at": f.time, "evidence": f.evidence}, now=now)
