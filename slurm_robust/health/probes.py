@@ -121,12 +121,6 @@ class Probes:
     def for_node(cls, state_dir: Path) -> Probes:
         return cls(read_injections(state_dir), state_dir=state_dir)
 
-    def refresh(self) -> None:
-        """Re-read the node's injections (a long-lived reader, the in-job monitor, sees
-        a rehearsal's ``inject probe`` without re-initialising NVML)."""
-        if self.state_dir is not None:
-            self.injected = read_injections(self.state_dir)
-
     def view(self) -> ProbeView:
         return ProbeView(self)
 

@@ -4,8 +4,10 @@ vote and the idle-hang rule. Fake clock and scripted reports (the recovery harne
 
 from __future__ import annotations
 
+import pytest
+
 from slurm_robust.launcher.enums import Phase, Role, Severity
-from slurm_robust.launcher.messages import Finding, NodeSample
+from slurm_robust.launcher.messages import BadMessage, Finding, NodeSample, Report
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.records import read_records
 from tests.unit.launcher.test_recovery_owner import Harness
@@ -21,6 +23,21 @@ def _xid(t: float) -> Finding:
 def _events(h: Harness, kind: str) -> list[dict]:
     return [r for r in read_records(RunPaths.of(h.cfg.run_dir).events).records
             if r["event"] == kind]
+
+
+def test_findings_travel_in_the_report_and_are_checked_at_the_boundary():
+    base = {"op": "report", "agent": 1, "node": "n2", "pid": 9, "key": "k", "time": 1.0}
+    assert "findings" not in Report.from_json(base).to_json()  # the old wire, unchanged
+    wire = Report(**{**base, "findings": [_xid(5.0)],
+                     "sample": NodeSample(time=5.0, gpu_util=50.0)}).to_json()
+    back = Report.from_json(wire)
+    assert back.findings[0].severity is Severity.FATAL and back.sample.gpu_util == 50.0
+    bad = dict(wire["findings"][0], severity="fatal")
+    del bad["class"]
+    with pytest.raises(BadMessage, match="a fatal finding needs 'class'"):
+        Report.from_json({**wire, "findings": [bad]})
+    with pytest.raises(BadMessage, match="severity"):
+        Report.from_json({**wire, "findings": [dict(wire["findings"][0], severity="meh")]})
 
 
 def test_a_fatal_finding_moves_the_node_to_the_spare(tmp_path):
