@@ -38,6 +38,8 @@ class SiteConfig:
         verdict_log: where EpilogSlurmctld logs applied and refused verdicts.
         checks: per-check parameters, ``{check_name: {param: value}}`` (see slurm_robust.health).
         reserve: reserve settings (see slurm_robust.reserve).
+        monitor: the in-job monitor's schedule and thresholds, ``{kind: {interval_s,
+            checks, ...}}`` (see slurm_robust.launcher.node.monitor; {}: the defaults).
     """
 
     state_dir: str = "/var/lib/slurm_robust/{node}"
@@ -48,6 +50,7 @@ class SiteConfig:
     verdict_log: str = "/var/log/slurm_robust/verdicts.jsonl"
     checks: dict[str, Any] = field(default_factory=dict)
     reserve: dict[str, Any] = field(default_factory=dict)
+    monitor: dict[str, Any] = field(default_factory=dict)
 
     def node_path(self, template: str, node: str) -> Path:
         """Expand ``{node}`` in a path template; refuses node names that could escape it."""
@@ -96,7 +99,7 @@ def _check_type(key: str, value: Any, source: str) -> None:
     expected: dict[str, tuple[type, ...]] = {
         "state_dir": (str,), "shm_root": (str,), "local_root": (str,), "verdict_log": (str,),
         "injection_enabled": (bool,), "gpus_per_node": (int, type(None)),
-        "checks": (dict,), "reserve": (dict,),
+        "checks": (dict,), "reserve": (dict,), "monitor": (dict,),
     }
     ok = isinstance(value, expected[key])
     if key == "gpus_per_node" and isinstance(value, bool):

@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, str] = {
     "classify": "slurm_robust.rehearsal.bench.classify",
     "metrics": "slurm_robust.rehearsal.bench.metrics",
     "ettr": "slurm_robust.rehearsal.bench.ettr",
+    "monitor": "slurm_robust.rehearsal.bench.monitor",
 }
 
 HELP = "run a benchmark and print its numbers as JSON"

@@ -146,6 +146,13 @@ class NvmlReader:
             out.extend({"gpu": i, "pid": int(p.pid)} for p in procs or [])
         return out
 
+    def gpu_utilization(self) -> list[Any]:
+        return self._each(lambda h: int(self.nv.nvmlDeviceGetUtilizationRates(h).gpu))
+
+    def sm_clock_mhz(self) -> list[Any]:
+        nv = self.nv
+        return self._each(lambda h: int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)))
+
     def xid_events(self) -> list[dict[str, int]]:
         return self._nvml_xids() + self._kmsg_xids()
 
@@ -181,7 +188,7 @@ class NvmlReader:
         except (OSError, ValueError, AttributeError):
             after = -1
         try:
-            lines = _read_kmsg()
+            lines = read_kmsg()
         except OSError:
             return []  # no kernel-log access here (containers); see the module docstring
         found, last = parse_kmsg_xids(lines, after)
@@ -201,7 +208,7 @@ def _same_device(nv: Any, a: Any, b: Any) -> bool:
         return False
 
 
-def _read_kmsg(max_records: int = 100_000) -> list[str]:
+def read_kmsg(max_records: int = 100_000) -> list[str]:
     """Every record currently in the kernel ring buffer (non-blocking)."""
     fd = os.open(KMSG, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     lines = []

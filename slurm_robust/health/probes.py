@@ -27,11 +27,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from slurm_robust.health import netsys
 from slurm_robust.health.errors import NoNVMLError, NVMLHungError
-from slurm_robust.health.nvml import NvmlReader
+from slurm_robust.health.nvml import NvmlReader, read_kmsg
 
-__all__ = ["PROBES", "NoNVMLError", "NVMLHungError", "Probes", "ProbeView", "inject_path",
-           "read_injections"]
+__all__ = ["NETWORK_PROBES", "PROBES", "NoNVMLError", "NVMLHungError", "Probes", "ProbeView",
+           "inject_path", "read_injections"]
 
 log = logging.getLogger("slurm_robust.health")
 
@@ -50,6 +51,8 @@ GPU_PROBES: dict[str, str] = {
     "pcie": 'list per GPU of {"gen": int, "max_gen": int, "width": int, "max_width": int}',
     "nvlink": 'list per GPU of {"up": int, "down": int}: NVLink links by state',
     "compute_procs": 'list of {"gpu": int, "pid": int}: compute processes on the GPUs',
+    "gpu_utilization": "list of int per GPU: percent of time a kernel ran (NVML)",
+    "sm_clock_mhz": "list of int per GPU: current SM clock",
 }
 HOST_PROBES: dict[str, str] = {
     "disk_free_bytes": "int (every path) or {path: int}: bytes free to unprivileged users",
@@ -58,12 +61,22 @@ HOST_PROBES: dict[str, str] = {
     "processes": 'list of {"pid": int, "uid": int, "comm": str}',
     "mounts": "list of str: mount points",
     "lock_files": 'list of {"path": str, "pid": int|null, "alive": bool, "age_s": float}',
+    "kernel_log": 'list of str: kernel-log records as /dev/kmsg gives them '
+                  '("pri,seq,usec,flags;text"); the reader keeps its own cursor (seq)',
+}
+# Network readings from sysfs (slurm_robust.health.netsys); the same injection point.
+NETWORK_PROBES: dict[str, str] = {
+    "ib_ports": 'list of {"device": str, "port": int, "state": str, "phys_state": str, '
+                '"rate": str, "counters": {name: int}} from /sys/class/infiniband',
+    "net_ifaces": 'list of {"iface": str, "operstate": str, "carrier": int|null, '
+                  '"stats": {name: int}} from /sys/class/net (lo left out)',
 }
 # Injected only: every NVML read first sleeps this long (rehearses a hung driver).
 SIMULATION_PROBES: dict[str, str] = {
     "nvml_delay_s": "float: seconds each NVML read stalls (simulates a hung NVML call)",
 }
-PROBES: dict[str, str] = {**GPU_PROBES, **HOST_PROBES, **SIMULATION_PROBES}
+PROBES: dict[str, str] = {**GPU_PROBES, **HOST_PROBES, **NETWORK_PROBES,
+                          **SIMULATION_PROBES}
 
 
 
@@ -187,9 +200,10 @@ class ProbeView:
 
     # --- host --------------------------------------------------------------------------
     def get(self, name: str, *args: Any) -> Any:
-        """Read a host probe (``disk_free_bytes`` takes a path, ``lock_files`` patterns)."""
-        if name not in HOST_PROBES:
-            raise ValueError(f"{name!r} is not a host probe")
+        """Read a host or network probe (``disk_free_bytes`` takes a path, ``lock_files``
+        patterns)."""
+        if name not in HOST_PROBES and name not in NETWORK_PROBES:
+            raise ValueError(f"{name!r} is not a host or network probe")
         if name in self._p.injected:
             value = self._p.injected[name]
             if name == "disk_free_bytes" and isinstance(value, dict):
@@ -284,8 +298,14 @@ def _pid_alive(pid: int | None) -> bool:
     return True
 
 
+def _kernel_log() -> list[str]:
+    # The one kernel-log reader (nvml.read_kmsg); OSError without /dev/kmsg access.
+    return read_kmsg()
+
+
 _HOST_READERS: dict[str, Any] = {
     "disk_free_bytes": _disk_free, "shm_free_bytes": _shm_free,
     "mem_available_bytes": _mem_available, "processes": _processes, "mounts": _mounts,
-    "lock_files": _lock_files,
+    "lock_files": _lock_files, "kernel_log": _kernel_log,
+    "ib_ports": netsys.ib_ports, "net_ifaces": netsys.net_ifaces,
 }

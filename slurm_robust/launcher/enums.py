@@ -17,7 +17,7 @@ from slurm_robust.taxonomy import Category
 from slurm_robust.taxonomy import FailureClass as IncidentClass
 
 __all__ = ["Category", "IncidentClass", "PHASE_TRANSITIONS", "Phase", "PhaseError",
-           "ProgressKind", "Role", "Rung", "RunStatus"]
+           "ProgressKind", "Role", "Rung", "RunStatus", "Severity"]
 
 
 class Phase(StrEnum):
@@ -88,3 +88,11 @@ class ProgressKind(StrEnum):
     RESTORED = "restored"  # what the worker restored at start (step, tier)
     FINAL = "final"        # the last step and the parameters' digest
     ANOMALY = "anomaly"    # a NaN or spike, written before the worker exits 87/88
+
+
+class Severity(StrEnum):
+    """How bad an in-job monitor finding is (node/monitor.py). A fatal one evicts the
+    node through the ladder; a warning is recorded and counted only."""
+
+    WARNING = "warning"
+    FATAL = "fatal"

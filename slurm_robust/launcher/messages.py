@@ -10,6 +10,9 @@ so one side can be updated before the other.
   final or anomaly), with the agent's ``rank`` added.
 - :class:`WorkerExit`: a worker's end as its agent saw it; a failure carries the
   classification (``class`` on the wire), a success only ``exit_code`` 0.
+- :class:`Finding`: one in-job monitor finding (node/monitor.py) on the agent's node.
+- :class:`NodeSample`: the monitor's latest implicit readings (GPU use, SM clock,
+  network traffic) of the agent's node.
 - :class:`Report`: what an agent sends every ``heartbeat_s`` (``op`` "report").
 - :class:`Plan`: the controller's answer, the agent's whole desired state.
 - :class:`Incident`: the incident record of docs/SCHEMAS.md (field order included).
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, TypeVar
 
-from slurm_robust.launcher.enums import Category, ProgressKind, Role, Rung
+from slurm_robust.launcher.enums import Category, ProgressKind, Role, Rung, Severity
 
 T = TypeVar("T", bound="Message")
 
@@ -220,6 +223,41 @@ class WorkerExit(Message):
 
 
 @dataclass
+class Finding(Message):
+    """A non-ok result of the in-job monitor: which check (``kind`` is its schedule:
+    gpu, kernel, network, host), how bad, why, with the check's evidence and the
+    incident class a fatal one is handled as."""
+
+    NAME: ClassVar[str] = "finding"
+
+    kind: str
+    check: str
+    severity: Severity
+    reason: str
+    time: float
+    cls: str | None = field(default=None, metadata={"wire": "class"})
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self, where: str) -> None:
+        if self.severity is Severity.FATAL and not self.cls:
+            raise BadMessage(f"{where}: a fatal finding needs 'class'")
+        if not self.check or not self.kind:
+            raise BadMessage(f"{where}: a finding needs 'kind' and 'check'")
+
+
+@dataclass
+class NodeSample(Message):
+    """The monitor's implicit readings of a node (None: not readable there)."""
+
+    NAME: ClassVar[str] = "sample"
+
+    time: float
+    gpu_util: float | None = None
+    sm_clock_mhz: float | None = None
+    net_bytes_per_s: float | None = None
+
+
+@dataclass
 class Report(Message):
     """An agent's report (also its heartbeat)."""
 
@@ -238,10 +276,22 @@ class Report(Message):
     progress: list[Progress] = field(default_factory=list)
     states: dict[str, str | None] = field(default_factory=dict)
     stacks: dict[str, Any] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    sample: NodeSample | None = None
 
     def validate(self, where: str) -> None:
         if self.op != "report":
             raise BadMessage(f"{where}: unknown message kind {self.op!r} (expected 'report')")
+
+    def to_json(self) -> dict[str, Any]:
+        # The monitor's fields only when they carry something: older controllers and the
+        # documented wire stay as they were for agents without findings.
+        out = super().to_json()
+        if not out["findings"]:
+            del out["findings"]
+        if out["sample"] is None:
+            del out["sample"]
+        return out
 
 
 @dataclass

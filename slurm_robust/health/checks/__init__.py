@@ -4,6 +4,7 @@
   gpu_nvlink, gpu_procs (quick and deep suites);
 - ``host``: host_disk_free, host_mem_available (quick and deep), host_stray_procs,
   host_stale_lock (quick);
+- ``network``: net_ib_ports, net_eth_links (quick and deep);
 - ``deep``: deep_matmul, deep_membw, deep_collective (deep suite);
 - ``storage``: deep_disk_io, deep_shm_free, deep_mounts (deep suite).
 
@@ -17,8 +18,9 @@ config as ``"checks": {"site_modules": ["mysite.checks"]}``.
 # isort: off
 from slurm_robust.health.checks import gpu  # noqa: F401
 from slurm_robust.health.checks import host  # noqa: F401
+from slurm_robust.health.checks import network  # noqa: F401
 from slurm_robust.health.checks import deep  # noqa: F401
 from slurm_robust.health.checks import storage  # noqa: F401
 # isort: on
 
-MODULES = ("gpu", "host", "deep", "storage")
+MODULES = ("gpu", "host", "network", "deep", "storage")

@@ -216,6 +216,8 @@ class Controller:
         view.states = report.states
         view.stacks.update(report.stacks)
         self.recovery.on_report(view, view.gen, report.progress, report.exits, now)
+        if report.findings or report.sample is not None:  # monitor (issue 14)
+            self.recovery.on_findings(view, report.findings, report.sample, now)
         return view
 
     # ------------------------------------------------------------------ the tick

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from slurm_robust.ckpt.config import TIERS
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import failslow
+from slurm_robust.launcher.control import monitor as node_monitor
 from slurm_robust.launcher.control.events import EventLog, make_incident
 from slurm_robust.launcher.control.metrics import RunMetrics
 from slurm_robust.launcher.control.policy import (
@@ -58,7 +59,7 @@ from slurm_robust.launcher.enums import (
     check_transition,
 )
 from slurm_robust.launcher.identity import Identity
-from slurm_robust.launcher.messages import Plan, Progress, WorkerExit
+from slurm_robust.launcher.messages import Finding, NodeSample, Plan, Progress, WorkerExit
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.slurm import SlurmCommandError
 from slurm_robust.stacks.analyze import analyze
@@ -155,6 +156,7 @@ class Recovery:
         self.evicted: set[int] = set()
         self._plans: dict[int, Plan] = {}
         self.failslow: FailSlowMonitor | None = None  # one per generation
+        self.findings = node_monitor.NodeFindings(self.events)  # monitor (issue 14)
         self.step_times: list[float] = []
         self.last_step_time: float | None = None
         self.last_persist = 0.0
@@ -207,6 +209,15 @@ class Recovery:
                 gen.failures.append(Failure(ex, member.node, member.index, now))
                 gen.first_failure_seen = gen.first_failure_seen or now
 
+    def on_findings(self, member: Member, findings: Sequence[Finding],
+                    sample: NodeSample | None, now: float) -> None:
+        """monitor (issue 14): an agent's monitor findings and implicit sample."""
+        gen = self.gen
+        active = gen is not None and member.index in gen.slots and \
+            self._phase in (Phase.RUNNING, Phase.DUMPING)
+        self.findings.on_report(member.node, member.index, list(findings), sample, active,
+                                now)
+
     def on_agent_lost(self, member: Member, closed: bool, now: float) -> None:
         """The controller stopped hearing from ``member``: a parked spare is dropped, an
         active slot becomes a ``node_lost`` failure of the current generation."""
@@ -245,6 +256,8 @@ class Recovery:
             # Before a pending capture: a crash or a lost node during the capture is
             # the better-localized fault, and a lost agent cannot restart in place.
             self._maybe_handle_failures(gen, now)
+        elif self._monitor_tick(gen, now):  # monitor (issue 14)
+            pass
         elif self._phase is Phase.DUMPING:
             self._check_capture(gen, now)
         elif is_hung(gen.last_progress, now, self.step_times, self.cfg.hang_floor_s,
@@ -343,6 +356,7 @@ class Recovery:
         g = self.cfg.workers_per_node
         rank_nodes = [self.members[i].node for i in slots for _ in range(g)]
         self.failslow = failslow.new_monitor(self.cfg, rank_nodes)
+        self.findings.new_generation(self.cfg, rank_nodes)  # monitor (issue 14)
         port = rendezvous_port(self.cfg.master_port, self.ident.job_id, st.attempt)
         plans: dict[int, Plan] = {}
         for slot, index in enumerate(slots):
@@ -403,8 +417,10 @@ class Recovery:
                              last_step=st.last_step, evidence=evidence)
 
     def _handle(self, gen: Generation, incident: dict[str, Any], signature: str | None,
-                nodes: list[str], now: float) -> None:
-        """Run the ladder for one incident and apply the decision."""
+                nodes: list[str], now: float, evict: str | None = None) -> None:
+        """Run the ladder for one incident and apply the decision. ``evict`` (a monitor's
+        fatal finding, issue 14): ``nodes`` are blamed whatever the class, and the text
+        (the check and its evidence) goes into the decision's reason and the verdict."""
         st = self.state
         if st.open_incident is not None:
             self._write_incident(st.open_incident)  # the earlier recovery did not finish
@@ -414,14 +430,16 @@ class Recovery:
         st.no_progress = 0 if progressed else st.no_progress + 1
         for node in nodes:
             st.node_failures[node] = st.node_failures.get(node, 0) + 1
-        blamed = blamed_nodes(incident["class"], nodes, st.node_failures,
-                              self.cfg.node_failures_to_blame)
+        blamed = tuple(dict.fromkeys(nodes)) if evict else blamed_nodes(
+            incident["class"], nodes, st.node_failures, self.cfg.node_failures_to_blame)
         decision = decide(LadderInput(
             cls=incident["class"], blamed=blamed, controller_node=self.ident.node,
             spares_left=len(self.spares), restarts=st.restarts,
             max_restarts=self.cfg.max_restarts, signature=signature,
             signature_seen=st.signatures.get(signature or "", 0),
             no_progress=st.no_progress, max_no_progress=self.cfg.max_no_progress))
+        if evict:
+            decision = dataclasses.replace(decision, reason=f"{decision.reason}; {evict}")
         if signature:
             st.signatures[signature] = st.signatures.get(signature, 0) + 1
         incident["rung"] = decision.rung
@@ -483,6 +501,36 @@ class Recovery:
                                         self.state.last_step, now,
                                         self.cfg.fail_slow_interval_s)
         self._handle(gen, incident, None, list(decision.eviction.nodes), now)
+
+    def _monitor_tick(self, gen: Generation, now: float) -> bool:
+        """monitor (issue 14): a fatal finding of an active node evicts it through the
+        ladder; the GPU-derived fail-slow vote and the idle-hang rule act like their
+        script-fed counterparts. Returns whether it acted."""
+        if self._phase is not Phase.RUNNING:
+            return False
+        pending = self.findings.take_fatal(set(gen.slots))
+        if pending is not None:
+            self.state.incidents += 1
+            incident = node_monitor.incident_of(pending, f"i{self.state.incidents}",
+                                                self.state.last_step,
+                                                self.ranks_of(pending.agent), now)
+            self._handle(gen, incident, None, [pending.node], now,
+                         evict=node_monitor.verdict_reason(pending))
+            return True
+        mon = self.findings.gpu_failslow
+        decision = mon.poll(now) if mon is not None else None
+        if decision is not None:
+            self._handle_fail_slow(gen, decision, now)
+            return True
+        if gen.steps_done == 0:
+            timeout = self.cfg.hang_floor_s
+            idle = self.findings.idle_hang([self.members[i].node for i in gen.slots],
+                                           gen.last_progress, now, timeout)
+            if idle is not None:
+                log.warning("implicit hang: %s", idle)
+                self._start_hang_capture(gen, now)
+                return True
+        return False
 
     # ------------------------------------------------------------------ hangs
     def _start_hang_capture(self, gen: Generation, now: float) -> None:

@@ -38,6 +38,7 @@ from slurm_robust.launcher.errors import RunStopped
 from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.messages import (
     BadMessage,
+    Finding,
     Plan,
     Progress,
     Report,
@@ -45,6 +46,7 @@ from slurm_robust.launcher.messages import (
     plan_from_reply,
 )
 from slurm_robust.launcher.node import workers as wk
+from slurm_robust.launcher.node.monitor import start_monitor
 from slurm_robust.launcher.paths import (
     RunPaths,
     load_site,
@@ -85,12 +87,18 @@ class Agent:
         self.ckpt_key = ckpt_job_key(ident.job_id, self.secret)
         self.zygotes = wk.ZygotePool(cfg.command, cfg.prewarm, {**os.environ, **cfg.env},
                                      cfg.workers_per_node)
+        # monitor (issue 14): the in-job node monitor, its own thread; findings ride on
+        # the reports until one is answered.
+        self.monitor = start_monitor(ident.node, ident.job_id, self.site)
+        self.findings: list[Finding] = []
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
         try:
             return self._run()
         finally:
+            if self.monitor is not None:  # monitor (issue 14)
+                self.monitor.stop()
             self.zygotes.close()
 
     def _run(self) -> int:
@@ -108,6 +116,7 @@ class Agent:
                 reply = chan.request(self.report())
                 last_ok = time.time()
                 self.pending.clear()
+                self.findings.clear()  # monitor (issue 14): delivered with this report
                 plan = plan_from_reply(reply)
             except BadMessage as exc:
                 # The report went through; only the answer is refused. Reconnect.
@@ -169,11 +178,16 @@ class Agent:
         self.poll_workers()
         states = {str(w.rank): wk.process_state(w.pid) for w in self.workers
                   if w.popen.poll() is None}
+        sample = None
+        if self.monitor is not None:  # monitor (issue 14)
+            new, sample = self.monitor.take()
+            self.findings.extend(new)
         return Report(op="report", agent=self.ident.index, node=self.ident.node,
                       pid=os.getpid(), addr=host_address(), key=self.ident.step_key,
                       gen=self.gen, role=self.role, exits=list(self.exits),
                       progress=list(self.pending), states=states,
-                      stacks=dict(self.stacks_done), time=time.time()).to_json()
+                      stacks=dict(self.stacks_done), time=time.time(),
+                      findings=list(self.findings), sample=sample).to_json()
 
     def poll_workers(self) -> None:
         for w in self.workers:
