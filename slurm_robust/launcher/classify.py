@@ -97,8 +97,10 @@ LOG_RULES: tuple[Rule, ...] = (
         r"(READ|WRITE)|EXT4-fs error|XFS \(\S+\): .*(I/O error|Corruption)|"
         r"Remounting filesystem read-only|critical medium error|Medium Error|"
         r"nvme\d+\S*: .*(timeout|I/O)|ata\d+(\.\d+)?: (exception|failed|error)")),
+    # "device-side assert triggered", not PyTorch's generic hint under every CUDA error
+    # ("Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions").
     Rule("device_assert", F.USER_CUDA_FAULT, _rx(
-        r"device-side assert|cudaErrorAssert|CUDA_ERROR_ASSERT|cuda runtime error \(59\)|"
+        r"device-side assert(?!ions)|cudaErrorAssert|CUDA_ERROR_ASSERT|cuda runtime error \(59\)|"
         r"\.cuh?:\d+:.*Assertion .* failed|block: \[\d+,\d+,\d+\], thread: \[\d+,\d+,\d+\].*"
         r"Assertion|misaligned address|invalid configuration argument|"
         r"too many resources requested for launch")),

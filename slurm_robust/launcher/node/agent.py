@@ -253,7 +253,10 @@ class Agent:
     def _diagnose(self, diagnosis_id: str) -> None:
         """Run launcher/diagnose.py on this node; its outcome goes in the next report."""
         try:
-            d = diagnose(self.ident.node, config=self.site, job=self.ident.job_id)
+            # journal=False: the health journal is root's record; a diagnosis the job ran
+            # goes into the incident (and the verdict) instead.
+            d = diagnose(self.ident.node, config=self.site, job=self.ident.job_id,
+                         journal=False)
             report = DiagnosisReport(id=diagnosis_id, node=self.ident.node, passed=d.passed,
                                      complete=d.complete, elapsed_s=d.elapsed_s,
                                      reason=d.reason, evidence=d.evidence())
