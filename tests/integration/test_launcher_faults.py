@@ -344,6 +344,25 @@ def _robust_cli(run: Run, *args: str) -> subprocess.CompletedProcess:
                           timeout=120, cwd=REPO)
 
 
+def _return_node(minicluster, run: Run, node: str) -> None:
+    """Clear the injection, end the job (its EpilogSlurmctld applies the verdict's drain),
+    then put the blamed node back in service for the next test."""
+    _robust_cli(run, "inject", "clear", "--node", node)
+    run.cancel()
+    slurm = minicluster.slurm
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        job = slurm.job(run.job_id)
+        if job is None or job.state not in ("RUNNING", "COMPLETING", "CONFIGURING",
+                                            "PENDING"):
+            break
+        time.sleep(1.0)
+    time.sleep(2.0)  # the slurmctld-side epilog runs right after the job ends
+    if slurm.node(node).drained:
+        slurm.resume(node)
+    assert not slurm.node(node).drained, f"{node} still drained after the test"
+
+
 def _verdicts(run: Run) -> list[dict]:
     path = run.paths.verdicts
     return read_records(path).records if Path(path).exists() else []
@@ -382,7 +401,7 @@ def test_ambiguous_cuda_error_is_diagnosed_then_stopped_as_user_code(runs):
     assert _verdicts(run) == []
 
 
-def test_injected_xid79_with_ambiguous_cuda_error_evicts_the_node(runs):
+def test_injected_xid79_with_ambiguous_cuda_error_evicts_the_node(runs, minicluster):
     run = runs("xid79", train_args=[*TRAIN_ARGS, "--cuda-fault", "illegal-address",
                                     "--cuda-fault-at", "12",
                                     "--cuda-fault-rank", str(NODES - 1)])
@@ -408,5 +427,32 @@ def test_injected_xid79_with_ambiguous_cuda_error_evicts_the_node(runs):
         # follows the rank), which is the user's error on a healthy node now.
         assert end["status"] in ("stopped", "completed"), end
     finally:
-        _robust_cli(run, "inject", "clear", "--node", victim)
-        _robust_cli(run, "node", "resume", victim, "--json")
+        _return_node(minicluster, run, victim)
+
+
+def test_ambiguous_cuda_error_on_a_node_that_fails_diagnosis_is_evicted(runs, minicluster):
+    # The classifier reads no host probe, so the crash stays ambiguous (cuda_error, side
+    # unknown); the node's own stop-time diagnosis then fails (no memory available, an
+    # injected reading) and the node is blamed with that evidence.
+    run = runs("diagfail", train_args=[*TRAIN_ARGS, "--cuda-fault", "illegal-address",
+                                       "--cuda-fault-at", "12",
+                                       "--cuda-fault-rank", str(NODES - 1)])
+    run.wait_step(3)
+    victim = load_state(run.paths.state).slots[NODES - 1]
+    out = _robust_cli(run, "inject", "probe", "--node", victim, "--probe",
+                      "mem_available_bytes", "--value", "0")
+    assert out.returncode == 0, out.stderr
+    try:
+        run.wait_end()
+        first = run.events("incident")[0]
+        assert first["class"] == "cuda_error" and first["rung"] == "spare", first
+        assert first["nodes"] == [victim]
+        diag = first["evidence"]["diagnosis"]
+        assert diag["passed"] is False, diag
+        assert [f["check"] for f in diag["failed"]] == ["host_mem_available"], diag
+        assert first["localized_at"] == pytest.approx(
+            first["detected_at"] + diag["elapsed_s"], abs=1e-3)
+        [verdict] = _verdicts(run)
+        assert verdict["node"] == victim and "host_mem_available" in verdict["reason"]
+    finally:
+        _return_node(minicluster, run, victim)
