@@ -31,6 +31,22 @@ from torch import nn
 from slurm_robust import train
 from slurm_robust.rehearsal.workloads.gpt import GPT, GPTConfig
 
+#: What PyTorch prints for these CUDA errors (the RuntimeError text, with its usual
+#: follow-up lines), keyed by the --cuda-fault choice.
+_CUDA_HINT = ("CUDA kernel errors might be asynchronously reported at some other API call, "
+              "so the stacktrace below might be incorrect.\n"
+              "For debugging consider passing CUDA_LAUNCH_BLOCKING=1.\n"
+              "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n")
+CUDA_FAULTS = {
+    "device-assert": "CUDA error: device-side assert triggered\n" + _CUDA_HINT,
+    "illegal-address": "CUDA error: an illegal memory access was encountered\n" + _CUDA_HINT,
+}
+
+
+def cuda_fault(kind: str) -> RuntimeError:
+    """The deliberate rehearsal fault of --cuda-fault (see parse)."""
+    return RuntimeError(CUDA_FAULTS[kind])
+
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -48,6 +64,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="pad each step to at least this many seconds (slows rehearsals)")
     p.add_argument("--bug-at-step", type=int, default=None,
                    help="raise a TypeError at this step (a deliberate user-code error)")
+    # Rehearsal flags: the script's own deliberate CUDA-like faults, raised on CPU with the
+    # exact text PyTorch prints, so the launcher's classification and ladder can be
+    # rehearsed without a GPU. Nothing else in the script changes.
+    p.add_argument("--cuda-fault", choices=sorted(CUDA_FAULTS), default=None,
+                   help="rehearsal: raise this CUDA error (as PyTorch words it) at "
+                        "--cuda-fault-at; device-assert is the user's (an index out of "
+                        "range in a kernel), illegal-address could be the code or the GPU")
+    p.add_argument("--cuda-fault-at", type=int, default=None, help="step of --cuda-fault")
+    p.add_argument("--cuda-fault-rank", type=int, default=None,
+                   help="only this rank raises --cuda-fault (default: every rank)")
     p.add_argument("--save-every", type=int, default=0,
                    help="standalone only: torch.save a checkpoint every N steps")
     p.add_argument("--ckpt-dir", default=None, help="standalone checkpoint directory")
@@ -113,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         if args.bug_at_step is not None and step + 1 == args.bug_at_step:
             _ = "step " + (step + 1)  # the deliberate user-code error: str + int
+        if args.cuda_fault and step + 1 == args.cuda_fault_at and \
+                args.cuda_fault_rank in (None, run.rank):
+            raise cuda_fault(args.cuda_fault)
         # This rank's own work, timed for fail-slow detection; the all-reduce is not in
         # it (there a fast rank waits for a slow one).
         with run.busy():

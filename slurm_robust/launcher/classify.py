@@ -97,8 +97,10 @@ LOG_RULES: tuple[Rule, ...] = (
         r"(READ|WRITE)|EXT4-fs error|XFS \(\S+\): .*(I/O error|Corruption)|"
         r"Remounting filesystem read-only|critical medium error|Medium Error|"
         r"nvme\d+\S*: .*(timeout|I/O)|ata\d+(\.\d+)?: (exception|failed|error)")),
+    # "device-side assert triggered", not PyTorch's generic hint under every CUDA error
+    # ("Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions").
     Rule("device_assert", F.USER_CUDA_FAULT, _rx(
-        r"device-side assert|cudaErrorAssert|CUDA_ERROR_ASSERT|cuda runtime error \(59\)|"
+        r"device-side assert(?!ions)|cudaErrorAssert|CUDA_ERROR_ASSERT|cuda runtime error \(59\)|"
         r"\.cuh?:\d+:.*Assertion .* failed|block: \[\d+,\d+,\d+\], thread: \[\d+,\d+,\d+\].*"
         r"Assertion|misaligned address|invalid configuration argument|"
         r"too many resources requested for launch")),
@@ -127,7 +129,13 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("shm", F.CONTAINER_RUNTIME, _rx(
         r"insufficient shared memory|out of shared memory|shared memory \(shm\)|"
         r"shared memory limit|/dev/shm|--shm-size|shm size|unable to write to file </torch_|"
-        r"unable to (open|mmap) shared memory|\bSemLock\b|sem_open")),
+        r"unable to (open|mmap) shared memory|\bSemLock\b|sem_open|"
+        r"joblib will operate in serial mode")),
+    # A registry refusing the job's image (credentials, a wrong name): the job's setting.
+    Rule("container_auth", F.BAD_CONFIG, _rx(
+        r"returned error code: 40[13]|401 Unauthorized|403 Forbidden|manifest unknown|"
+        r"pull access denied|repository does not exist|requested access to the resource is "
+        r"denied")),
     # A container that does not start: the runtime, or the job's image reference.
     Rule("container_start", F.CONTAINER_RUNTIME, _rx(
         r"OCI runtime|nvidia-container-cli|container_linux\.go|"
@@ -140,6 +148,7 @@ LOG_RULES: tuple[Rule, ...] = (
         r"Errno 122\b|PytorchStreamWriter failed writing|file write failed"),
         side=Side.UNKNOWN),
     Rule("mount", F.FILESYSTEM_MOUNT, _rx(
+        r"slurmstepd: error: execve\(\): \S*slurm_script: No such file|"
         r"Transport endpoint is not connected|Stale file handle|\bESTALE\b|Errno 116\b|"
         r"Errno 107\b|fusermount|failed to mount|failure to mount|mount error|"
         r"Could not mount|mount\.nfs|not a mount point|Host is down|"
@@ -172,6 +181,11 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("loopback", F.BAD_CONFIG, _rx(
         r"(connect|Connection)[^\n]*\[?127\.\d+\.\d+\.\d+\]?[^\n]*(refused|timed out)"),
         side=Side.UNKNOWN),
+    # PyTorch's collective fingerprint check (TORCH_DISTRIBUTED_DEBUG / the flight
+    # recorder): the ranks issued different collectives, the code's desync, not the fabric.
+    Rule("collective_mismatch", F.JOB_HANG, _rx(
+        r"SIZE_OR_SYNTAX_MISMATCH|COLLECTIVE_STATE_MISMATCH|Detected mismatch between "
+        r"collectives"), side=Side.USER),
     Rule("hang", F.JOB_HANG, _rx(
         r"Watchdog caught collective operation timeout|collective operation timeout|"
         r"NCCL watchdog|ProcessGroupNCCL[^\n]*Timeout|Timed out waiting|"
@@ -215,6 +229,8 @@ LOG_RULES: tuple[Rule, ...] = (
         side=Side.UNKNOWN),
 )
 
+# The driver's own attribution: "Xid 45 ... caused by previous Xid 149" (45 is cleanup).
+_XID_CAUSE = _rx(r"caused by previous Xid\s*(\d+)")
 _XID = _rx(r"\bXid\b\s*(?:\([^)]*\))?\s*[:,]?\s*(?:error\s*)?(\d+)")
 _EXC_LINE = re.compile(r"^(?P<name>[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|"
                        + "|".join(_USER_EXC) + r")(: (?P<msg>.*))?$")
@@ -243,6 +259,9 @@ class Evidence:
     kernel_log: Sequence[str] = ()
     nvml: Mapping[str, Any] = field(default_factory=dict)
     expected_gpus: int | None = None
+    # The launcher's own record says the code or data changed since the last good run.
+    # No log line can tell a code/data change from the error it causes; only this can.
+    change_recorded: bool = False
 
 
 @dataclass(frozen=True)
@@ -271,7 +290,17 @@ def classify_failure(exit_code: int | None, sig: int | None, log_tail: str) -> C
 
 
 def classify(ev: Evidence) -> Classification:
-    """Classify from all the evidence (see the module docstring for the order)."""
+    """Classify from all the evidence (see the module docstring for the order); a
+    user-side error after a recorded code/data change is that change's."""
+    c = _classify(ev)
+    if ev.change_recorded and c.side == Side.USER.value:
+        evidence = {**c.evidence, "change_recorded": True, "error_class": c.cls}
+        return _make(F.CODE_DATA_CHANGE, evidence, c.line, "change",
+                     signature=f"{F.CODE_DATA_CHANGE.value}:{c.signature}")
+    return c
+
+
+def _classify(ev: Evidence) -> Classification:
     code, sig = _exit_status(ev)
     evidence: dict[str, Any] = {"exit_code": code, "signal": sig}
     if sig is not None:
@@ -324,7 +353,8 @@ def classify(ev: Evidence) -> Classification:
         # Xid 13/31/43/45 are usually the application's doing, but a failing GPU can raise
         # them too: user side only once diagnosis has passed the node. Other Xids outside
         # the hardware list are CUDA errors of unknown side.
-        return _make(found[0], evidence, found[1], "log", side=Side.UNKNOWN,
+        side = Side.INFRASTRUCTURE if "xid_cause" in evidence else Side.UNKNOWN
+        return _make(found[0], evidence, found[1], "log", side=side,
                      signature=f"{found[0].value}:xid")
     if exc is not None:
         name, msg, where = exc
@@ -432,7 +462,14 @@ def _xid_verdict(text: str, evidence: dict[str, Any]) -> tuple[FailureClass, str
                 return F.GPU_MEMORY_ERROR, line.strip()
             if xid in XID_UNAVAILABLE:
                 return F.GPU_UNAVAILABLE, line.strip()
-            if app is None:
+            cause = _XID_CAUSE.search(line)
+            if cause is not None and int(cause.group(1)) not in XID_APPLICATION:
+                # An application-looking Xid the driver blames on an earlier non-application
+                # one (NVLink, a GPU error): the earlier Xid is the fault, not the code.
+                evidence["xid_cause"] = int(cause.group(1))
+                app = app if app is not None and app[0] is F.CUDA_ERROR else \
+                    (F.CUDA_ERROR, line.strip())
+            elif app is None:
                 app = (F.USER_CUDA_FAULT if xid in XID_APPLICATION else F.CUDA_ERROR,
                        line.strip())
     return app

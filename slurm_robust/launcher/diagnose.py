@@ -31,8 +31,12 @@ from slurm_robust.health.suite import plan_suite
 from slurm_robust.site_config import SiteConfig, load_site_config
 
 #: The self-test: deep checks short enough to run while the job waits, with smaller sizes.
+#: The CPU matmul is judged on correctness only: a 128x128 product timed inside the busy
+#: agent process on shared cores measured 0.18 GFLOP/s on a healthy mini-cluster node, so
+#: its throughput floor would blame healthy nodes (the GPU floor stays: the GPUs are idle
+#: once the failed generation's workers are stopped).
 SELF_TEST: dict[str, dict[str, Any]] = {
-    "deep_matmul": {"cpu_n": 128, "gpu_n": 2048},
+    "deep_matmul": {"cpu_n": 128, "gpu_n": 2048, "min_gflops": 0.0},
     "deep_membw": {"mib": 32},
 }
 DEFAULT_BUDGET_S = 30.0

@@ -26,6 +26,7 @@ class Phase(StrEnum):
     GATHER = "gather"      # waiting for the agents of this allocation
     RUNNING = "running"    # a generation of workers runs (or is being started)
     DUMPING = "dumping"    # a hang: stacks are being captured before anything is killed
+    DIAGNOSING = "diagnosing"  # an unclear crash: the suspected node runs its self-test
     REQUEUED = "requeued"  # Slurm was asked to requeue; waiting for this allocation to end
     DONE = "done"          # run_end written, every agent told to exit
 
@@ -34,8 +35,10 @@ class Phase(StrEnum):
 #: a new generation (in-place or spare restart); DONE is final.
 PHASE_TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     Phase.GATHER: frozenset({Phase.RUNNING, Phase.DONE}),
-    Phase.RUNNING: frozenset({Phase.RUNNING, Phase.DUMPING, Phase.REQUEUED, Phase.DONE}),
+    Phase.RUNNING: frozenset({Phase.RUNNING, Phase.DUMPING, Phase.DIAGNOSING, Phase.REQUEUED,
+                              Phase.DONE}),
     Phase.DUMPING: frozenset({Phase.RUNNING, Phase.REQUEUED, Phase.DONE}),
+    Phase.DIAGNOSING: frozenset({Phase.RUNNING, Phase.REQUEUED, Phase.DONE}),
     Phase.REQUEUED: frozenset({Phase.DONE}),
     Phase.DONE: frozenset(),
 }

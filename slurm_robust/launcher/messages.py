@@ -13,6 +13,7 @@ so one side can be updated before the other.
 - :class:`Finding`: one in-job monitor finding (node/monitor.py) on the agent's node.
 - :class:`NodeSample`: the monitor's latest implicit readings (GPU use, SM clock,
   network traffic) of the agent's node.
+- :class:`DiagnosisReport`: the outcome of a stop-time diagnosis the plan asked for.
 - :class:`Report`: what an agent sends every ``heartbeat_s`` (``op`` "report").
 - :class:`Plan`: the controller's answer, the agent's whole desired state.
 - :class:`Incident`: the incident record of docs/SCHEMAS.md (field order included).
@@ -29,6 +30,7 @@ from enum import StrEnum
 from typing import Any, ClassVar, TypeVar
 
 from slurm_robust.launcher.enums import Category, ProgressKind, Role, Rung, Severity
+from slurm_robust.taxonomy import Action, Side
 
 T = TypeVar("T", bound="Message")
 
@@ -210,10 +212,19 @@ class WorkerExit(Message):
     line: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
     log: str | None = None
+    # Whose fault the classifier thinks it is and its first response (slurm_robust.taxonomy);
+    # optional on the wire so an older agent's report still reads (recovery then takes the
+    # class's default from the taxonomy).
+    side: Side | None = None
+    action: Action | None = None
 
     def validate(self, where: str) -> None:
         if self.exit_code != 0 and (self.cls is None or self.category is None):
             raise BadMessage(f"{where}: a failed worker's exit needs 'class' and 'category'")
+        if self.action is Action.EVICT and self.side is not None and \
+                self.side is not Side.INFRASTRUCTURE:
+            raise BadMessage(f"{where}: action 'evict' needs side 'infrastructure', "
+                             f"got {self.side.value!r}")
 
     def to_json(self) -> dict[str, Any]:
         if self.exit_code == 0:
@@ -258,6 +269,28 @@ class NodeSample(Message):
 
 
 @dataclass
+class DiagnosisReport(Message):
+    """A stop-time diagnosis (launcher/diagnose.py) the agent ran because its plan asked
+    (``Plan.diagnose`` holds the same ``id``); ``evidence`` is ``Diagnosis.evidence()``."""
+
+    NAME: ClassVar[str] = "diagnosis"
+
+    id: str
+    node: str
+    passed: bool
+    complete: bool
+    elapsed_s: float
+    reason: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self, where: str) -> None:
+        if self.elapsed_s < 0:
+            raise BadMessage(f"{where}: 'elapsed_s' must be >= 0, got {self.elapsed_s}")
+        if not self.passed and not self.reason:
+            raise BadMessage(f"{where}: a failed diagnosis needs a 'reason'")
+
+
+@dataclass
 class Report(Message):
     """An agent's report (also its heartbeat)."""
 
@@ -278,6 +311,7 @@ class Report(Message):
     stacks: dict[str, Any] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     sample: NodeSample | None = None
+    diagnoses: list[DiagnosisReport] = field(default_factory=list)
 
     def validate(self, where: str) -> None:
         if self.op != "report":
@@ -315,6 +349,7 @@ class Plan(Message):
     stacks: str | None = None
     exit_code: int | None = None
     purge: bool = False
+    diagnose: str | None = None  # a diagnosis id: run launcher/diagnose.py on this node
 
     def validate(self, where: str) -> None:
         if self.role is Role.EXIT:

@@ -332,3 +332,127 @@ def test_unprivileged_user_kill_worker(runs, baseline_sha, minicluster):
     assert end["status"] == "completed" and end["params_sha256"] == baseline_sha
     assert Path(run.run_dir, "events.jsonl").stat().st_uid == \
         pwd.getpwnam(minicluster.cfg.user).pw_uid
+
+
+# ---------------------------------------------------------------- issue 13: CUDA faults
+def _robust_cli(run: Run, *args: str) -> subprocess.CompletedProcess:
+    env = dict(run.env)
+    cluster = env.get("SLURM_ROBUST_CLUSTER_DIR")
+    if cluster and "SLURM_ROBUST_CONFIG" not in env:
+        env["SLURM_ROBUST_CONFIG"] = str(Path(cluster) / "etc" / "slurm_robust.json")
+    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+
+
+def _return_node(minicluster, run: Run, node: str) -> None:
+    """Clear the injection, end the job (its EpilogSlurmctld applies the verdict's drain),
+    then put the blamed node back in service for the next test."""
+    _robust_cli(run, "inject", "clear", "--node", node)
+    run.cancel()
+    slurm = minicluster.slurm
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        job = slurm.job(run.job_id)
+        if job is None or job.state not in ("RUNNING", "COMPLETING", "CONFIGURING",
+                                            "PENDING"):
+            break
+        time.sleep(1.0)
+    time.sleep(2.0)  # the slurmctld-side epilog runs right after the job ends
+    if slurm.node(node).drained:
+        slurm.resume(node)
+    assert not slurm.node(node).drained, f"{node} still drained after the test"
+
+
+def _verdicts(run: Run) -> list[dict]:
+    path = run.paths.verdicts
+    return read_records(path).records if Path(path).exists() else []
+
+
+def test_device_side_assert_stops_as_user_code_without_drain(runs):
+    # The script's own deliberate fault (a rehearsal flag): PyTorch's device-side assert
+    # text on CPU. User side: one clean reattempt, then the same signature stops the run.
+    run = runs("dsa", train_args=[*TRAIN_ARGS, "--cuda-fault", "device-assert",
+                                  "--cuda-fault-at", "8"])
+    end = run.wait_end()
+    assert end["status"] == "stopped", end
+    incidents = run.events("incident")
+    assert [i["rung"] for i in incidents] == ["in_place", "stop"], incidents
+    assert {i["class"] for i in incidents} == {"user_cuda_fault"}
+    assert "device-side assert triggered" in incidents[0]["evidence"]["log_line"]
+    assert _verdicts(run) == []  # no node blamed, nothing drained
+
+
+def test_ambiguous_cuda_error_is_diagnosed_then_stopped_as_user_code(runs):
+    # An illegal memory access could be the code or the GPU: the node is diagnosed first
+    # (passes on a healthy node), reattempted in place, and the same error again stops.
+    run = runs("illegal", train_args=[*TRAIN_ARGS, "--cuda-fault", "illegal-address",
+                                      "--cuda-fault-at", "8",
+                                      "--cuda-fault-rank", str(NODES - 1)])
+    end = run.wait_end()
+    assert end["status"] == "stopped", end
+    assert "passed stop-time diagnosis" in end["verdict"], end
+    incidents = run.events("incident")
+    assert [i["rung"] for i in incidents] == ["in_place", "stop"], incidents
+    first = incidents[0]
+    assert first["class"] == "cuda_error"
+    diag = first["evidence"]["diagnosis"]
+    assert diag["passed"] is True and diag["ran"], diag
+    assert first["localized_at"] > first["detected_at"]
+    assert _verdicts(run) == []
+
+
+def test_injected_xid79_with_ambiguous_cuda_error_evicts_the_node(runs, minicluster):
+    run = runs("xid79", train_args=[*TRAIN_ARGS, "--cuda-fault", "illegal-address",
+                                    "--cuda-fault-at", "12",
+                                    "--cuda-fault-rank", str(NODES - 1)])
+    run.wait_step(3)
+    victim = load_state(run.paths.state).slots[NODES - 1]
+    out = _robust_cli(run, "inject", "probe", "--node", victim, "--probe", "xid_events",
+                      "--value", '[{"gpu": 0, "xid": 79}]')
+    assert out.returncode == 0, out.stderr
+    try:
+        end = run.wait_end()
+        incidents = run.events("incident")
+        assert incidents, run.tail()
+        first = incidents[0]
+        assert first["rung"] == "spare" and first["nodes"] == [victim], first
+        ev = first["evidence"]
+        # Either the worker's own classification saw the Xid through the node's probes,
+        # or stop-time diagnosis failed on gpu_xid: both name Xid 79.
+        named = 79 in ev.get("xids", []) or any(
+            f["check"] == "gpu_xid" for f in ev.get("diagnosis", {}).get("failed", []))
+        assert named, ev
+        assert [(v["node"]) for v in _verdicts(run)] == [victim]
+        # The spare took the slot; the worker there raises at step 12 again (the flag
+        # follows the rank), which is the user's error on a healthy node now.
+        assert end["status"] in ("stopped", "completed"), end
+    finally:
+        _return_node(minicluster, run, victim)
+
+
+def test_ambiguous_cuda_error_on_a_node_that_fails_diagnosis_is_evicted(runs, minicluster):
+    # The classifier reads no host probe, so the crash stays ambiguous (cuda_error, side
+    # unknown); the node's own stop-time diagnosis then fails (no memory available, an
+    # injected reading) and the node is blamed with that evidence.
+    run = runs("diagfail", train_args=[*TRAIN_ARGS, "--cuda-fault", "illegal-address",
+                                       "--cuda-fault-at", "12",
+                                       "--cuda-fault-rank", str(NODES - 1)])
+    run.wait_step(3)
+    victim = load_state(run.paths.state).slots[NODES - 1]
+    out = _robust_cli(run, "inject", "probe", "--node", victim, "--probe",
+                      "mem_available_bytes", "--value", "0")
+    assert out.returncode == 0, out.stderr
+    try:
+        run.wait_end()
+        first = run.events("incident")[0]
+        assert first["class"] == "cuda_error" and first["rung"] == "spare", first
+        assert first["nodes"] == [victim]
+        diag = first["evidence"]["diagnosis"]
+        assert diag["passed"] is False, diag
+        assert [f["check"] for f in diag["failed"]] == ["host_mem_available"], diag
+        assert first["localized_at"] == pytest.approx(
+            first["detected_at"] + diag["elapsed_s"], abs=1e-3)
+        [verdict] = _verdicts(run)
+        assert verdict["node"] == victim and "host_mem_available" in verdict["reason"]
+    finally:
+        _return_node(minicluster, run, victim)

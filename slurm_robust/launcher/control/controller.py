@@ -215,14 +215,15 @@ class Controller:
         view.gen = report.gen
         view.states = report.states
         view.stacks.update(report.stacks)
-        self.recovery.on_report(view, view.gen, report.progress, report.exits, now)
+        self.recovery.on_report(view, view.gen, report.progress, report.exits, now,
+                                diagnoses=report.diagnoses)
         if report.findings or report.sample is not None:  # monitor (issue 14)
             self.recovery.on_findings(view, report.findings, report.sample, now)
         return view
 
     # ------------------------------------------------------------------ the tick
     def tick(self, now: float) -> None:
-        if self.recovery.phase in (Phase.RUNNING, Phase.DUMPING):
+        if self.recovery.phase in (Phase.RUNNING, Phase.DUMPING, Phase.DIAGNOSING):
             self._check_agents(now)
         self.recovery.tick(now)
 

@@ -6,7 +6,8 @@ decisions stay testable without a cluster.
 
 The ladder (docs/ARCHITECTURE.md, "The recovery ladder")::
 
-    stop      the same user-code error after a clean restart, no progress across
+    stop      the same user-code error after a clean restart (or the same unclear error
+              after its node passed stop-time diagnosis), no progress across
               max_no_progress attempts, or the restart budget spent
     requeue   a node is blamed and no spare is left, or the controller's node is lost
     spare     a node is blamed (explicit node fault, lost heartbeat, repeated failures,
@@ -123,6 +124,8 @@ class LadderInput:
     signature_seen: int
     no_progress: int
     max_no_progress: int
+    # The same signature came back after its node passed stop-time diagnosis (issue 13).
+    diagnosed_repeat: bool = False
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,10 @@ class Decision:
 
 def decide(x: LadderInput) -> Decision:
     """Choose the ladder rung for one incident."""
+    if x.diagnosed_repeat and x.signature is not None and not x.blamed:
+        return Decision(Rung.STOP, f"the same error ({x.signature}) came back after its node "
+                                "passed stop-time diagnosis: user code; fix the training code "
+                                "and resubmit")
     if stops_on_repeat(x.cls) and x.signature is not None and x.signature_seen >= 1:
         return Decision(Rung.STOP, f"the same user-code error ({x.signature}) came back after "
                                 "a clean restart; fix the training code and resubmit")

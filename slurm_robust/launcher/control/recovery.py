@@ -59,12 +59,20 @@ from slurm_robust.launcher.enums import (
     check_transition,
 )
 from slurm_robust.launcher.identity import Identity
-from slurm_robust.launcher.messages import Finding, NodeSample, Plan, Progress, WorkerExit
+from slurm_robust.launcher.messages import (
+    DiagnosisReport,
+    Finding,
+    NodeSample,
+    Plan,
+    Progress,
+    WorkerExit,
+)
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.slurm import SlurmCommandError
 from slurm_robust.stacks.analyze import analyze
 from slurm_robust.stacks.dumps import read_capture
 from slurm_robust.stacks.failslow import FailSlowDecision, FailSlowMonitor
+from slurm_robust.taxonomy import ROWS, Action, canonical
 
 log = logging.getLogger("slurm_robust.launcher.control.recovery")
 
@@ -74,6 +82,9 @@ SETTLE_S = 0.3
 CAPTURE_BUDGET_S = 20.0
 #: Longest wait for every agent of the allocation before starting with those present.
 GATHER_TIMEOUT_S = 60.0
+#: Longest wait for a stop-time diagnosis: launcher/diagnose.py's own budget, plus the
+#: agent's stopping its workers and a few reports' worth of slack.
+DIAGNOSIS_WAIT_S = 45.0
 
 
 class Member(Protocol):
@@ -108,6 +119,19 @@ class Failure:
 
 
 @dataclass
+class PendingDiagnosis:
+    """A stop-time diagnosis asked of one agent; the incident waits for its answer."""
+
+    id: str
+    agent: int
+    node: str
+    incident: dict[str, Any]
+    signature: str | None
+    asked_at: float
+    deadline: float
+
+
+@dataclass
 class Generation:
     """One start of the worker group: the plan's generation and what it has done."""
 
@@ -128,6 +152,7 @@ class Generation:
     hang_detected: float | None = None
     capture_deadline: float = 0.0
     announced: bool = False
+    diagnosis: PendingDiagnosis | None = None
 
     def __post_init__(self) -> None:
         self.last_progress = self.last_progress or self.started_at
@@ -155,6 +180,8 @@ class Recovery:
         self.spares: list[int] = []
         self.evicted: set[int] = set()
         self._plans: dict[int, Plan] = {}
+        #: Diagnosis answers by (agent index, diagnosis id): only the asked agent counts.
+        self.diagnoses: dict[tuple[int, str], DiagnosisReport] = {}
         self.failslow: FailSlowMonitor | None = None  # one per generation
         self.findings = node_monitor.NodeFindings(self.events)  # monitor (issue 14)
         self.step_times: list[float] = []
@@ -191,8 +218,13 @@ class Recovery:
 
     # ------------------------------------------------------------------ input
     def on_report(self, member: Member, gen_number: int, progress: Sequence[Progress],
-                  exits: Sequence[WorkerExit], now: float) -> None:
-        """An agent's report: its step progress and worker exits (current generation)."""
+                  exits: Sequence[WorkerExit], now: float,
+                  diagnoses: Sequence[DiagnosisReport] = ()) -> None:
+        """An agent's report: its step progress and worker exits (current generation),
+        and the stop-time diagnoses it ran."""
+        for d in diagnoses:
+            if d.node == member.node:  # an agent answers for its own node only
+                self.diagnoses.setdefault((member.index, d.id), d)
         gen = self.gen
         if gen is None or gen_number != gen.number:
             return
@@ -244,10 +276,14 @@ class Recovery:
         if self._phase is Phase.GATHER:
             self._gather(now)
             return
-        if self._phase not in (Phase.RUNNING, Phase.DUMPING):
+        if self._phase not in (Phase.RUNNING, Phase.DUMPING, Phase.DIAGNOSING):
             return
         gen = self.gen
         if gen is None:
+            return
+        if self._phase is Phase.DIAGNOSING:
+            # The others wait: exits of the stopped generation are not new incidents.
+            self._check_diagnosis(gen, now)
             return
         active = {r for i in gen.slots for r in self.ranks_of(i)}
         if active and active <= gen.succeeded:
@@ -398,7 +434,12 @@ class Recovery:
         else:
             root = min(gen.failures, key=lambda f: f.exit.time)
         incident = self._incident_from_failure(gen, root, first_seen)
-        self._handle(gen, incident, root.exit.signature, [root.node], now)
+        # --- issue 13 call site: unclear side, nobody blamed -> stop-time diagnosis -----
+        if self._wants_diagnosis(root):
+            self._start_diagnosis(gen, root, incident, now)
+            return
+        self._handle(gen, incident, root.exit.signature, [root.node], now,
+                     diagnosed_repeat=self._diagnosed_before(root.exit.signature))
 
     def _incident_from_failure(self, gen: Generation, root: Failure,
                                detected: float) -> dict[str, Any]:
@@ -417,10 +458,12 @@ class Recovery:
                              last_step=st.last_step, evidence=evidence)
 
     def _handle(self, gen: Generation, incident: dict[str, Any], signature: str | None,
-                nodes: list[str], now: float, evict: str | None = None) -> None:
+                nodes: list[str], now: float, evict: str | None = None, *,
+                diagnosed_repeat: bool = False, diagnosis_failed: bool = False) -> None:
         """Run the ladder for one incident and apply the decision. ``evict`` (a monitor's
         fatal finding, issue 14): ``nodes`` are blamed whatever the class, and the text
-        (the check and its evidence) goes into the decision's reason and the verdict."""
+        (the check and its evidence) goes into the decision's reason and the verdict.
+        ``diagnosis_failed``: stop-time diagnosis failed ``nodes``, blamed the same way."""
         st = self.state
         if st.open_incident is not None:
             self._write_incident(st.open_incident)  # the earlier recovery did not finish
@@ -430,18 +473,25 @@ class Recovery:
         st.no_progress = 0 if progressed else st.no_progress + 1
         for node in nodes:
             st.node_failures[node] = st.node_failures.get(node, 0) + 1
-        blamed = tuple(dict.fromkeys(nodes)) if evict else blamed_nodes(
-            incident["class"], nodes, st.node_failures, self.cfg.node_failures_to_blame)
+        blamed = blamed_nodes(incident["class"], nodes, st.node_failures,
+                              self.cfg.node_failures_to_blame)
+        if evict or diagnosis_failed:
+            blamed = tuple(dict.fromkeys((*blamed, *nodes)))
         decision = decide(LadderInput(
             cls=incident["class"], blamed=blamed, controller_node=self.ident.node,
             spares_left=len(self.spares), restarts=st.restarts,
             max_restarts=self.cfg.max_restarts, signature=signature,
             signature_seen=st.signatures.get(signature or "", 0),
-            no_progress=st.no_progress, max_no_progress=self.cfg.max_no_progress))
+            no_progress=st.no_progress, max_no_progress=self.cfg.max_no_progress,
+            diagnosed_repeat=diagnosed_repeat))
         if evict:
             decision = dataclasses.replace(decision, reason=f"{decision.reason}; {evict}")
         if signature:
             st.signatures[signature] = st.signatures.get(signature, 0) + 1
+        diag_reason = incident["evidence"].get("diagnosis_reason")
+        if diagnosis_failed and diag_reason and decision.evict:
+            # The verdict names what the node's own checks found, not just the class.
+            decision = dataclasses.replace(decision, reason=f"{decision.reason}; {diag_reason}")
         incident["rung"] = decision.rung
         incident["localized_at"] = incident["localized_at"] or now
         incident["nodes"] = sorted(set(incident["nodes"]) | set(decision.evict))
@@ -531,6 +581,73 @@ class Recovery:
                 self._start_hang_capture(gen, now)
                 return True
         return False
+
+    # ------------------------------------------------------------------ diagnosis
+    # Issue 13: ByteRobust's stop-time diagnosis (EUD) before blaming a node for an
+    # unclear crash. See docs/ARCHITECTURE.md, phase `diagnosing`.
+    def _wants_diagnosis(self, root: Failure) -> bool:
+        """Diagnose when the failure's action is ``diagnose``, no node is blamed yet, its
+        signature has not passed a diagnosis before, and its agent can still answer."""
+        ex = root.exit
+        action = ex.action
+        if action is None:  # an older agent: the class's default action
+            cls = canonical(str(ex.cls))
+            action = ROWS[cls].action if cls is not None else None
+        if action is not Action.DIAGNOSE or self._diagnosed_before(ex.signature):
+            return False
+        failures = {**self.state.node_failures,
+                    root.node: self.state.node_failures.get(root.node, 0) + 1}
+        if blamed_nodes(str(ex.cls), [root.node], failures, self.cfg.node_failures_to_blame):
+            return False
+        member = self.members.get(root.agent)
+        return member is not None and not member.lost and root.agent not in self.spares
+
+    def _diagnosed_before(self, signature: str | None) -> bool:
+        return signature is not None and signature in self.state.diagnosis_passed
+
+    def _start_diagnosis(self, gen: Generation, root: Failure, incident: dict[str, Any],
+                         now: float) -> None:
+        """Ask the suspected node's agent to run diagnose(node); the others wait."""
+        did = f"{incident['incident']}-g{gen.number}"
+        gen.diagnosis = PendingDiagnosis(did, root.agent, root.node, incident,
+                                         root.exit.signature, now, now + DIAGNOSIS_WAIT_S)
+        self._plans[root.agent] = dataclasses.replace(self._plans[root.agent], diagnose=did)
+        self._enter(Phase.DIAGNOSING)
+        log.warning("incident %s: %s on %s has no clear side; diagnosing %s (%s)",
+                    incident["incident"], incident["class"], root.node, root.node, did)
+
+    def _check_diagnosis(self, gen: Generation, now: float) -> None:
+        pending = gen.diagnosis
+        if pending is None:  # cannot happen: DIAGNOSING is only entered with one
+            self.fail("recovery: diagnosing without a pending diagnosis")
+            return
+        answer = self.diagnoses.get((pending.agent, pending.id))
+        member = self.members.get(pending.agent)
+        lost = member is None or member.lost
+        if answer is None and not lost and now < pending.deadline:
+            return
+        incident = pending.incident
+        ev = incident["evidence"]
+        gen.diagnosis = None
+        self._enter(Phase.RUNNING)
+        if answer is not None:
+            ev["diagnosis"] = {**answer.evidence, "id": answer.id, "reason": answer.reason}
+            # Localisation is the diagnosis: detected + the time the node's checks took.
+            incident["localized_at"] = incident["detected_at"] + answer.elapsed_s
+        failed = answer is not None and not answer.passed
+        if answer is None:
+            ev["diagnosis"] = {"id": pending.id, "node": pending.node,
+                               "answer": "agent lost" if lost else
+                               f"no answer within {DIAGNOSIS_WAIT_S:g} s"}
+            failed = lost  # a node that vanished while checking itself is blamed
+        elif answer.passed and answer.complete and pending.signature:
+            # A clean bill of health: the same signature again is the user's code.
+            self.state.diagnosis_passed = sorted({*self.state.diagnosis_passed,
+                                                  pending.signature})
+        if failed and answer is not None:
+            ev["diagnosis_reason"] = answer.reason
+        self._handle(gen, incident, pending.signature, [pending.node], now,
+                     diagnosis_failed=failed)
 
     # ------------------------------------------------------------------ hangs
     def _start_hang_capture(self, gen: Generation, now: float) -> None:

@@ -30,6 +30,8 @@ class RunState:
     restarts: int = 0
     requeues: int = 0
     signatures: dict[str, int] = field(default_factory=dict)
+    # Signatures whose suspected node passed stop-time diagnosis: seen again, user code.
+    diagnosis_passed: list[str] = field(default_factory=list)
     node_failures: dict[str, int] = field(default_factory=dict)
     slots: list[str] = field(default_factory=list)
     blamed: list[str] = field(default_factory=list)

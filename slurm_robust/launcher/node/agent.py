@@ -29,15 +29,17 @@ from typing import Any
 
 from slurm_robust.ckpt import CheckpointConfig, purge_job_memory
 from slurm_robust.launcher.auth import ckpt_job_key, client_handshake, ensure_run_secret
-from slurm_robust.launcher.classify import classify_failure
+from slurm_robust.launcher.classify import classify
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control.controller import Controller
 from slurm_robust.launcher.control.requeue import requeue_after_controller_loss
+from slurm_robust.launcher.diagnose import diagnose
 from slurm_robust.launcher.enums import Category, Role
 from slurm_robust.launcher.errors import RunStopped
 from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.messages import (
     BadMessage,
+    DiagnosisReport,
     Finding,
     Plan,
     Progress,
@@ -45,6 +47,7 @@ from slurm_robust.launcher.messages import (
     WorkerExit,
     plan_from_reply,
 )
+from slurm_robust.launcher.node import evidence as node_evidence
 from slurm_robust.launcher.node import workers as wk
 from slurm_robust.launcher.node.monitor import start_monitor
 from slurm_robust.launcher.paths import (
@@ -59,6 +62,7 @@ from slurm_robust.records import write_json_atomic
 from slurm_robust.scriptenv import worker_command
 from slurm_robust.secure_fs import private_dir, relative_parts
 from slurm_robust.stacks.capture import CaptureOptions, capture_local
+from slurm_robust.taxonomy import Action, Side
 
 log = logging.getLogger("slurm_robust.launcher.node.agent")
 #: Longest wait for the controller of this job step to appear.
@@ -80,6 +84,8 @@ class Agent:
         self.pending: list[Progress] = []
         self.stacks_done: dict[str, Any] = {}
         self._stack_threads: dict[str, threading.Thread] = {}
+        self.diagnoses_done: dict[str, DiagnosisReport] = {}
+        self._diagnosis_threads: dict[str, threading.Thread] = {}
         self.plan: Plan | None = None
         # The per-run secret (0600 in the run dir): authenticates the control channel
         # and names the checkpoint directories so no other user can pre-empt them.
@@ -187,7 +193,8 @@ class Agent:
                       gen=self.gen, role=self.role, exits=list(self.exits),
                       progress=list(self.pending), states=states,
                       stacks=dict(self.stacks_done), time=time.time(),
-                      findings=list(self.findings), sample=sample).to_json()
+                      findings=list(self.findings), sample=sample,
+                      diagnoses=list(self.diagnoses_done.values())).to_json()
 
     def poll_workers(self) -> None:
         for w in self.workers:
@@ -202,12 +209,30 @@ class Agent:
                 self.exits.append(WorkerExit(rank=w.rank, gen=w.gen, exit_code=0, signal=None,
                                              time=w.exit_time))
                 continue
-            c = classify_failure(code, sig, wk.log_tail(w.log_path))
-            self.exits.append(WorkerExit(
-                rank=w.rank, gen=w.gen, exit_code=code, signal=sig, time=w.exit_time,
-                cls=c.cls, category=Category(c.category), secondary=c.secondary,
-                signature=c.signature, line=c.line, evidence=c.evidence,
-                log=str(w.log_path)))
+            self.exits.append(self._classified_exit(w, code, sig))
+
+    # --- issue 13 call site: classification from all the evidence --------------------
+    def _classified_exit(self, w: wk.Worker, code: int | None, sig: int | None) -> WorkerExit:
+        """Classify a failed worker from its exit status, log tail, the trusted task-exit
+        record, the kernel log and NVML (node/evidence.py), and carry side and action."""
+        assert w.exit_time is not None
+        # The kernel's clock is CLOCK_MONOTONIC: the worker's start on that clock, with a
+        # little slack for a message logged just before the spawn returned.
+        since = time.monotonic() - (w.exit_time - w.started) - 2.0
+        got = node_evidence.gather(site=self.site, node=self.ident.node,
+                                   job_id=self.ident.job_id, pid=w.pid, exit_code=code,
+                                   sig=sig, log_tail=wk.log_tail(w.log_path),
+                                   since_monotonic=since)
+        c = classify(got.evidence)
+        evidence = dict(c.evidence)
+        evidence["decided_by"] = c.source
+        if got.skipped:
+            evidence["not_consulted"] = got.skipped
+        return WorkerExit(
+            rank=w.rank, gen=w.gen, exit_code=code, signal=sig, time=w.exit_time,
+            cls=c.cls, category=Category(c.category), secondary=c.secondary,
+            signature=c.signature, line=c.line, evidence=evidence, log=str(w.log_path),
+            side=Side(c.side), action=Action(c.action))
 
     def _progress(self, w: wk.Worker) -> list[Progress]:
         """The worker's new progress lines, checked here (the worker side is user code):
@@ -245,7 +270,34 @@ class Agent:
             t = threading.Thread(target=self._capture, args=(capture,), daemon=True)
             self._stack_threads[capture] = t
             t.start()
+        # --- issue 13 call site: stop-time diagnosis asked for by the plan -------------
+        wanted = plan.diagnose
+        if wanted and wanted not in self.diagnoses_done and \
+                wanted not in self._diagnosis_threads:
+            # The failed generation's workers go first: the self-test needs the GPUs.
+            wk.stop_workers(self.workers, self.cfg.grace_s)
+            t = threading.Thread(target=self._diagnose, args=(wanted,), daemon=True)
+            self._diagnosis_threads[wanted] = t
+            t.start()
         return None
+
+    def _diagnose(self, diagnosis_id: str) -> None:
+        """Run launcher/diagnose.py on this node; its outcome goes in the next report."""
+        try:
+            # journal=False: the health journal is root's record; a diagnosis the job ran
+            # goes into the incident (and the verdict) instead.
+            d = diagnose(self.ident.node, config=self.site, job=self.ident.job_id,
+                         journal=False)
+            report = DiagnosisReport(id=diagnosis_id, node=self.ident.node, passed=d.passed,
+                                     complete=d.complete, elapsed_s=d.elapsed_s,
+                                     reason=d.reason, evidence=d.evidence())
+        except Exception as exc:  # noqa: BLE001 - a diagnosis that cannot run blames nobody
+            log.warning("diagnosis %s could not run on %s: %s", diagnosis_id,
+                        self.ident.node, exc)
+            report = DiagnosisReport(id=diagnosis_id, node=self.ident.node, passed=True,
+                                     complete=False, elapsed_s=0.0,
+                                     evidence={"error": f"{type(exc).__name__}: {exc}"})
+        self.diagnoses_done[diagnosis_id] = report
 
     def restart(self, plan: Plan) -> None:
         wk.stop_workers(self.workers, self.cfg.grace_s)

@@ -86,3 +86,37 @@ def test_ambiguous_cuda_error_goes_to_diagnosis_not_eviction():
 def test_shell_exit_128_plus_n_is_the_signal():
     c = classify_failure(137, None, "Killed")
     assert c.evidence["signal_name"] == "SIGKILL" and c.cls == "worker_signal"
+
+
+def test_a_recorded_change_makes_a_user_error_a_code_data_change():
+    tail = ("Traceback (most recent call last):\n  File \"train.py\", line 9, in <module>\n"
+            "KeyError: 'angle_means'\n")
+    assert classify(Evidence(exit_code=1, log_tail=tail)).cls == "user_exception"
+    c = classify(Evidence(exit_code=1, log_tail=tail, change_recorded=True))
+    assert c.cls == "code_data_change" and c.category == "manual" and c.side == "user"
+    assert c.evidence["error_class"] == "user_exception"
+    # Infrastructure evidence is not re-labelled by a change.
+    hw = Evidence(exit_code=1, log_tail="uncorrectable ECC error", change_recorded=True)
+    assert classify(hw).cls == "gpu_memory_error"
+
+
+def test_general_signatures_added_for_issue_13():
+    def cls(text: str) -> tuple[str, str]:
+        c = classify(Evidence(exit_code=1, log_tail=text))
+        return c.cls, c.side
+    assert cls("enroot: URL https://r/v2/x/manifests/y returned error code: 401 "
+               "Unauthorized") == ("bad_config", "user")
+    assert cls("UserWarning: [Errno 28] No space left on device.  joblib will operate in "
+               "serial mode")[0] == "container_runtime"
+    assert cls("slurmstepd: error: execve(): /var/spool/slurmd/job7/slurm_script: No such "
+               "file or directory")[0] == "filesystem_mount"
+    assert cls("Error type: SIZE_OR_SYNTAX_MISMATCH, Expected input sizes") == \
+        ("job_hang", "user")
+    assert cls("NVRM: Xid (PCI:0000:dc:00): 45, pid=1, Ch 00000001 caused by previous "
+               "Xid 149") == ("cuda_error", "infrastructure")
+    assert cls("NVRM: Xid (PCI:0000:dc:00): 45, pid=1, Ch 00000001") == \
+        ("user_cuda_fault", "unknown")
+    # PyTorch's generic hint under every CUDA error is not a device-side assert.
+    assert cls("RuntimeError: CUDA error: an illegal memory access was encountered\n"
+               "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n") == \
+        ("cuda_error", "unknown")

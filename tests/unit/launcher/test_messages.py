@@ -29,13 +29,16 @@ from slurm_robust.launcher.protocol import Channel, ChannelClosed
 FAILURE = {"rank": 3, "gen": 2, "exit_code": -9, "signal": 9, "time": 5.5,
            "class": "worker_crash", "category": "explicit", "secondary": False,
            "signature": None, "line": "killed by SIGKILL", "evidence": {"signal": 9},
-           "log": "/run/logs/g2/rank3.log"}
+           "log": "/run/logs/g2/rank3.log", "side": "unknown", "action": "reattempt"}
 REPORT = {"op": "report", "agent": 1, "node": "n2", "pid": 77, "addr": "10.0.0.2",
           "key": "42.0.0", "gen": 2, "role": "active", "exits": [FAILURE],
           "progress": [{"kind": "step", "rank": 3, "step": 9, "loss": 0.5, "grad_norm": 1.0,
                         "t": 4.0, "busy_s": 0.1},
                        {"kind": "anomaly", "rank": 3, "step": 9, "what": "nan"}],
-          "states": {"3": "R"}, "stacks": {}, "time": 6.0}
+          "states": {"3": "R"}, "stacks": {}, "time": 6.0,
+          "diagnoses": [{"id": "i1-g2", "node": "n2", "passed": False, "complete": True,
+                         "elapsed_s": 3.5, "reason": "diagnosis: gpu_xid: Xid 79",
+                         "evidence": {"failed": [{"check": "gpu_xid"}]}}]}
 
 
 def wire(obj: dict) -> dict:
