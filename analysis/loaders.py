@@ -30,7 +30,7 @@ from typing import Any
 import pandas as pd
 
 from slurm_robust import records as rec
-from slurm_robust.analysis.frames import LoadIssues, records_to_frame
+from slurm_robust.analysis.frames import LoadIssues, empty_frame, records_to_frame
 from slurm_robust.analysis.taxonomy import (
     CATEGORIES,
     CLASSES,
@@ -63,9 +63,14 @@ EVENT_SPECS: dict[str, dict[str, tuple[str, bool]]] = {
                  "restore_tier": ("category", False), "steps_lost": ("int", False),
                  "evidence": ("object", False)},
     "run_end": {**_COMMON, "status": ("category", True), "step": ("int", False)},
+    # The in-job monitor's findings (docs/SCHEMAS.md, finding_version 1).
+    "finding": {**_COMMON, "node": ("str", True), "agent": ("int", False),
+                "kind": ("str", True), "check": ("str", True), "severity": ("str", True),
+                "class": ("str", False), "reason": ("str", False),
+                "seen_at": ("float", False), "evidence": ("object", False)},
 }
 FRAME_OF_EVENT = {"run_start": "runs", "attempt_start": "attempts", "step": "steps",
-                  "incident": "incidents", "run_end": "ends"}
+                  "incident": "incidents", "run_end": "ends", "finding": "findings"}
 EVENT_CATEGORIES = {"category": CATEGORIES, "class": CLASSES, "rung": RUNGS,
                     "status": RUN_STATUSES}
 
@@ -88,6 +93,8 @@ class RunLog:
     steps: pd.DataFrame
     incidents: pd.DataFrame
     ends: pd.DataFrame
+    findings: pd.DataFrame = field(default_factory=lambda: empty_frame(
+        EVENT_SPECS["finding"], EVENT_CATEGORIES))
     issues: LoadIssues = field(default_factory=LoadIssues)
 
 
@@ -169,7 +176,7 @@ def concat_runlogs(parts: Sequence[RunLog], issues: LoadIssues | None = None) ->
     """Concatenate run logs, unifying categorical columns."""
     if not parts:
         return events_from_records([], issues=issues)
-    names = ("runs", "attempts", "steps", "incidents", "ends")
+    names = ("runs", "attempts", "steps", "incidents", "ends", "findings")
     merged = {n: _concat([getattr(p, n) for p in parts]) for n in names}
     all_issues = issues if issues is not None else LoadIssues()
     if issues is None:

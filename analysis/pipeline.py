@@ -60,6 +60,7 @@ class Analysis:
     window_s: float
     since: float | None = None
     until: float | None = None
+    findings: pd.DataFrame | None = None  # the in-job monitor's, with before_incident
 
     def headline(self) -> dict[str, Any]:
         """The figures a person looks at first, JSON-ready (NaN becomes null)."""
@@ -181,4 +182,34 @@ def analyse(inputs: Inputs, since: float | None = None, until: float | None = No
                     incidents=incidents, by_category=inc_mod.by_category(incidents),
                     by_class=inc_mod.by_class(incidents), by_rung=inc_mod.by_rung(incidents),
                     nodes=nodes, fleet=fleet, issues=inputs.issues, window_s=window_s,
-                    since=since, until=until)
+                    since=since, until=until,
+                    findings=findings_before_incidents(
+                        log.findings[_in_window(log.findings["time"], since, until)],
+                        incidents))
+
+
+#: A finding names the incident on its node that followed within this long.
+FINDING_LEAD_S = 600.0
+
+
+def findings_before_incidents(findings: pd.DataFrame, incidents: pd.DataFrame
+                              ) -> pd.DataFrame:
+    """The monitor's findings, each with the first incident of the same run on the same
+    node detected within :data:`FINDING_LEAD_S` after it was seen ("Xid 79 seen 6 s
+    before the crash"): ``before_incident`` is ``"<incident> <class> +<s> s"`` or empty."""
+    out = findings[["run_id", "time", "node", "kind", "check", "severity", "class",
+                    "reason", "seen_at"]].copy()
+    seen = out["seen_at"].fillna(out["time"])
+    labels: list[str] = []
+    for run_id, node, t in zip(out["run_id"], out["node"], seen, strict=True):
+        label = ""
+        same = incidents[(incidents["run_id"] == run_id)
+                         & (incidents["detected_at"] >= t)
+                         & (incidents["detected_at"] <= t + FINDING_LEAD_S)]
+        for inc in same.sort_values("detected_at").to_dict("records"):
+            if node in (inc["nodes"] or []):
+                label = f"{inc['incident']} {inc['class']} +{inc['detected_at'] - t:.1f} s"
+                break
+        labels.append(label)
+    out["before_incident"] = labels
+    return out

@@ -84,6 +84,10 @@ def sections(an: Analysis) -> list[tuple[str, str, pd.DataFrame | None]]:
         ("Nodes", "Repeat offender: named by >= 2 separate faults by one source.",
          an.nodes.reset_index()),
     ]
+    if an.findings is not None and len(an.findings):
+        out.append(("In-job monitor findings", "What each node's monitor saw while the job "
+                    "ran; before_incident names the incident on the same node that "
+                    "followed (within 10 minutes) and how long after.", an.findings))
     if an.fleet is not None:
         fleet = pd.DataFrame(list(an.fleet.headline().items()), columns=["figure", "value"])
         out += [("Fleet (sacct)", "", fleet),
