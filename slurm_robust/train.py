@@ -60,7 +60,9 @@ from typing import Any
 # DDP users: wrap_ddp, not DistributedDataParallel, for bit-identical restarts.
 from slurm_robust.ddp import wrap_ddp  # noqa: F401  (re-exported)
 from slurm_robust.launcher.classify import EXIT_NONFINITE, EXIT_SPIKE
+from slurm_robust.launcher.control.events import EventLog
 from slurm_robust.launcher.control.policy import step_anomaly
+from slurm_robust.stacks.handler import DEFAULT_TEMPLATE, install_stack_dump_handler
 
 POISON_SIGNAL = signal.SIGUSR1
 #: Where registered Stateful objects' states travel inside a snapshot's extras.
@@ -127,7 +129,7 @@ class RobustRun:
         self.data_position, self.extras = None, {}
         if not self.robust:
             return 0
-        from slurm_robust import ckpt
+        from slurm_robust import ckpt  # lazy: torch, only in a robust worker
 
         cfg = ckpt.CheckpointConfig.from_env(peer_backup=self.world_size > 1)
         rank_nodes = json.loads(os.environ.get("SLURM_ROBUST_RANK_NODES") or "null")
@@ -193,7 +195,7 @@ class RobustRun:
                 history.append(float(value))
                 del history[:-64]
         if self._mgr is not None and model is not None:
-            from slurm_robust import ckpt
+            from slurm_robust import ckpt  # lazy: torch, only in a robust worker
 
             # Copies: the snapshot is taken in the background, and a loader's state or
             # the caller's extras may change before it is.
@@ -291,8 +293,6 @@ def init(backend: str | None = None, timeout_s: float = 1800.0) -> RobustRun:
     if progress:
         run._progress_fd = os.open(progress, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     if run.run_dir:
-        from slurm_robust.stacks.handler import DEFAULT_TEMPLATE, install_stack_dump_handler
-
         install_stack_dump_handler(os.path.join(run.run_dir, DEFAULT_TEMPLATE))
 
     def _poison(signum: int, frame: Any) -> None:
@@ -325,7 +325,5 @@ def params_digest(model: Any) -> str:
 
 
 def _standalone_run_end(path: str, job_id: str, sha: str | None, step: Any) -> None:
-    from slurm_robust.launcher.control.events import EventLog
-
     EventLog(path, run_id=f"standalone-{job_id}", job_id=None).run_end(
         "completed", step if isinstance(step, int) else None, sha, None)

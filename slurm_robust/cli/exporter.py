@@ -10,6 +10,8 @@ import argparse
 import signal
 import threading
 
+from slurm_robust.errors import UsageError
+
 HELP = "serve health-check, drain, verdict and warm-reserve metrics on /metrics"
 
 
@@ -24,9 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Lazy: `slurm-robust --help` imports every subcommand module; prometheus_client
+    # and the reserve's readers are needed only when the exporter runs.
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from slurm_robust.errors import UsageError
     from slurm_robust.launcher.paths import site_config_path
     from slurm_robust.reserve.metrics import ReserveCollector, cluster_refresh
 

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_robust.cluster import prometheus as prom
 from slurm_robust.cluster.config import REPO_ROOT, ClusterConfig
 from slurm_robust.cluster.daemons import (
     ClusterError,
@@ -28,6 +29,7 @@ from slurm_robust.cluster.daemons import (
     tail,
     wait_for,
 )
+from slurm_robust.cluster.prometheus import PACKAGE
 from slurm_robust.cluster.templates import (
     NODE_PROGRAMS,
     SPANK_PLUGIN,
@@ -67,7 +69,6 @@ class UpReport:
 def missing_packages(prometheus: bool = False) -> list[str]:
     wanted = dict(PACKAGES)
     if prometheus:  # opt-in (cluster up --prometheus): see cluster/prometheus.py
-        from slurm_robust.cluster.prometheus import PACKAGE
         wanted[PACKAGE[0]] = PACKAGE[1]
     return [pkg for pkg, path in wanted.items() if not Path(path).exists()]
 
@@ -208,7 +209,6 @@ class MiniCluster:
             start_daemon(self.daemon(f"slurmd-{node}"), self.cfg.root, env)
         self._wait_nodes_ready(timeout_s)
         if prometheus:
-            from slurm_robust.cluster import prometheus as prom
             prom.start(self.cfg, env)
         after = self.running()
         started = [n for n, pid in after.items() if before.get(n) is None and pid]

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from slurm_robust.health.errors import NoNVMLError
 from slurm_robust.taxonomy import (
     ROWS,
     TABLE,
@@ -373,7 +374,6 @@ def _classify(ev: Evidence) -> Classification:
 def nvml_evidence(view: Any) -> dict[str, Any]:
     """Read the GPU probes the classifier uses through a health ProbeView
     (``Probes(...).view()``); {} on a node without NVML (nothing injected)."""
-    from slurm_robust.health.probes import NoNVMLError
     try:
         return dict(view.gpu("xid_events", "ecc_uncorrectable", "gpu_count", "remap"))
     except NoNVMLError:
