@@ -44,6 +44,7 @@ from slurm_robust.launcher.control.policy import (
     rendezvous_port,
 )
 from slurm_robust.launcher.control.requeue import drain_directly, requeue_job, write_verdict
+from slurm_robust.launcher.control.slurm_actions import ActionState, SlurmAction
 from slurm_robust.launcher.control.state import RunState, load_state, save_state
 from slurm_robust.launcher.enums import (
     Category,
@@ -58,7 +59,6 @@ from slurm_robust.launcher.enums import (
 from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.messages import Plan, Progress, WorkerExit
 from slurm_robust.launcher.paths import RunPaths
-from slurm_robust.slurm import SlurmCommandError
 from slurm_robust.stacks.analyze import analyze
 from slurm_robust.stacks.dumps import read_capture
 from slurm_robust.stacks.failslow import FailSlowDecision, FailSlowMonitor
@@ -85,7 +85,11 @@ class Member(Protocol):
 
 @dataclass
 class SlurmSide:
-    """The Slurm calls recovery makes, injectable so a test can record them."""
+    """The Slurm calls recovery makes, injectable so a test can record them.
+
+    ``requeue`` and ``drain`` block (they wait out a slurmctld outage, see
+    slurm_actions.py), so recovery runs them as :class:`SlurmAction` threads and polls
+    them on its tick: the controller's lock is never held across a Slurm command."""
 
     requeue: Callable[[str, Sequence[str]], None] = requeue_job
     drain: Callable[[Sequence[str], str], object] = drain_directly
@@ -157,6 +161,9 @@ class Recovery:
         self.result: dict[str, Any] = {}
         self.done_at: float | None = None
         self.started_at = clock()
+        #: Slurm actions started by this owner (in flight or finished), oldest first.
+        self.actions: list[SlurmAction] = []
+        self._requeue_action: SlurmAction | None = None
 
     # ------------------------------------------------------------------ read side
     @property
@@ -225,6 +232,9 @@ class Recovery:
     def tick(self, now: float) -> None:
         if self._phase is Phase.GATHER:
             self._gather(now)
+            return
+        if self._phase is Phase.REQUEUED:
+            self._poll_requeue()
             return
         if self._phase not in (Phase.RUNNING, Phase.DUMPING):
             return
@@ -429,7 +439,8 @@ class Recovery:
                                incident["class"], incident["evidence"], incident["incident"],
                                self.cfg.site_config)
         if decision.evict and self.cfg.drain:
-            self.slurm.drain(list(decision.evict), decision.reason)
+            evict, reason = list(decision.evict), decision.reason
+            self._start_action("drain", lambda: self.slurm.drain(evict, reason))
         st.open_incident = incident
         if decision.rung == Rung.REQUEUE:
             self._requeue(decision)
@@ -457,10 +468,28 @@ class Recovery:
         self._plans = {i: Plan(role=Role.HOLD, gen=gen_no, attempt=st.attempt)
                        for i in self.members}
         self._enter(Phase.REQUEUED)
-        try:
-            self.slurm.requeue(self.ident.job_id, st.blamed)
-        except SlurmCommandError as exc:
-            self.finish(RunStatus.FAILED, f"requeue refused by Slurm: {exc}")
+        job_id, exclude = self.ident.job_id, list(st.blamed)
+        self._requeue_action = self._start_action(
+            "requeue", lambda: self.slurm.requeue(job_id, exclude))
+
+    def _start_action(self, name: str, call: Callable[[], object]) -> SlurmAction:
+        action = SlurmAction(name, call, self.clock).start()
+        self.actions.append(action)
+        return action
+
+    def _poll_requeue(self) -> None:
+        """The requeue runs in its own thread; a refusal (after the retry budget, and
+        after Slurm said the job was not requeued after all) ends the run."""
+        action = self._requeue_action
+        if action is None:
+            return
+        outcome = action.outcome()
+        if outcome.state is ActionState.FAILED:
+            self._requeue_action = None
+            self.finish(RunStatus.FAILED, f"requeue refused by Slurm: {outcome.error}")
+        elif outcome.state is ActionState.DONE:
+            self._requeue_action = None
+            log.info("job %s requeued; holding until the allocation ends", self.ident.job_id)
 
     def _handle_fail_slow(self, gen: Generation, decision: FailSlowDecision,
                           now: float) -> None:
