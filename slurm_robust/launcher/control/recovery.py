@@ -587,6 +587,11 @@ class Recovery:
             else self.state.last_step
         digest = final.params_sha256 if final is not None else None
         if write:
+            if self.state.open_incident is not None:
+                # The incident that ends a run (a refused requeue, a failure mid-recovery)
+                # reaches the event log too, as it stood (issue 22 item 4).
+                self._write_incident(self.state.open_incident)
+                self.state.open_incident = None
             self.events.run_end(status, step, digest, verdict)
             self.state.finished, self.state.verdict = status, verdict
             self.persist()

@@ -270,6 +270,9 @@ def test_a_refused_requeue_ends_the_run(tmp_path):
     assert h.rec.phase is Phase.DONE
     assert h.rec.result["status"] == "failed"
     assert "requeue refused" in h.rec.result["verdict"]
+    inc, = h.incidents()  # the incident that ended the run is in the event log
+    assert inc["class"] == "kernel_panic" and inc["rung"] == "requeue"
+    assert h.rec.state.open_incident is None
 
 
 def test_the_phase_table_refuses_a_wrong_transition(tmp_path):
