@@ -323,6 +323,16 @@ class MiniCluster:
         if was_running and reconfigure:
             run_slurm_command(["scontrol", "reconfigure"], env=env)
 
+    def stop_slurmctld(self) -> None:
+        """Stop slurmctld alone (a rehearsal of a controller outage; jobs keep running)."""
+        pid = self.daemon("slurmctld").pid(self.cfg.root)
+        if pid is not None:
+            stop_pids([pid], self.cfg.root)
+
+    def start_slurmctld(self) -> None:
+        """Start slurmctld again after :meth:`stop_slurmctld` (waits until it answers)."""
+        self._start_slurmctld(self.cfg.env(), reconfigure=False)
+
     def _wait_nodes_ready(self, timeout_s: float) -> None:
         env = self.cfg.env()
         quick = RetryPolicy(attempts=1, timeout_s=10)

@@ -128,6 +128,10 @@ class Controller:
             self.recovery.metrics.close()  # stop serving, withdraw the discovery target
         return dict(self.recovery.result)
 
+    def alive(self) -> bool:
+        """Whether the tick loop still runs (agent 0 waits for a live, slow controller)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def _loop(self) -> None:
         while True:
             with self.lock:

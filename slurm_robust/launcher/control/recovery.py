@@ -47,6 +47,7 @@ from slurm_robust.launcher.control.policy import (
     rendezvous_port,
 )
 from slurm_robust.launcher.control.requeue import drain_directly, requeue_job, write_verdict
+from slurm_robust.launcher.control.slurm_actions import ActionState, SlurmAction
 from slurm_robust.launcher.control.state import RunState, load_state, save_state
 from slurm_robust.launcher.enums import (
     Category,
@@ -68,7 +69,6 @@ from slurm_robust.launcher.messages import (
     WorkerExit,
 )
 from slurm_robust.launcher.paths import RunPaths
-from slurm_robust.slurm import SlurmCommandError
 from slurm_robust.stacks.analyze import analyze
 from slurm_robust.stacks.dumps import read_capture
 from slurm_robust.stacks.failslow import FailSlowDecision, FailSlowMonitor
@@ -101,7 +101,11 @@ class Member(Protocol):
 
 @dataclass
 class SlurmSide:
-    """The Slurm calls recovery makes, injectable so a test can record them."""
+    """The Slurm calls recovery makes, injectable so a test can record them.
+
+    ``requeue`` and ``drain`` block (they wait out a slurmctld outage, see
+    slurm_actions.py), so recovery runs them as :class:`SlurmAction` threads and polls
+    them on its tick: the controller's lock is never held across a Slurm command."""
 
     requeue: Callable[[str, Sequence[str]], None] = requeue_job
     drain: Callable[[Sequence[str], str], object] = drain_directly
@@ -193,6 +197,9 @@ class Recovery:
         # Live metrics (docs/METRICS.md), set by the controller once it serves them;
         # fed here because this owner is where steps, incidents and recoveries happen.
         self.metrics: RunMetrics | None = None
+        #: Slurm actions started by this owner (in flight or finished), oldest first.
+        self.actions: list[SlurmAction] = []
+        self._requeue_action: SlurmAction | None = None
 
     # ------------------------------------------------------------------ read side
     @property
@@ -275,6 +282,9 @@ class Recovery:
     def tick(self, now: float) -> None:
         if self._phase is Phase.GATHER:
             self._gather(now)
+            return
+        if self._phase is Phase.REQUEUED:
+            self._poll_requeue()
             return
         if self._phase not in (Phase.RUNNING, Phase.DUMPING, Phase.DIAGNOSING):
             return
@@ -510,7 +520,8 @@ class Recovery:
                                incident["class"], incident["evidence"], incident["incident"],
                                self.cfg.site_config)
         if decision.evict and self.cfg.drain:
-            self.slurm.drain(list(decision.evict), decision.reason)
+            evict, reason = list(decision.evict), decision.reason
+            self._start_action("drain", lambda: self.slurm.drain(evict, reason))
         st.open_incident = incident
         if decision.rung == Rung.REQUEUE:
             self._requeue(decision)
@@ -538,10 +549,28 @@ class Recovery:
         self._plans = {i: Plan(role=Role.HOLD, gen=gen_no, attempt=st.attempt)
                        for i in self.members}
         self._enter(Phase.REQUEUED)
-        try:
-            self.slurm.requeue(self.ident.job_id, st.blamed)
-        except SlurmCommandError as exc:
-            self.finish(RunStatus.FAILED, f"requeue refused by Slurm: {exc}")
+        job_id, exclude = self.ident.job_id, list(st.blamed)
+        self._requeue_action = self._start_action(
+            "requeue", lambda: self.slurm.requeue(job_id, exclude))
+
+    def _start_action(self, name: str, call: Callable[[], object]) -> SlurmAction:
+        action = SlurmAction(name, call, self.clock).start()
+        self.actions.append(action)
+        return action
+
+    def _poll_requeue(self) -> None:
+        """The requeue runs in its own thread; a refusal (after the retry budget, and
+        after Slurm said the job was not requeued after all) ends the run."""
+        action = self._requeue_action
+        if action is None:
+            return
+        outcome = action.outcome()
+        if outcome.state is ActionState.FAILED:
+            self._requeue_action = None
+            self.finish(RunStatus.FAILED, f"requeue refused by Slurm: {outcome.error}")
+        elif outcome.state is ActionState.DONE:
+            self._requeue_action = None
+            log.info("job %s requeued; holding until the allocation ends", self.ident.job_id)
 
     def _handle_fail_slow(self, gen: Generation, decision: FailSlowDecision,
                           now: float) -> None:
@@ -761,6 +790,11 @@ class Recovery:
         if write and status == RunStatus.COMPLETED and self.state.open_incident is not None:
             self._close_on_completion(gen, self.clock())
         if write:
+            if self.state.open_incident is not None:
+                # The incident that ends a run (a refused requeue, a failure mid-recovery)
+                # reaches the event log too, as it stood (issue 22 item 4).
+                self._write_incident(self.state.open_incident)
+                self.state.open_incident = None
             self.events.run_end(status, step, digest, verdict)
             self.state.finished, self.state.verdict = status, verdict
             self.persist()

@@ -20,6 +20,7 @@ from typing import Any
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control.events import last_logged_step, make_incident
+from slurm_robust.launcher.control.slurm_actions import retry_transient
 from slurm_robust.launcher.control.state import load_state, save_state
 from slurm_robust.launcher.paths import RunPaths, load_site
 from slurm_robust.records import VERDICT_SCHEMA, VERDICT_VERSION, append_record, make_record
@@ -53,31 +54,63 @@ def write_verdict(paths: RunPaths, job_id: str, node: str, reason: str, cls: str
 
 
 def drain_directly(nodes: Sequence[str], reason: str) -> list[str]:
-    """Drain as a Slurm operator; returns the nodes drained (refusals are logged)."""
+    """Drain as a Slurm operator; returns the nodes drained (refusals are logged).
+
+    A slurmctld that is away is waited for (slurm_actions' budget); run it off the
+    control loop (recovery starts it as a SlurmAction)."""
     slurm, done = Slurm(), []
     for node in nodes:
         try:
-            slurm.drain(node, f"slurm_robust: {reason}")
+            retry_transient(lambda n=node: slurm.drain(n, f"slurm_robust: {reason}"),
+                            f"drain {node}")
             done.append(node)
         except SlurmCommandError as exc:
             log.warning("could not drain %s directly (not a Slurm operator?): %s", node, exc)
     return done
 
 
-def requeue_job(job_id: str, exclude: Sequence[str]) -> None:
+def requeued_since(slurm: Slurm, job_id: str, restart_count: int) -> bool:
+    """Whether Slurm has requeued the job since this allocation started: its restart
+    count went up, or it is pending again. Raises SlurmCommandError when Slurm cannot
+    tell (slurmctld away)."""
+    job = slurm.job(job_id)
+    if job is None:
+        return False
+    return job.restart_count > restart_count or job.state in REQUEUED_STATES
+
+
+#: squeue states of a job that went back to the queue.
+REQUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+
+
+def requeue_job(job_id: str, exclude: Sequence[str], restart_count: int | None = None,
+                slurm: Slurm | None = None) -> None:
     """Requeue, keep the job off ``exclude``, and start it again as soon as possible.
 
-    Raises SlurmCommandError when the requeue itself is refused; the follow-up updates
-    are best effort (a job already running again cannot take ExcNodeList).
+    A slurmctld that is away, busy or answers "Unexpected message received" is retried
+    within slurm_actions' budget; before each repeat Slurm is asked whether the requeue
+    already went through (the job's restart count above ``restart_count``, by default
+    this allocation's ``SLURM_RESTART_COUNT``, or the job pending again), so a lost
+    answer never becomes a failed run behind a queued job. Raises SlurmCommandError when
+    the requeue is refused for good; the follow-up updates are best effort (a job
+    already running again cannot take ExcNodeList). Blocks: run it as a SlurmAction.
     """
-    slurm = Slurm()
-    slurm.requeue(job_id, start_now=False)
+    slurm = slurm or Slurm()
+    if restart_count is None:
+        restart_count = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+    def settled() -> bool:
+        return requeued_since(slurm, job_id, restart_count)
+
+    retry_transient(lambda: slurm.requeue(job_id, start_now=False), f"requeue {job_id}",
+                    settled=settled)
     fields: dict[str, str] = {"StartTime": "now"}
     if exclude:
         fields["ExcNodeList"] = ",".join(sorted(set(exclude)))
     for attempt in range(5):
         try:
-            slurm.update_job(job_id, **fields)
+            retry_transient(lambda: slurm.update_job(job_id, **fields),
+                            f"update {job_id} after requeue")
             return
         except SlurmCommandError as exc:
             log.warning("update after requeue of %s failed (try %d): %s", job_id, attempt, exc)
@@ -89,6 +122,12 @@ def requeue_after_controller_loss(cfg: RunConfig, ident: Any, controller_node: s
     """Called by an agent that lost the controller: exactly one agent (an O_EXCL lock
     file per job step) records the incident in the run state, writes the verdict for
     the controller's node and requeues the job. Returns whether this agent did it."""
+    if controller_node is not None and controller_node == ident.node:
+        # Losing contact with a controller on this very node says nothing against the
+        # node (issue 22: a busy controller made agent 0 blame its own healthy node).
+        log.warning("controller on this node (%s) not answering: %s; nothing blamed",
+                    ident.node, why)
+        return False
     paths = RunPaths.of(cfg.run_dir)
     lock = paths.root / f"requeue-{ident.step_key}.lock"
     try:
@@ -121,5 +160,5 @@ def requeue_after_controller_loss(cfg: RunConfig, ident: Any, controller_node: s
                   incident["incident"], cfg.site_config)
     if cfg.drain:
         drain_directly([node], reason)
-    requeue_job(ident.job_id, state.blamed)
+    requeue_job(ident.job_id, state.blamed, ident.restart_count)
     return True

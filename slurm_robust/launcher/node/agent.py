@@ -24,6 +24,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,9 @@ class Agent:
         # the reports until one is answered.
         self.monitor = start_monitor(ident.node, ident.job_id, self.site)
         self.findings: list[Finding] = []
+        #: Set on agent 0: whether the controller thread in this process still runs. A
+        #: live local controller that is slow to answer is waited for, never blamed.
+        self.local_controller: Callable[[], bool] | None = None
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
@@ -136,7 +140,12 @@ class Agent:
                     chan.close()
                 chan = None
                 if time.time() - last_ok > self.cfg.heartbeat_timeout_s:
-                    return self.controller_lost(str(exc), last_ok)
+                    if self.local_controller is not None and self.local_controller():
+                        log.warning("agent %s: local controller slow to answer (%s); "
+                                    "waiting", self.ident.index, exc)
+                        last_ok = time.time()
+                    else:
+                        return self.controller_lost(str(exc), last_ok)
                 time.sleep(self.cfg.heartbeat_s)
                 continue
             done = self.apply(plan)
@@ -385,7 +394,10 @@ def run_agent(cfg: RunConfig) -> dict[str, Any]:
     if ident.index == 0:
         controller = Controller(cfg, ident)
         controller.start()
-    code = Agent(cfg, ident).run()
+    agent = Agent(cfg, ident)
+    if controller is not None:
+        agent.local_controller = controller.alive
+    code = agent.run()
     summary: dict[str, Any] = {"agent": ident.index, "node": ident.node, "exit_code": code}
     if controller is not None:
         result = controller.join()

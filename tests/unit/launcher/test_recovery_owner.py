@@ -130,6 +130,13 @@ class Harness:
 
     def settle(self) -> None:
         self.tick(SETTLE_S + 0.05)
+        self.wait_slurm()
+
+    def wait_slurm(self) -> None:
+        """Slurm actions run in threads: let them finish, then let recovery poll them."""
+        for action in self.rec.actions:
+            action.join(5)
+        self.tick(0.0)
 
     def incidents(self) -> list[dict[str, Any]]:
         recs = read_records(RunPaths.of(self.cfg.run_dir).events).records
@@ -263,6 +270,9 @@ def test_a_refused_requeue_ends_the_run(tmp_path):
     assert h.rec.phase is Phase.DONE
     assert h.rec.result["status"] == "failed"
     assert "requeue refused" in h.rec.result["verdict"]
+    inc, = h.incidents()  # the incident that ended the run is in the event log
+    assert inc["class"] == "kernel_panic" and inc["rung"] == "requeue"
+    assert h.rec.state.open_incident is None
 
 
 def test_the_phase_table_refuses_a_wrong_transition(tmp_path):
@@ -274,3 +284,30 @@ def test_the_phase_table_refuses_a_wrong_transition(tmp_path):
     assert h.rec.phase is Phase.DONE
     with pytest.raises(PhaseError, match="done -> running"):
         h.rec._enter(Phase.RUNNING)
+
+
+def test_a_requeue_in_flight_never_blocks_the_tick(tmp_path):
+    """Issue 22: slurmctld away during a requeue. The tick returns at once while the
+    requeue waits in its thread; the run fails only when the requeue does."""
+    import threading
+
+    h = Harness(tmp_path, spares=0)
+    release, entered = threading.Event(), threading.Event()
+
+    def slow_requeue(job_id: str, exclude: Any) -> None:
+        entered.set()
+        release.wait(10)
+        raise SlurmCommandError(["scontrol", "requeue", job_id], 1, "denied")
+
+    h.rec.slurm.requeue = slow_requeue
+    h.start()
+    h.fail(h.members[1], "kernel_panic")
+    h.tick(SETTLE_S + 0.05)
+    assert entered.wait(5)
+    for _ in range(5):
+        h.tick()  # returns although the requeue is still blocked
+    assert h.rec.phase is Phase.REQUEUED
+    assert h.rec.plan_for(0).role == Role.HOLD
+    release.set()
+    h.wait_slurm()
+    assert h.rec.phase is Phase.DONE and "denied" in h.rec.result["verdict"]
