@@ -417,10 +417,13 @@ def test_injected_xid79_with_ambiguous_cuda_error_evicts_the_node(runs, miniclus
         first = incidents[0]
         assert first["rung"] == "spare" and first["nodes"] == [victim], first
         ev = first["evidence"]
-        # Either the worker's own classification saw the Xid through the node's probes,
-        # or stop-time diagnosis failed on gpu_xid: both name Xid 79.
+        # The in-job monitor may see the Xid first (and evict before the crash), else
+        # the worker's own classification sees it through the node's probes, else
+        # stop-time diagnosis fails on gpu_xid: each names Xid 79.
+        monitor = ev.get("monitor") or {}
         named = 79 in ev.get("xids", []) or any(
-            f["check"] == "gpu_xid" for f in ev.get("diagnosis", {}).get("failed", []))
+            f["check"] == "gpu_xid" for f in ev.get("diagnosis", {}).get("failed", [])) or (
+            monitor.get("check") == "gpu_xid" and "Xid 79" in monitor.get("reason", ""))
         assert named, ev
         assert [(v["node"]) for v in _verdicts(run)] == [victim]
         # The spare took the slot; the worker there raises at step 12 again (the flag
