@@ -39,6 +39,15 @@ SUITE_BUDGET_KEY = "suite_budget_s"
 DEFAULT_SUITE_BUDGET_S = {QUICK: 10.0, DEEP: 60.0}
 
 
+def failure_reason(prefix: str, failures: list[CheckResult]) -> str:
+    """One line naming the first failing check and its evidence, "" when none failed:
+    the drain reason of a suite, the verdict line of a stop-time diagnosis."""
+    if not failures:
+        return ""
+    more = f" (+{len(failures) - 1} more failed)" if len(failures) > 1 else ""
+    return f"{prefix}: {failures[0].reason}{more}"
+
+
 @dataclass(frozen=True)
 class SuiteResult:
     """The results of one suite run on one node."""
@@ -67,11 +76,7 @@ class SuiteResult:
     @property
     def reason(self) -> str:
         """Drain reason naming the first failing check and its evidence; "" if passed."""
-        f = self.failures
-        if not f:
-            return ""
-        more = f" (+{len(f) - 1} more failed)" if len(f) > 1 else ""
-        return f"slurm_robust: {f[0].reason}{more}"
+        return failure_reason("slurm_robust", self.failures)
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "job": self.job, "stage": self.stage, "suite": self.suite,

@@ -27,7 +27,7 @@ from typing import Any
 from slurm_robust.health.framework import QUICK, CheckContext, CheckResult, Status, run_check
 from slurm_robust.health.journal import journal_path, make_records, write_run
 from slurm_robust.health.probes import Probes
-from slurm_robust.health.suite import plan_suite
+from slurm_robust.health.suite import failure_reason, plan_suite
 from slurm_robust.site_config import SiteConfig, load_site_config
 
 #: The self-test: deep checks short enough to run while the job waits, with smaller sizes.
@@ -68,11 +68,7 @@ class Diagnosis:
     @property
     def reason(self) -> str:
         """One line for a verdict: the first failing check and its evidence."""
-        f = self.failures
-        if not f:
-            return ""
-        more = f" (+{len(f) - 1} more failed)" if len(f) > 1 else ""
-        return f"diagnosis: {f[0].reason}{more}"
+        return failure_reason("diagnosis", self.failures)
 
     def evidence(self) -> dict[str, Any]:
         """What a verdict or an incident records about the diagnosis."""

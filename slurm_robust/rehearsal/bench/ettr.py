@@ -32,6 +32,7 @@ from typing import Any
 from slurm_robust.cluster.config import ClusterConfig
 from slurm_robust.errors import SlurmRobustError, UsageError
 from slurm_robust.launcher.submit.status import run_status
+from slurm_robust.rehearsal.bench.polling import wait_for
 from slurm_robust.slurm import Slurm
 
 HELP = "long rehearsal with faults on a schedule: cumulative and 1-hour ETTR, downtime split"
@@ -129,9 +130,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _drive(cli: list[str], env: dict[str, str], job: str, run_dir: Path,
            args: argparse.Namespace, faults: list[str]) -> list[dict[str, Any]]:
-
-    first = _wait(lambda: run_dir.is_dir() and (s := run_status(str(run_dir))).get("step")
-                  and s, 600, "the first step")
+    first = wait_for(lambda: run_dir.is_dir() and (s := run_status(str(run_dir))).get("step")
+                     and s, 600, "the first step", every_s=0.5)
     t0 = float(first["last_step_time"])
     injected = []
     for at, fault in schedule(t0, args.minutes, args.fault_every, faults):
@@ -149,10 +149,9 @@ def _drive(cli: list[str], env: dict[str, str], job: str, run_dir: Path,
 
 
 def _wait_end(run_dir: Path, timeout_s: float) -> None:
-
-    _wait(lambda: run_status(str(run_dir)).get("status") in ("completed", "stopped",
-                                                             "failed"),
-          timeout_s, "the run to end")
+    wait_for(lambda: run_status(str(run_dir)).get("status") in ("completed", "stopped",
+                                                                "failed"),
+             timeout_s, "the run to end", every_s=0.5)
 
 
 def _report(run_dir: Path, args: argparse.Namespace, faults: list[str],
@@ -194,13 +193,3 @@ def _report(run_dir: Path, args: argparse.Namespace, faults: list[str],
                                    f"{TARGET_FAULT_EVERY_S:g} s",
                    "met": bool(ettr is not None and ettr >= TARGET_ETTR and at_scale)},
     }
-
-
-def _wait(probe: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise SlurmRobustError(f"timed out after {timeout:g} s waiting for {what}")

@@ -41,6 +41,7 @@ from slurm_robust.cluster.config import ClusterConfig
 from slurm_robust.errors import SlurmRobustError
 from slurm_robust.launcher.submit.status import run_status
 from slurm_robust.records import read_records
+from slurm_robust.rehearsal.bench.polling import wait_for
 from slurm_robust.slurm import Slurm
 
 HELP = ("recovery from a killed worker: robust launcher vs torchrun+DCP and plain Slurm "
@@ -182,16 +183,16 @@ def _plain_run(slurm: Any, cfg: Any, args: argparse.Namespace,
                         "--requeue", "-J", f"bench-{kind}", "-o", str(run_dir / "slurm-%j.out")],
                        script=script)
     try:
-        last = _wait(lambda: _max_step(progress) >= args.fault_step, args.timeout,
-                     "plain run to reach the fault step")
+        last = wait_for(lambda: _max_step(progress) >= args.fault_step, args.timeout,
+                        "plain run to reach the fault step")
         pid = _find_worker(marker, rank=str(args.nodes - 1))
         fault_t = time.time()
         os.kill(pid, signal.SIGKILL)
         last = _max_step(progress)
-        nxt = _wait(lambda: _first_after(progress, fault_t), args.timeout,
-                    "plain run to finish a step after the fault")
-        _wait(lambda: (j := slurm.job(job)) is not None and j.finished, args.timeout,
-              "plain run to end")
+        nxt = wait_for(lambda: _first_after(progress, fault_t), args.timeout,
+                       "plain run to finish a step after the fault")
+        wait_for(lambda: (j := slurm.job(job)) is not None and j.finished, args.timeout,
+                 "plain run to end")
     finally:
         j = slurm.job(job)
         if j is not None and not j.finished:
@@ -219,16 +220,17 @@ def _robust_run(cfg: Any, args: argparse.Namespace, train: list[str]) -> dict[st
     if out.returncode != 0:
         raise SlurmRobustError(f"robust submit failed: {out.stderr.strip()}")
     job = json.loads(out.stdout)["job_id"]
-    _wait(lambda: (run_status(run_dir).get("step") or 0) >= args.fault_step, args.timeout,
-          "robust run to reach the fault step")
+    wait_for(lambda: (run_status(run_dir).get("step") or 0) >= args.fault_step, args.timeout,
+             "robust run to reach the fault step")
     fault_t = time.time()
     inj = subprocess.run([*cli, "inject", "kill-worker", "--job", job, "--rank",
                           str(args.nodes - 1), "--json"], env=env, capture_output=True,
                          text=True, timeout=60)
     if inj.returncode != 0:
         raise SlurmRobustError(f"injection failed: {inj.stderr.strip()}")
-    status = _wait(lambda: (s := run_status(run_dir)).get("status") in
-                   ("completed", "stopped", "failed") and s, args.timeout, "robust run end")
+    status = wait_for(lambda: (s := run_status(run_dir)).get("status") in
+                      ("completed", "stopped", "failed") and s, args.timeout,
+                      "robust run end")
     events = read_records(Path(run_dir) / "events.jsonl").records
     incident = next(e for e in events if e.get("event") == "incident")
     # The kill happens inside the inject command, a moment after fault_t; the incident
@@ -241,16 +243,6 @@ def _robust_run(cfg: Any, args: argparse.Namespace, train: list[str]) -> dict[st
             "restore_tier": incident["restore_tier"], "steps_redone": incident["steps_lost"],
             "wall_s": round(time.time() - t0, 1), "params_sha256": status.get("params_sha256"),
             "run_dir": run_dir}
-
-
-def _wait(probe: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise SlurmRobustError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 def _steps(progress: Path) -> list[tuple[int, float]]:
@@ -296,4 +288,3 @@ def _cred_expire(cfg: Any) -> int | None:
         if "cred_expire=" in part:
             return int(part.split("cred_expire=")[1].split(",")[0])
     return None
-
