@@ -98,6 +98,13 @@ def read_injections(state_dir: Path) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k in PROBES}
 
 
+def enabled_injections(state_dir: Path, injection_enabled: bool) -> dict[str, Any]:
+    """The node's injected probe values when the site config enables injection, else {}:
+    every long-lived reader (the in-job monitor, the agent's evidence) goes through this,
+    so a leftover inject.json never steers a production node (README "Security model")."""
+    return read_injections(state_dir) if injection_enabled else {}
+
+
 class Probes:
     """Readings for one suite run: injected values first, then the real source.
 

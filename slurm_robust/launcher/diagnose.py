@@ -92,7 +92,8 @@ def diagnose(node: str, *, config: SiteConfig | None = None, probes: Probes | No
               if QUICK in chk.suites or chk.name in tests]
     state_dir = cfg.state_path(node)
     state_dir.mkdir(parents=True, exist_ok=True)
-    probes = probes if probes is not None else Probes.for_node(state_dir)
+    probes = probes if probes is not None else Probes.for_node(
+        state_dir, injection_enabled=cfg.injection_enabled)
     start = clock()
     deadline = start + budget_s
     results: list[CheckResult] = []

@@ -57,7 +57,7 @@ def test_prometheus_scrapes_a_run_with_one_fault_and_the_reserve(prometheus):
         assert len(incidents) == 1, incidents
         labels = incidents[0]["metric"]
         assert (labels["class"], labels["category"], labels["rung"]) == \
-            ("worker_crash", "explicit", "in_place")
+            ("worker_signal", "explicit", "in_place")
         assert float(incidents[0]["value"][1]) == 1.0
         assert labels["run_id"] == where["run_id"]
         recovered = wait_until("the recovery in Prometheus", lambda: query(

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.health.nvml import read_kmsg
-from slurm_robust.health.probes import Probes, read_injections
+from slurm_robust.health.probes import Probes, enabled_injections
 from slurm_robust.launcher.classify import Evidence, nvml_evidence
 from slurm_robust.site_config import SiteConfig
 
@@ -119,7 +119,8 @@ def gather(*, site: SiteConfig, node: str, job_id: str, pid: int, exit_code: int
     nvml: Mapping[str, Any] = {}
     try:
         if probes is None:
-            probes = Probes(read_injections(site.state_path(node)), state_dir=None)
+            probes = Probes(enabled_injections(site.state_path(node), site.injection_enabled),
+                            state_dir=None)
         nvml = nvml_evidence(probes.view())
     except Exception as exc:  # noqa: BLE001 - evidence is best effort, never a blocker
         skipped["nvml"] = f"{type(exc).__name__}: {exc}"[:200]

@@ -51,7 +51,7 @@ from slurm_robust.health.framework import (
 )
 from slurm_robust.health.journal import journal_path, make_records, write_run
 from slurm_robust.health.kernlog import KernelEvent, KernelEventKind, scan
-from slurm_robust.health.probes import Probes, read_injections
+from slurm_robust.health.probes import Probes, enabled_injections
 from slurm_robust.launcher.classify import XID_MEMORY, XID_UNAVAILABLE
 from slurm_robust.launcher.enums import IncidentClass, Severity
 from slurm_robust.launcher.messages import Finding, NodeSample
@@ -197,7 +197,7 @@ class NodeMonitor:
         # epilog (root); the monitor follows the kernel log itself (the kernel kind) and
         # must not consume Xids the epilog's drain decision needs.
         self.probes = probes if probes is not None else \
-            Probes(read_injections(self.state_dir))
+            Probes(enabled_injections(self.state_dir, site.injection_enabled))
         self.journal = journal_path(node, site) if journal else None
         self.clock, self.wall = clock, wall
         self.run_id = f"monitor-{job or 'nojob'}-{os.getpid()}"
@@ -272,7 +272,8 @@ class NodeMonitor:
         """Re-read the node's injections: a rehearsal's ``inject probe`` mid-run reaches
         the long-lived reader without re-initialising NVML."""
         try:
-            self.probes.injected = read_injections(self.state_dir)
+            self.probes.injected = enabled_injections(self.state_dir,
+                                                      self.site.injection_enabled)
         except RuntimeError as exc:  # a corrupt inject.json: keep the last good values
             log.warning("monitor on %s: %s", self.node, exc)
 
