@@ -185,7 +185,7 @@ def test_a_second_user_cannot_steer_drain_or_run_code_in_a_robust_job(minicluste
         holder.wait(timeout=30)
     assert end["status"] == "completed" and end["params_sha256"] == baseline_sha, end
     incidents = run.events("incident")
-    assert [(i["class"], i["rung"]) for i in incidents] == [("worker_crash", "in_place")]
+    assert [(i["class"], i["rung"]) for i in incidents] == [("worker_signal", "in_place")]
     restored = [e for e in run.events() if e.get("restore_tier")]
     assert all(e["restore_tier"] in ("memory", "peer") for e in restored), restored
     assert not Path(marker).exists(), "mallory's pickle ran as robust"
