@@ -39,8 +39,6 @@ FINDING_VERSION = 1
 SAMPLES_KEPT = 64
 #: GPU utilisation (percent) at or below which a GPU counts as idle.
 IDLE_UTIL = 1.0
-#: Traffic (bytes/s over the node's up interfaces) at or below which it counts as silent.
-SILENT_BYTES_PER_S = 1.0
 
 
 @dataclass
@@ -125,9 +123,12 @@ class NodeFindings:
     def idle_hang(self, nodes: list[str], since: float, now: float,
                   timeout_s: float) -> dict[str, Any] | None:
         """Evidence of an implicit hang, or None: for ``timeout_s`` up to ``now`` (and
-        after ``since``, the last progress) every node's samples show idle GPUs or, on a
-        node without GPU readings, a silent network, and each node was seen busy before
-        (so a job still loading is not a hang)."""
+        after ``since``, the last progress) every node's GPUs were idle, and each node's
+        GPUs were seen busy before (so a job still loading is not a hang).
+
+        Network silence alone is no evidence: the monitor knows no per-job interface
+        list, and a host's interfaces carry other traffic (or none, when the job talks
+        over loopback), so a script that reports no steps would be killed for silence."""
         if not nodes or now - since < timeout_s:
             return None
         evidence: dict[str, Any] = {}
@@ -135,21 +136,13 @@ class NodeFindings:
             kept = list(self.samples.get(node, ()))
             window = [s for s in kept if s.time >= now - timeout_s]
             before = [s for s in kept if s.time < now - timeout_s]
-            if not window or not before:
+            if not window or not before or any(s.gpu_util is None for s in window):
                 return None
-            if all(s.gpu_util is not None for s in window):
-                idle = all(s.gpu_util is not None and s.gpu_util <= IDLE_UTIL for s in window)
-                busy_before = any(s.gpu_util and s.gpu_util > IDLE_UTIL for s in before)
-                signal = "gpus_idle"
-            else:
-                idle = all(s.net_bytes_per_s is not None and
-                           s.net_bytes_per_s <= SILENT_BYTES_PER_S for s in window)
-                busy_before = any(s.net_bytes_per_s and s.net_bytes_per_s > SILENT_BYTES_PER_S
-                                  for s in before)
-                signal = "network_silent"
+            idle = all(s.gpu_util is not None and s.gpu_util <= IDLE_UTIL for s in window)
+            busy_before = any(s.gpu_util and s.gpu_util > IDLE_UTIL for s in before)
             if not (idle and busy_before):
                 return None
-            evidence[node] = signal
+            evidence[node] = "gpus_idle"
         return {"implicit_hang": evidence, "idle_for_s": round(timeout_s, 3)}
 
 
