@@ -39,13 +39,12 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import runpy
 import sys
 import time
 import weakref
 from pathlib import Path
 from typing import Any
-
-from slurm_robust.scriptenv import run_as_main
 
 SAVES_VERSION = 1
 
@@ -203,7 +202,13 @@ def main(argv: list[str] | None = None) -> None:
     reporter = StepReporter.from_env()
     if reporter.fd is not None:
         reporter.install()
-    run_as_main(args)
+    if args[0] == "-m":
+        sys.argv = args[1:]
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(args)
+        sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
+        runpy.run_path(args[0], run_name="__main__")
 
 
 if __name__ == "__main__":

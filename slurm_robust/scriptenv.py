@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import os
-import runpy
 import shutil
 import subprocess
 import sys
@@ -71,15 +70,3 @@ def interpreter_warning(command: Sequence[str], executable: str = sys.executable
                 "and slurm_robust must be importable there for the training API or "
                 "--auto-steps")
     return None
-
-
-def run_as_main(argv: Sequence[str]) -> None:
-    """Run ``script.py args`` or ``-m module args`` in this interpreter as ``__main__``,
-    with ``sys.argv`` and ``sys.path[0]`` as ``python`` itself would set them."""
-    if argv[0] == "-m":
-        sys.argv = list(argv[1:])
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = list(argv)
-        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
-        runpy.run_path(argv[0], run_name="__main__")
