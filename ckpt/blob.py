@@ -16,6 +16,7 @@ planted copy raises :class:`CorruptCopyError` and nothing else.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
@@ -26,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from slurm_robust.secure_fs import UnsafePathError, open_private_file
+from slurm_robust.secure_fs import UnsafePathError, check_private
 
 FORMAT = 2
 ALIGN = 64
@@ -321,9 +322,17 @@ def open_copy_file(path: Path) -> int:
     """Open a copy's file read-only without following a link; it must be a regular
     file of ours that others cannot write (else CorruptCopyError: it is skipped)."""
     try:
-        return open_private_file(path)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CorruptCopyError(f"{path}: is a symlink (planted?); not followed") from exc
+        raise
+    try:
+        check_private(os.fstat(fd), str(path), want_dir=False)
     except UnsafePathError as exc:
+        os.close(fd)
         raise CorruptCopyError(str(exc)) from exc
+    return fd
 
 
 def read_data_into(base: Path, header: dict[str, Any], out: np.ndarray) -> None:

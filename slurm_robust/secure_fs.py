@@ -44,23 +44,6 @@ def check_private(st: os.stat_result, where: str, want_dir: bool) -> None:
                               "users in; a private level must be 0700 (files 0600)")
 
 
-def open_private_file(path: str | os.PathLike[str]) -> int:
-    """Open a file of ours read-only without following a link: a regular file, ours, that
-    others cannot write (UnsafePathError otherwise, the fd closed). Returns the fd."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UnsafePathError(f"{path} is a symlink (planted?); not followed") from exc
-        raise
-    try:
-        check_private(os.fstat(fd), str(path), want_dir=False)
-    except UnsafePathError:
-        os.close(fd)
-        raise
-    return fd
-
-
 def _check_shared_root(fd: int, where: str) -> None:
     st = os.fstat(fd)
     mode = stat.S_IMODE(st.st_mode)

@@ -18,6 +18,7 @@ fake controller cannot produce the server's (the agent drops it).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import os
@@ -25,7 +26,7 @@ import secrets
 from pathlib import Path
 from typing import Any, Protocol
 
-from slurm_robust.secure_fs import UnsafePathError, open_private_file
+from slurm_robust.secure_fs import UnsafePathError, check_private
 
 SECRET_NAME = "run.secret"
 SECRET_BYTES = 32
@@ -71,8 +72,14 @@ def ensure_run_secret(run_dir: str | os.PathLike[str]) -> bytes:
 def read_run_secret(run_dir: str | os.PathLike[str]) -> bytes:
     """The run's secret (FileNotFoundError if absent; UnsafePathError if not private)."""
     path = secret_path(run_dir)
-    fd = open_private_file(path)
     try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePathError(f"{path} is a symlink; refusing it") from exc
+        raise
+    try:
+        check_private(os.fstat(fd), str(path), want_dir=False)
         data = os.read(fd, SECRET_BYTES + 1)
     finally:
         os.close(fd)
