@@ -11,9 +11,14 @@ What it checks on a CUDA machine:
 3. timing: step time with and without the per-step snapshot (alternating blocks), the
    blocking time per step and the D2H bandwidth;
 4. NCCL backup (two or more GPUs): two ranks on two simulated nodes exchange backups
-   over NCCL, and a rank whose node is "lost" restores from the peer tier.
+   over NCCL, and a rank whose node is "lost" restores from the peer tier;
+5. the NVML, NCCL and determinism paths (``gpu_paths``): every GPU probe through the real
+   NVML reader, the prolog and epilog suites with GPUs expected (``deep_collective`` over
+   NCCL included), ``train.init()`` over NCCL, and the reference computation of the
+   bitwise SDC test repeated bit for bit in fresh processes.
 
-Without CUDA it prints ``{"cuda": false, ...}`` and exits with status 2.
+Exit status 0 when every part is ok, 1 when one is not; without CUDA it prints
+``{"cuda": false, ...}`` and exits with status 2.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import torch
 from slurm_robust.ckpt.config import CheckpointConfig, purge_job_memory
 from slurm_robust.ckpt.manager import CheckpointManager
 from slurm_robust.ckpt.state import capture_state
+from slurm_robust.rehearsal.bench.gpu_paths import run_all as gpu_paths
 from slurm_robust.rehearsal.workloads.gpt import GPT, GPTConfig, n_params
 
 
@@ -163,11 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = {"cuda": True, "torch": torch.__version__,
                   "single_gpu": single_gpu(args.steps, args.layers, root),
-                  "nccl_backup": nccl_backup(root)}
+                  "nccl_backup": nccl_backup(root),
+                  "paths": gpu_paths(torch.cuda.device_count())}
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    single = result["single_gpu"]
+    result["ok"] = bool(single["restore_bit_exact"] and single["pinned"] and result["paths"]["ok"]
+                        and result["nccl_backup"].get("ok", True))
     print(json.dumps(result, indent=2, default=str))
-    return 0
+    return 0 if result["ok"] else 1
 
 
 if __name__ == "__main__":
