@@ -51,6 +51,8 @@ class CheckpointConfig:
             detects bit flips and torn copies, not swapped words) or "crc32" (zlib, about
             4 GB/s here). On CPU the checksum runs on the cores that train: crc32 every
             step cost about 4% of a step in `bench ckpt`, sum64 stays within noise.
+        checksum_threads: threads that sum64 a snapshot; 0 (default) means 4 when the
+            state is on a GPU (the node's cores are not training) and 1 on CPU (they are).
         peer_timeout_s: timeout of the private gloo groups (agreement and transfer).
         pin_memory: on CUDA, register the shared-memory buffers as pinned pages.
         job_key: the job's directory name under every tier root: the job id plus a keyed
@@ -69,6 +71,7 @@ class CheckpointConfig:
     peer_slots: int = 1
     chunk_bytes: int = 16 * MiB
     checksum: str = "sum64"
+    checksum_threads: int = 0
     peer_timeout_s: float = 300.0
     pin_memory: bool = True
     job_key: str | None = None
@@ -90,6 +93,9 @@ class CheckpointConfig:
         if self.checksum not in CHECKSUMS:
             raise UsageError(f"CheckpointConfig.checksum is {self.checksum!r}; use one of "
                              f"{', '.join(CHECKSUMS)}")
+        if not 0 <= self.checksum_threads <= 64:
+            raise UsageError(f"CheckpointConfig.checksum_threads is {self.checksum_threads}; "
+                             "use 0 (auto) to 64")
         if self.peer_timeout_s <= 0:
             raise UsageError("CheckpointConfig.peer_timeout_s must be > 0")
 

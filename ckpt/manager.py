@@ -376,7 +376,9 @@ class CheckpointManager:
         slot = self._slots[job.slot]
         if slot is None:
             raise CheckpointError("snapshot buffer released during a copy")
-        header = dict(job.header, checksum=checksum(self.config.checksum, slot.numpy()))
+        threads = self.config.checksum_threads or (4 if job.event is not None else 1)
+        header = dict(job.header, checksum=checksum(self.config.checksum, slot.numpy(),
+                                                    threads))
         meta = encode_meta(header, job.skeleton)
         write_file_atomic(slot.meta_path, [meta], durable=False)
         t2 = time.perf_counter()

@@ -51,6 +51,20 @@ def nvml_probes() -> dict[str, Any]:
             "readings": readings, "errors": errors}
 
 
+def health_suites_in_child(gpus: int) -> dict[str, Any]:
+    """:func:`health_suites` in a fresh interpreter: this process holds a CUDA context
+    after the checkpoint checks, and ``gpu_procs`` rightly fails a node where a process
+    is on the GPU (as it would in a prolog that ran while a job was still there)."""
+    code = ("import json, sys; from slurm_robust.rehearsal.bench.gpu_paths import "
+            f"health_suites; print(json.dumps(health_suites({int(gpus)}), default=str))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600, check=False)
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"ok": False, "error": f"exit {proc.returncode}: {proc.stderr[-500:]}"}
+
+
 def health_suites(gpus: int) -> dict[str, Any]:
     """The prolog (quick) and epilog (deep) suites on this node, GPUs expected."""
     with tempfile.TemporaryDirectory(prefix="gpucheck-state-") as state:
@@ -71,7 +85,7 @@ def health_suites(gpus: int) -> dict[str, Any]:
             }
         # A GPU check must pass (or skip with a reason) on a healthy GPU; host checks may
         # fail in a container that is not a Slurm node, so they are reported, not judged.
-        out["ok"] = all(v["status"] in ("pass", "skip")
+        out["ok"] = all(v["status"] in ("ok", "skip")
                         for stage in ("prolog", "epilog")
                         for v in out[stage]["gpu_checks"].values())
         return out
@@ -173,8 +187,29 @@ def reference_determinism(repeats: int = 3) -> dict[str, Any]:
     return out
 
 
+def checksum_rates(gib: float = 2.0) -> dict[str, Any]:
+    """sum64 throughput of the snapshot checksum by thread count, on a buffer the size of
+    a large rank's state: the per-step checksum must keep up with the step."""
+    import numpy as np
+
+    from slurm_robust.ckpt.blob import checksum
+
+    data = np.random.default_rng(0).integers(0, 255, int(gib * (1 << 30)), dtype=np.uint8)
+    rates: dict[str, float] = {}
+    values = set()
+    for threads in (1, 2, 4, 8):
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            values.add(checksum("sum64", data, threads))
+            best = min(best, time.perf_counter() - t0)
+        rates[str(threads)] = round(data.nbytes / best / 1e9, 2)
+    return {"ok": len(values) == 1, "GBps_by_threads": rates, "gib": gib}
+
+
 def run_all(gpus: int) -> dict[str, Any]:
-    result = {"nvml": nvml_probes(), "suites": health_suites(gpus),
+    result = {"nvml": nvml_probes(), "suites": health_suites_in_child(gpus),
+              "checksum": checksum_rates(),
               "nccl_init": nccl_init(gpus), "determinism": reference_determinism()}
     result["ok"] = all(v.get("ok") for v in result.values())
     return result

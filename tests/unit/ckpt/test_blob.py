@@ -32,6 +32,18 @@ def test_checksums_see_a_flipped_bit_and_a_torn_copy(algo):
     assert checksum(algo, torn) != good
 
 
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_sum64_split_over_threads_equals_one_thread_and_sees_a_flip(threads):
+    # Large enough that each thread gets a share (the split starts at 64 MiB a thread),
+    # and not a multiple of the thread count, so the last share is uneven.
+    data = np.random.default_rng(1).integers(0, 255, (threads * 64 << 20) + 8 * 7,
+                                             dtype=np.uint8)
+    one = checksum("sum64", data, 1)
+    assert checksum("sum64", data, threads) == one
+    data[-1] ^= 0x80
+    assert checksum("sum64", data, threads) != one
+
+
 def test_meta_round_trip_and_damage():
     state = {"a": torch.ones(3), "b": [1, (2, torch.zeros(2))], "c": "x"}
     skeleton, tensors = flatten(state, torch.Tensor)
