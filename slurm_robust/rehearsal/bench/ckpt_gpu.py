@@ -167,10 +167,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     root = tempfile.mkdtemp(prefix="ckpt-gpu-", dir="/dev/shm")
     try:
+        # The paths first: their health suites must see a GPU no process of ours holds
+        # (gpu_procs fails a node with a compute process on it, this one included).
+        paths = gpu_paths(torch.cuda.device_count())
         result = {"cuda": True, "torch": torch.__version__,
                   "single_gpu": single_gpu(args.steps, args.layers, root),
-                  "nccl_backup": nccl_backup(root),
-                  "paths": gpu_paths(torch.cuda.device_count())}
+                  "nccl_backup": nccl_backup(root), "paths": paths}
     finally:
         shutil.rmtree(root, ignore_errors=True)
     single = result["single_gpu"]

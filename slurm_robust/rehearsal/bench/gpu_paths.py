@@ -52,9 +52,9 @@ def nvml_probes() -> dict[str, Any]:
 
 
 def health_suites_in_child(gpus: int) -> dict[str, Any]:
-    """:func:`health_suites` in a fresh interpreter: this process holds a CUDA context
-    after the checkpoint checks, and ``gpu_procs`` rightly fails a node where a process
-    is on the GPU (as it would in a prolog that ran while a job was still there)."""
+    """:func:`health_suites` in a fresh interpreter, run before this process touches the
+    GPU: ``gpu_procs`` rightly fails a node where any process holds a CUDA context (as a
+    prolog would while a previous job lingers)."""
     code = ("import json, sys; from slurm_robust.rehearsal.bench.gpu_paths import "
             f"health_suites; print(json.dumps(health_suites({int(gpus)}), default=str))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
