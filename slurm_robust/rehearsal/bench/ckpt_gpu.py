@@ -161,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="steps per timed block")
     parser.add_argument("--layers", type=int, default=12, help="GPT layers (d_model 1024)")
     args = parser.parse_args(argv)
+    # Ask NVML, not the CUDA runtime, whether a GPU is there: nothing of this process may
+    # sit on the GPU while the health suites run (gpu_procs).
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     if not torch.cuda.is_available():
         print(json.dumps({"cuda": False, "message": "no CUDA device: the GPU path of "
                           "slurm_robust.ckpt cannot be checked here; run this on a GPU node"}))
