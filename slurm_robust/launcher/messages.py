@@ -266,6 +266,9 @@ class NodeSample(Message):
     gpu_util: float | None = None
     sm_clock_mhz: float | None = None
     net_bytes_per_s: float | None = None
+    #: RDMA data through the node's InfiniBand/RoCE ports (port_xmit_data + port_rcv_data,
+    #: which count 4-byte words); None on a node without such ports.
+    rdma_bytes_per_s: float | None = None
 
 
 @dataclass

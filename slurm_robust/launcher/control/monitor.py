@@ -14,7 +14,7 @@ The agents' monitors (node/monitor.py) send :class:`Finding` records and a
   a per-generation :class:`FailSlowMonitor` fed with a GPU-derived slowness (a node whose
   GPU utilisation or SM clock falls against the others' median looks slow), and an idle
   hang (no step for the hang timeout while every active node's GPUs are idle or its
-  network silent, after it was seen busy), :meth:`NodeFindings.idle_hang`.
+  RDMA ports silent, after it was seen busy), :meth:`NodeFindings.idle_hang`.
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ FINDING_VERSION = 1
 SAMPLES_KEPT = 64
 #: GPU utilisation (percent) at or below which a GPU counts as idle.
 IDLE_UTIL = 1.0
+#: RDMA bytes per second at or below which a node's ports count as silent (management
+#: traffic such as subnet-manager queries stays far below a collective's).
+SILENT_RDMA_BPS = 64 * 1024.0
 
 
 @dataclass
@@ -123,12 +126,13 @@ class NodeFindings:
     def idle_hang(self, nodes: list[str], since: float, now: float,
                   timeout_s: float) -> dict[str, Any] | None:
         """Evidence of an implicit hang, or None: for ``timeout_s`` up to ``now`` (and
-        after ``since``, the last progress) every node's GPUs were idle, and each node's
-        GPUs were seen busy before (so a job still loading is not a hang).
+        after ``since``, the last progress) every node was idle -- its GPUs idle, or its
+        RDMA ports silent (ByteRobust's zero-RDMA rule) -- and each was seen busy the same
+        way before (so a job still loading is not a hang).
 
-        Network silence alone is no evidence: the monitor knows no per-job interface
-        list, and a host's interfaces carry other traffic (or none, when the job talks
-        over loopback), so a script that reports no steps would be killed for silence."""
+        Only RDMA ports count as the job's network: ordinary interfaces carry other
+        traffic (or none, when the job talks over loopback), so their silence is no
+        evidence and a script that reports no steps is never killed for it."""
         if not nodes or now - since < timeout_s:
             return None
         evidence: dict[str, Any] = {}
@@ -136,14 +140,26 @@ class NodeFindings:
             kept = list(self.samples.get(node, ()))
             window = [s for s in kept if s.time >= now - timeout_s]
             before = [s for s in kept if s.time < now - timeout_s]
-            if not window or not before or any(s.gpu_util is None for s in window):
+            if not window or not before:
                 return None
-            idle = all(s.gpu_util is not None and s.gpu_util <= IDLE_UTIL for s in window)
-            busy_before = any(s.gpu_util and s.gpu_util > IDLE_UTIL for s in before)
-            if not (idle and busy_before):
+            if _quiet_after_busy(window, before, "gpu_util", IDLE_UTIL):
+                evidence[node] = "gpus_idle"
+            elif _quiet_after_busy(window, before, "rdma_bytes_per_s", SILENT_RDMA_BPS):
+                evidence[node] = "rdma_silent"
+            else:
                 return None
-            evidence[node] = "gpus_idle"
         return {"implicit_hang": evidence, "idle_for_s": round(timeout_s, 3)}
+
+
+def _quiet_after_busy(window: list[NodeSample], before: list[NodeSample], field: str,
+                      quiet_at: float) -> bool:
+    """Every reading of ``field`` in the window at or below ``quiet_at`` (none missing),
+    and some reading before it above."""
+    now_vals = [getattr(s, field) for s in window]
+    if any(v is None for v in now_vals):
+        return False
+    return all(v <= quiet_at for v in now_vals) and any(
+        (v := getattr(s, field)) is not None and v > quiet_at for s in before)
 
 
 def _gpu_score(sample: NodeSample | None) -> float | None:

@@ -214,6 +214,7 @@ class NodeMonitor:
         self._ib_downed: dict[str, int] = {}
         self._ib_down_last: set[str] = set()
         self._net_bytes: tuple[float, int] | None = None
+        self._rdma_bytes: tuple[float, int] | None = None
         self._lock = threading.Lock()
         self._findings: list[Finding] = []
         self._sample: NodeSample | None = None
@@ -415,9 +416,31 @@ class NodeMonitor:
             self._net_bytes = (now, total)
         except (OSError, ValueError, TypeError):
             pass
+        rdma = self._rdma_rate(view, now)
         with self._lock:
             self._sample = NodeSample(time=self.wall(), gpu_util=util, sm_clock_mhz=clock,
-                                      net_bytes_per_s=None if rate is None else round(rate, 1))
+                                      net_bytes_per_s=None if rate is None else round(rate, 1),
+                                      rdma_bytes_per_s=rdma)
+
+    def _rdma_rate(self, view: Any, now: float) -> float | None:
+        """Bytes per second through the node's RDMA ports since the last sample. On the
+        nodes of a training job, RDMA ports carry the job's collectives and little else,
+        so a silent port is evidence (ByteRobust's zero-RDMA rule); None without ports."""
+        try:
+            ports = view.get("ib_ports") or []
+            words = [int(p.get("counters", {}).get(name, 0)) for p in ports
+                     for name in ("port_xmit_data", "port_rcv_data")]
+        except (OSError, ValueError, TypeError, AttributeError):
+            return None
+        if not ports:
+            self._rdma_bytes = None
+            return None
+        total = 4 * sum(words)
+        rate = None
+        if self._rdma_bytes is not None and now > self._rdma_bytes[0]:
+            rate = round(max(0, total - self._rdma_bytes[1]) / (now - self._rdma_bytes[0]), 1)
+        self._rdma_bytes = (now, total)
+        return rate
 
     # ------------------------------------------------------------------ records
     def _record(self, found: list[Finding]) -> None:

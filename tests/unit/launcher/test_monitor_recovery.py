@@ -138,3 +138,41 @@ def test_no_hang_while_the_gpus_stay_busy(tmp_path):
             h.rec.on_findings(m, [], NodeSample(time=t, gpu_util=90.0), t)
         h.tick(0.0)
     assert h.rec.phase is Phase.RUNNING
+
+
+def _run_samples(h: Harness, sample_at) -> float:
+    h.tick()
+    t0 = h.clock()
+    for i in range(12):
+        t = h.clock.advance(1.0)
+        for m in h.slot_members():
+            h.rec.on_findings(m, [], sample_at(i, t), t)
+        h.tick(0.0)
+        if h.rec.phase is Phase.DUMPING:
+            break
+    return h.clock() - t0
+
+
+def test_silent_rdma_after_traffic_with_no_step_is_a_hang_without_gpu_readings(tmp_path):
+    # A CPU-side or NVML-less node: no GPU reading, but its RDMA ports went quiet.
+    h = Harness(tmp_path, hang_floor_s=5.0, startup_timeout_s=600.0)
+    took = _run_samples(h, lambda i, t: NodeSample(
+        time=t, rdma_bytes_per_s=5e9 if i < 3 else 0.0))
+    assert h.rec.phase is Phase.DUMPING and took <= 10.0
+
+
+@pytest.mark.parametrize("rdma", [None, 5e9])
+def test_no_rdma_hang_without_ports_or_while_traffic_flows(tmp_path, rdma):
+    # Without RDMA ports nothing is known (plain Ethernet silence is no evidence: a script
+    # that reports no steps must not be killed for it); with traffic the job is working.
+    h = Harness(tmp_path, hang_floor_s=5.0, startup_timeout_s=600.0)
+    _run_samples(h, lambda i, t: NodeSample(time=t, net_bytes_per_s=0.0,
+                                            rdma_bytes_per_s=rdma))
+    assert h.rec.phase is Phase.RUNNING
+
+
+def test_rdma_silent_from_the_start_is_not_a_hang(tmp_path):
+    # Never seen busy: a job still loading its data is not hung.
+    h = Harness(tmp_path, hang_floor_s=5.0, startup_timeout_s=600.0)
+    _run_samples(h, lambda i, t: NodeSample(time=t, rdma_bytes_per_s=0.0))
+    assert h.rec.phase is Phase.RUNNING

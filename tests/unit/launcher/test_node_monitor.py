@@ -174,3 +174,28 @@ def test_without_nvml_the_gpu_checks_skip_quietly(site):
     mon = _monitor(site)
     clear_injections(site, NODE, "xid_events")
     assert mon.run_due(10.0) == []
+
+
+def _traffic_port(words: int) -> dict:
+    return {**_port("ACTIVE"), "counters": {"link_downed": 0, "port_xmit_data": words,
+                                            "port_rcv_data": words}}
+
+
+def test_the_sample_carries_rdma_traffic_from_the_port_counters(site):
+    mon = _monitor(site)
+    inject_probe(site, NODE, "ib_ports", [_traffic_port(1000)])
+    mon.run_due(10.0)
+    inject_probe(site, NODE, "ib_ports", [_traffic_port(1000 + 2500)])
+    mon.run_due(20.0)
+    _found, sample = mon.take()
+    # Both counters count 4-byte words: 2 x 2500 words x 4 bytes over 10 s.
+    assert sample is not None and sample.rdma_bytes_per_s == 2000.0
+
+
+def test_a_node_without_rdma_ports_has_no_rdma_reading(site):
+    mon = _monitor(site)
+    inject_probe(site, NODE, "ib_ports", [])
+    mon.run_due(10.0)
+    mon.run_due(20.0)
+    _found, sample = mon.take()
+    assert sample is not None and sample.rdma_bytes_per_s is None
