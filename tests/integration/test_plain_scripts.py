@@ -16,9 +16,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.records import read_records
 
@@ -82,8 +84,8 @@ class PlainRun:
 def plain(minicluster):
     started: list[PlainRun] = []
 
-    def submit(name: str, extra: list[str], train: list[str]) -> PlainRun:
-        run = PlainRun(minicluster, name, extra, train)
+    def submit(name: str, extra: list[str], train: list[str], cluster=None) -> PlainRun:
+        run = PlainRun(cluster or minicluster, name, extra, train)
         started.append(run)
         return run
 
@@ -148,3 +150,60 @@ def test_auto_steps_reports_steps_and_a_true_ettr(plain):
     head = json.loads(run.cli("report", run.run_dir, "-o", f"{run.run_dir}/report",
                               "--json"))
     assert 0 < head["ettr"] <= 1, head
+
+
+def test_rdma_ports_gone_silent_after_traffic_is_an_implicit_hang(plain, minicluster):
+    # ByteRobust's zero-RDMA rule on a script that reports no steps: each node's RDMA port
+    # counters (injected through the probe layer, as the monitor reads them on a real
+    # node) move while the job trains, then freeze: the generation is declared hung
+    # (stacks captured, then the ladder), with the silent ports as its evidence. The
+    # silent-script test above is the other half: no RDMA ports, no hang.
+    site = json.loads(Path(minicluster.env["SLURM_ROBUST_CONFIG"]).read_text())
+    site["monitor"] = {"sample": {"interval_s": 1.0}}
+    conf = Path(minicluster.cfg.shared_dir) / f"rdma-site-{int(time.time())}.json"
+    conf.write_text(json.dumps(site))
+    conf.chmod(0o644)
+    cluster = SimpleNamespace(env=dict(minicluster.env, SLURM_ROBUST_CONFIG=str(conf)),
+                              cfg=minicluster.cfg)
+    run = plain("rdma", ["--hang-timeout", "5"], ["--max_iters", "400", "--iter_sleep", "0.5"],
+                cluster)
+    nodes: list[str] = []
+    try:
+        run.wait("the run's nodes", lambda: bool(_slot_nodes(run)), 120)
+        nodes = _slot_nodes(run)
+        run.wait("iter 3", lambda: max(map(int, ITER.findall(run.log(0))), default=0) >= 3,
+                 120)
+        words = 0
+        for _ in range(8):  # collective traffic: ~40 MB/s per port
+            words += 10_000_000
+            for node in nodes:
+                _inject_port(run.env, node, words)
+            time.sleep(1.0)
+        frozen = time.time()
+        run.wait("the implicit hang's incident", lambda: run.events("incident"), 60)
+        inc = run.events("incident")[0]
+        assert inc["class"] == "job_hang", inc
+        assert inc["evidence"]["implicit_hang"] == {n: "rdma_silent" for n in nodes}
+        assert inc["detected_at"] - frozen <= 5.0 + 10.0, (inc["detected_at"], frozen)
+    finally:
+        for node in nodes:
+            subprocess.run([*CLI, "inject", "clear", "--node", node], env=run.env,
+                           capture_output=True, text=True, timeout=60)
+        run.cancel()
+
+
+def _slot_nodes(run: PlainRun) -> list[str]:
+    try:
+        return sorted(set(load_state(run.paths.state).slots))
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def _inject_port(env: dict, node: str, words: int) -> None:
+    port = {"device": "mlx5_0", "port": 1, "state": "ACTIVE", "phys_state": "LinkUp",
+            "rate": "200 Gb/sec (4X HDR)",
+            "counters": {"link_downed": 0, "port_xmit_data": words, "port_rcv_data": words}}
+    out = subprocess.run([*CLI, "inject", "probe", "--node", node, "--probe", "ib_ports",
+                          "--value", json.dumps([port])], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr

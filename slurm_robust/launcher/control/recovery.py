@@ -154,6 +154,9 @@ class Generation:
     first_failure_seen: float | None = None
     capture: str | None = None
     hang_detected: float | None = None
+    # The monitor's implicit-hang evidence (idle GPUs, silent RDMA ports), when it was
+    # the monitor and not a missing step report that declared the hang.
+    hang_signal: dict[str, Any] | None = None
     capture_deadline: float = 0.0
     announced: bool = False
     diagnosis: PendingDiagnosis | None = None
@@ -607,6 +610,7 @@ class Recovery:
                                            gen.last_progress, now, timeout)
             if idle is not None:
                 log.warning("implicit hang: %s", idle)
+                gen.hang_signal = idle
                 self._start_hang_capture(gen, now)
                 return True
         return False
@@ -700,6 +704,8 @@ class Recovery:
                                     "no_step_for_s": round(now - gen.last_progress, 3),
                                     "captured_nodes": sorted(v.node for v in done),
                                     "process_states": {v.node: v.states for v in views}}
+        if gen.hang_signal:
+            evidence.update(gen.hang_signal)
         nodes, ranks = self._analyze_capture(gen, evidence)
         stopped = {int(r): v.node for v in views for r, s in v.states.items() if s == "T"}
         if stopped:

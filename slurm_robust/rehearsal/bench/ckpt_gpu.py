@@ -24,6 +24,7 @@ Exit status 0 when every part is ok, 1 when one is not; without CUDA it prints
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -61,22 +62,31 @@ def single_gpu(steps: int, layers: int, root: str) -> dict[str, Any]:
     idx = torch.randint(0, cfg.vocab, (8, cfg.seq + 1), device=dev)
     ck = CheckpointConfig(shm_root=root, peer_backup=False)
     mgr = CheckpointManager(ck, 0, 1, "gpunode", "gpucheck")
+    # The same pipeline with a one-thread checksum, interleaved with the default (four
+    # threads for GPU state), so the A/B comparison shares the machine's state.
+    ck1 = dataclasses.replace(ck, checksum_threads=1)
+    mgr1 = CheckpointManager(ck1, 0, 1, "gpunode", "gpucheck1t")
     _train_step(model, opt, idx, mgr, 1)  # allocates and pins the buffers
+    _train_step(model, opt, idx, mgr1, 1)
     mgr.flush()
+    mgr1.flush()
     pinned = all(s is not None and s.pinned for s in mgr._slots)
-    times: dict[str, list[float]] = {"none": [], "snapshot": []}
+    managers = {"none": None, "snapshot": mgr, "snapshot_1thread": mgr1}
+    times: dict[str, list[float]] = {mode: [] for mode in managers}
     step = 1
     for _round in range(3):
-        for mode in ("none", "snapshot"):
+        for mode, m in managers.items():
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(steps):
                 step += 1
-                _train_step(model, opt, idx, mgr if mode == "snapshot" else None, step)
-            if mode == "snapshot":
-                mgr.flush()
+                _train_step(model, opt, idx, m, step)
+            if m is not None:
+                m.flush()
             torch.cuda.synchronize()
             times[mode].append((time.perf_counter() - t0) / steps)
+    mgr1.close()
+    purge_job_memory(ck1, "gpucheck1t")
     # The torn-copy check: snapshot, wait, mutate at once, then compare what was saved.
     expected = [p.detach().cpu().clone() for p in model.parameters()]
     mgr.snapshot(step + 1, capture_state(model, opt, None, data_position=0))
@@ -91,6 +101,10 @@ def single_gpu(steps: int, layers: int, root: str) -> dict[str, Any]:
         torch.equal(a, b) for a, b in zip(expected, restored, strict=True))
     none_s = min(times["none"])
     snap_s = min(times["snapshot"])
+    # Per round, each mode against the no-snapshot block of the same round.
+    rounds = {mode: [round(t / n - 1.0, 4) for t, n in zip(times[mode], times["none"],
+                                                             strict=True)]
+              for mode in ("snapshot", "snapshot_1thread")}
     stats = mgr.stats
     purge_job_memory(ck, "gpucheck")
     return {
@@ -98,6 +112,8 @@ def single_gpu(steps: int, layers: int, root: str) -> dict[str, Any]:
         "state_bytes": stats.state_bytes, "pinned": pinned, "restore_bit_exact": exact,
         "step_s": {"none": none_s, "snapshot": snap_s},
         "overhead_ratio": snap_s / none_s - 1.0,
+        "overhead_1thread_checksum": min(times["snapshot_1thread"]) / none_s - 1.0,
+        "overhead_by_round": rounds,
         "blocking_per_step_s": stats.blocking_s / max(stats.snapshots, 1),
         "d2h_GBps": stats.state_bytes * stats.snapshots / max(stats.copy_s, 1e-9) / 1e9,
         "checksum_s_per_step": stats.checksum_s / max(stats.snapshots, 1),

@@ -159,6 +159,8 @@ def test_silent_rdma_after_traffic_with_no_step_is_a_hang_without_gpu_readings(t
     took = _run_samples(h, lambda i, t: NodeSample(
         time=t, rdma_bytes_per_s=5e9 if i < 3 else 0.0))
     assert h.rec.phase is Phase.DUMPING and took <= 10.0
+    gen = h.rec.gen
+    assert gen is not None and set(gen.hang_signal["implicit_hang"].values()) == {"rdma_silent"}
 
 
 @pytest.mark.parametrize("rdma", [None, 5e9])
