@@ -237,6 +237,9 @@ _EXC_LINE = re.compile(r"^(?P<name>[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exi
                        + "|".join(_USER_EXC) + r")(: (?P<msg>.*))?$")
 # Launcher prefixes in front of a worker's own lines: torchrun's "[rank3]:" and
 # "[default0]:", "[stderr]", srun -l's "3: ", mpirun's "[1,3]<stderr>:".
+# A training progress line: a step time or rate, as the common loggers print them.
+_PROGRESS = re.compile(r"\b(sec/batch|s/batch|sec/step|s/step|s/it|it/s|examples/sec|"
+                       r"samples/s(ec)?|tokens/s(ec)?)\b|\bTime:?\s+\d+\.\d+", re.I)
 _PREFIX = re.compile(r"^(\s*(\[rank\d+\]:|\[default\d+\]:|\[std(err|out)\]|\d+: |"
                      r"\[\d+,\d+\]<std(err|out)>:))+\s?")
 _FRAME = re.compile(r'^\s*File "?(?P<file>[^",]+)"?, line (?P<line>\d+), in (?P<func>\S+)')
@@ -367,6 +370,15 @@ def _classify(ev: Evidence) -> Classification:
         side = Side.USER if short in _USER_EXC else Side.UNKNOWN
         return _make(F.USER_EXCEPTION, evidence, f"{name}: {msg}"[:300], "log", side=side,
                      signature=f"{name}@{where}")
+    if code is None and sig is None:
+        progress = [line for line in log.splitlines() if _PROGRESS.search(line)]
+        if len(progress) >= 2:
+            # No exit and no error, but step-rate lines: the worker was running and
+            # reporting steps when the incident was raised, so it is a slowdown. The log
+            # does not say whose: unknown side, diagnosis before any blame.
+            evidence["progress_lines"] = len(progress)
+            return _make(F.MFU_DECLINE, evidence, progress[-1], "log", side=Side.UNKNOWN,
+                         signature=F.MFU_DECLINE.value)
     return _make(F.WORKER_SIGNAL, evidence, last, "exit",
                  signature=f"worker_signal:{evidence.get('signal_name', code)}")
 

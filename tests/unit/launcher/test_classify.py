@@ -54,3 +54,20 @@ def test_signal_kill_is_worker_signal_and_nonfinite_exit_is_nan():
     assert classify_failure(EXIT_NONFINITE, None, "").cls == "nan"
     assert classify_failure(None, signal.SIGKILL, "Out of memory: Killed process 12").cls == \
         "cpu_oom"
+
+
+PROGRESS = "\n".join(f"step {s}, loss = 2.1 (70.0 examples/sec; {t} sec/batch)"
+                     for s, t in ((10, 3.6), (20, 10.1), (30, 9.9)))
+
+
+def test_no_exit_with_step_rate_lines_is_a_slowdown_never_blamed_from_the_log():
+    c = classify_failure(None, None, PROGRESS)
+    assert (c.cls, c.side, c.action) == ("mfu_decline", "unknown", "diagnose")
+    assert c.evidence["progress_lines"] == 3
+
+
+def test_step_rate_lines_before_a_real_exit_do_not_make_a_slowdown():
+    assert classify_failure(None, signal.SIGKILL, PROGRESS).cls == "worker_signal"
+    assert classify_failure(1, None, PROGRESS + "\n" + tb("KeyError: 'lr'")).cls \
+        == "user_exception"
+    assert classify_failure(None, None, "step 10 started").cls == "worker_signal"
