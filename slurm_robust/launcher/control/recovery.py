@@ -438,6 +438,8 @@ class Recovery:
                        if n in by_node and not self.members[by_node[n]].lost]
         self.gen_count = st.gen
         gen = Generation(st.gen, st.attempt, slots, now)
+        # The old controller announced this attempt once a step finished; not again.
+        gen.announced = st.last_step is not None
         self.gen = gen
         self.events.attempt = max(st.attempt, 0)
         rank_nodes = [self.members[i].node for i in slots
