@@ -438,8 +438,6 @@ class Recovery:
                        if n in by_node and not self.members[by_node[n]].lost]
         self.gen_count = st.gen
         gen = Generation(st.gen, st.attempt, slots, now)
-        # The old controller announced this attempt once a step finished; not again.
-        gen.announced = st.last_step is not None
         self.gen = gen
         self.events.attempt = max(st.attempt, 0)
         rank_nodes = [self.members[i].node for i in slots
@@ -448,6 +446,8 @@ class Recovery:
         self.findings.new_generation(self.cfg, rank_nodes)  # monitor (issue 14)
         logged = last_logged_step(self.paths.events)
         st.last_step = max((s for s in (st.last_step, logged) if s is not None), default=None)
+        # The old controller announced this attempt once a step finished; not again.
+        gen.announced = st.last_step is not None
         self._plans = self._make_plans(gen)
         self._enter(Phase.RUNNING)
         for member in self.members.values():

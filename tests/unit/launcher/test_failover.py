@@ -34,7 +34,7 @@ def cfg(tmp_path, monkeypatch) -> RunConfig:
                                 "local_root": str(tmp_path / "nodes/{node}/local")}))
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    return RunConfig(command=(sys.executable, str(script), "60", "0"),
+    return RunConfig(command=(sys.executable, str(script), "150", "0"),
                      run_dir=str(tmp_path / "run"), nodes=2, spares=1,
                      site_config=str(site), hang_floor_s=5.0, heartbeat_timeout_s=1.5,
                      local_every=0, durable_every=0, grace_s=0.2, prewarm=("json",))
