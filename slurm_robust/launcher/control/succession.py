@@ -91,7 +91,9 @@ def after_controller_loss(cfg: RunConfig, ident: Identity, known_term: int,
     lost = read_controller(paths, ident.step_key) or {}
     lost_agent = lost.get("agent")
     lost_node = lost.get("node")
-    term = max(known_term, int(lost.get("term") or 0))
+    # The controller this agent lost is the one of its own term. A controller.json of a
+    # newer term (an agent that was frozen while a successor took over) is followed.
+    term = known_term
     while True:
         now = clock()
         state = load_state(paths.state)
@@ -100,13 +102,18 @@ def after_controller_loss(cfg: RunConfig, ident: Identity, known_term: int,
         info = read_controller(paths, ident.step_key)
         if info is not None and int(info.get("term") or 0) > term:
             return Succession(Outcome.FOLLOW)
+        age = failover.lease_age(paths, now)
+        stale = age is None or age > cfg.heartbeat_timeout_s
+        if not stale and now - start <= FAILOVER_BUDGET_S:
+            # The controller still renews its lease: it lives (this agent alone lost
+            # contact, or it is slow); neither replace it nor requeue behind its back.
+            sleep(0.1)
+            continue
         if not state.spares or not state.members or \
                 str(ident.index) not in state.members:
             return Succession(Outcome.REQUEUE)
         order = failover.candidates(state.members, lost_agent)
         position = order.index(ident.index) if ident.index in order else len(order)
-        age = failover.lease_age(paths, now)
-        stale = age is None or age > cfg.heartbeat_timeout_s
         if now - start >= position * STAGGER_S and stale:
             who = {"agent": ident.index, "node": ident.node}
             if failover.claim_term(paths, ident.step_key, term + 1, who):

@@ -109,3 +109,14 @@ def test_frozen_controller_is_replaced_and_stands_down(cfg):
     state = load_state(RunPaths.of(cfg.run_dir).state)
     assert state.term == first_term + 1 and state.finished == "completed"
     assert state.slots == ["n1", "n3"]
+
+
+def test_an_agent_frozen_through_a_takeover_follows_and_never_requeues(cfg):
+    # Agent 1 knew term 1; while it was frozen agent 0 took over (term 2) and used the
+    # spare. Resumed, it must follow the new controller, not requeue the job.
+    paths = RunPaths.of(cfg.run_dir)
+    paths.root.mkdir(parents=True)
+    paths.controller.write_text(json.dumps({"key": "777.0.0", "term": 2, "agent": 0,
+                                            "node": "n1", "host": "127.0.0.1", "port": 1}))
+    got = after_controller_loss(cfg, ident(1), 1, node_state=lambda n: None)
+    assert got.outcome is Outcome.FOLLOW
