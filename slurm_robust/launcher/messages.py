@@ -315,6 +315,9 @@ class Report(Message):
     findings: list[Finding] = field(default_factory=list)
     sample: NodeSample | None = None
     diagnoses: list[DiagnosisReport] = field(default_factory=list)
+    # The newest controller term the agent has seen (issue 23): a controller that reads a
+    # newer term than its own stands down.
+    term: int = 0
 
     def validate(self, where: str) -> None:
         if self.op != "report":
@@ -328,6 +331,8 @@ class Report(Message):
             del out["findings"]
         if out["sample"] is None:
             del out["sample"]
+        if not out["term"]:  # issue 23: only once a controller term is known
+            del out["term"]
         return out
 
 
@@ -353,6 +358,9 @@ class Plan(Message):
     exit_code: int | None = None
     purge: bool = False
     diagnose: str | None = None  # a diagnosis id: run launcher/diagnose.py on this node
+    # The controller term that made this plan (issue 23): an agent ignores a plan from a
+    # term older than one it has seen (an old controller that came back).
+    term: int | None = None
 
     def validate(self, where: str) -> None:
         if self.role is Role.EXIT:

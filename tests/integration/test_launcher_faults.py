@@ -213,8 +213,11 @@ def test_nan_is_caught_at_its_step_and_rolled_back(runs, baseline_sha):
 def test_kill_node_activates_spare_from_peer_backup(runs, baseline_sha):
     run = runs("killnode")
     run.wait_step(10)
-    victim = next(n for n in load_state(run.paths.state).slots
-                  if n != run.controller_node())
+    state = load_state(run.paths.state)
+    # Neither the controller's node (its own test: failover) nor the batch node (agent
+    # 0's: losing it ends the job, the requeue rung).
+    victim = next(n for n in state.slots
+                  if n not in (run.controller_node(), state.members.get("0")))
     injected = run.inject("kill-node", "--node", victim)
     runs.killed.append(victim)
     end = run.wait_end()

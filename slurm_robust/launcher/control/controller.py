@@ -7,6 +7,13 @@ everything else, the run's phase, generation, plans, spares, run state and event
 belongs to the recovery owner (:class:`~slurm_robust.launcher.control.recovery.Recovery`),
 which the controller calls in one direction: reports in, lost agents, the clock; plans
 back out to the agents. docs/ARCHITECTURE.md has the phase table.
+
+Failover (issue 23, failover.py): each controller acts under a term. A successor agent
+starts one with a :class:`~slurm_robust.launcher.control.failover.Takeover`; the
+membership it knows from ``state.json`` is pre-filled (the lost controller's agent as
+lost) so recovery can rebuild the running generation. A controller renews its lease, and
+stands down (no more plans, no more state writes) as soon as a newer term is claimed or
+an agent reports one.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from typing import Any
 
 from slurm_robust.launcher.auth import AuthError, ensure_run_secret, server_handshake
 from slurm_robust.launcher.config import RunConfig
+from slurm_robust.launcher.control import failover
+from slurm_robust.launcher.control.failover import StoodDown, Takeover
 from slurm_robust.launcher.control.metrics import start_for_controller
 from slurm_robust.launcher.control.recovery import Recovery, SlurmSide
 from slurm_robust.launcher.enums import Phase, Role
@@ -60,12 +69,15 @@ class AgentView:
         self.stacks: dict[str, Any] = {}
         self.states: dict[str, str | None] = {}
         self.exit_sent = False
+        #: False for an agent a successor knows only from state.json, until it reports.
+        self.heard = True
 
 
 class Controller:
     """See the module docstring. ``start()`` then ``join()`` (returns the result)."""
 
-    def __init__(self, cfg: RunConfig, ident: Identity, slurm: SlurmSide | None = None) -> None:
+    def __init__(self, cfg: RunConfig, ident: Identity, slurm: SlurmSide | None = None,
+                 takeover: Takeover | None = None) -> None:
         self.cfg = cfg
         self.ident = ident
         self.paths = RunPaths.of(cfg.run_dir)
@@ -83,6 +95,42 @@ class Controller:
                                           host_address())
         self.max_connections = 2 * max(self.recovery.expected, cfg.total_nodes) + 4
         self.connections = 0
+        # Failover (issue 23): the term this controller acts under and its fence.
+        self.takeover = takeover
+        self.term = takeover.term if takeover else self.recovery.state.term + 1
+        self.recovery.term = self.term
+        self.recovery.takeover = takeover
+        self.recovery.superseded = self.superseded
+        self.stood_down = False
+        self._lease_at = 0.0
+        if takeover is not None:
+            self._prefill(takeover, time.time())
+
+    def _prefill(self, takeover: Takeover, now: float) -> None:
+        """The membership a successor knows from state.json: survivors are waited for
+        (``heard`` False until they report), the lost controller's agent is lost."""
+        members = dict(self.recovery.state.members)
+        if takeover.lost_agent is not None and takeover.lost_node:
+            members.setdefault(str(takeover.lost_agent), takeover.lost_node)
+        for key, node in members.items():
+            view = AgentView(int(key), node, 0, "", now)
+            view.connected, view.heard = False, False
+            view.lost = int(key) == takeover.lost_agent
+            self.agents[int(key)] = view
+
+    def superseded(self) -> bool:
+        """Whether a newer term has been claimed (this controller must not act)."""
+        return self.stood_down or failover.superseded(self.paths, self.ident.step_key,
+                                                      self.term)
+
+    def stand_down(self, why: str) -> None:
+        """Stop acting for good: no plans, no state writes; the agents follow the newer
+        controller through controller.json."""
+        if not self.stood_down:
+            log.warning("controller term %s on %s stands down: %s", self.term,
+                        self.ident.node, why)
+        self.stood_down = True
+        self.recovery.result = {"status": "stood_down", "term": self.term, "verdict": None}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -102,11 +150,22 @@ class Controller:
         # The job node's own address, never 0.0.0.0 (other networks need not reach it).
         self._server = Server((host_address(), self.cfg.controller_port), Handler)
         port = self._server.server_address[1]
+        if self.takeover is None and not failover.claim_term(
+                self.paths, self.ident.step_key, self.term,
+                {"agent": self.ident.index, "node": self.ident.node}):
+            raise RuntimeError(f"controller term {self.term} of {self.ident.step_key} is "
+                               "already claimed; is another controller running?")
+        self.recovery.persist()  # the term is in state.json before any plan
+        failover.renew_lease(self.paths, self.term)
         threading.Thread(target=self._server.serve_forever, daemon=True,
                          name="robust-controller-server").start()
         write_json_atomic(self.paths.controller, {
             "key": self.ident.step_key, "host": host_address(), "port": port,
-            "node": self.ident.node, "pid": os.getpid(), "time": time.time()}, mode=0o600)
+            "node": self.ident.node, "pid": os.getpid(), "time": time.time(),
+            "agent": self.ident.index, "term": self.term}, mode=0o600)
+        if self.takeover is not None:  # the first controller is implied by run_start
+            self.recovery.events.controller(self.term, self.ident.node, self.ident.index,
+                                            self.takeover.evidence)
         # Live metrics on this node's address; phase and spares are read at scrape time.
         rec = self.recovery
         rec.metrics = start_for_controller(self.ident.job_id, rec.state.run_id,
@@ -135,8 +194,18 @@ class Controller:
     def _loop(self) -> None:
         while True:
             with self.lock:
+                if self.superseded():
+                    self.stand_down("a newer controller term was claimed")
+                    return
                 try:
-                    self.tick(time.time())
+                    now = time.time()
+                    if now - self._lease_at >= failover.LEASE_RENEW_S:
+                        failover.renew_lease(self.paths, self.term)
+                        self._lease_at = now
+                    self.tick(now)
+                except StoodDown as exc:
+                    self.stand_down(str(exc))
+                    return
                 except Exception as exc:  # noqa: BLE001 - a controller bug must end the run visibly
                     log.exception("controller failed")
                     self.recovery.fail(f"controller error: {exc!r}")
@@ -186,6 +255,10 @@ class Controller:
                 check_report(raw, self.cfg.world_size)
                 report = Report.from_json(raw)
                 with self.lock:
+                    if report.term > self.term:
+                        self.stand_down(f"agent {report.agent} reports term {report.term}")
+                    if self.superseded():
+                        break  # never answer once replaced: the agent reconnects
                     view = self.on_report(report, time.time())
                     plan = self.recovery.plan_for(view.index) if view is not None else None
                     if plan is not None and plan.role is Role.EXIT and view is not None:
@@ -216,6 +289,9 @@ class Controller:
             view = AgentView(report.agent, report.node, report.pid, str(report.addr), now)
             self.agents[report.agent] = view
         view.last_seen, view.connected, view.closed_at = now, True, None
+        view.heard, view.pid = True, report.pid
+        if report.addr:
+            view.addr = str(report.addr)
         view.gen = report.gen
         view.states = report.states
         view.stacks.update(report.stacks)

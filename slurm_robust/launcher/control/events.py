@@ -56,6 +56,13 @@ class EventLog:
         return self.emit("attempt_start", {"nodes": nodes, "restored_step": restored_step,
                                            "restore_tier": restore_tier})
 
+    def controller(self, term: int, node: str, agent: int,
+                   takeover: Mapping[str, Any] | None) -> dict:
+        """A controller starts acting under ``term`` (issue 23); ``takeover`` says whom it
+        replaced and how the old one was fenced (null for the first controller)."""
+        return self.emit("controller", {"term": term, "node": node, "agent": agent,
+                                        "takeover": dict(takeover) if takeover else None})
+
     def step(self, step: int, step_time_s: float | None, loss: float | None,
              grad_norm: float | None, force: bool = False, now: float | None = None) -> bool:
         """Write a step event unless sampled out; returns whether it was written."""

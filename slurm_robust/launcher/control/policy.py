@@ -126,6 +126,8 @@ class LadderInput:
     max_no_progress: int
     # The same signature came back after its node passed stop-time diagnosis (issue 13).
     diagnosed_repeat: bool = False
+    # The batch step's node (issue 23): losing it ends the job in Slurm's eyes.
+    batch_node: str | None = None
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,10 @@ def decide(x: LadderInput) -> Decision:
     if x.restarts >= x.max_restarts:
         return Decision(Rung.STOP, f"restart budget spent ({x.restarts} of {x.max_restarts}); "
                                 f"last failure: {x.cls}")
+    if x.batch_node is not None and x.batch_node in x.blamed and \
+            x.cls == IncidentClass.NODE_LOST:
+        return Decision(Rung.REQUEUE, f"the batch step's node {x.batch_node} is lost; Slurm "
+                                   "ends the job with it, requeueing", x.blamed)
     if x.controller_node in x.blamed:
         return Decision(Rung.REQUEUE, f"the controller's node {x.controller_node} is blamed "
                                    f"({x.cls}); requeueing the job", x.blamed)

@@ -34,7 +34,8 @@ from slurm_robust.ckpt.config import TIERS
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import failslow
 from slurm_robust.launcher.control import monitor as node_monitor
-from slurm_robust.launcher.control.events import EventLog, make_incident
+from slurm_robust.launcher.control.events import EventLog, last_logged_step, make_incident
+from slurm_robust.launcher.control.failover import StoodDown, Takeover
 from slurm_robust.launcher.control.metrics import RunMetrics
 from slurm_robust.launcher.control.policy import (
     Decision,
@@ -203,6 +204,11 @@ class Recovery:
         #: Slurm actions started by this owner (in flight or finished), oldest first.
         self.actions: list[SlurmAction] = []
         self._requeue_action: SlurmAction | None = None
+        # Failover (issue 23, failover.py): this controller's term, the fence it checks
+        # before writing the state, and what it took over (None: the first controller).
+        self.term = 0
+        self.superseded: Callable[[], bool] = lambda: False
+        self.takeover: Takeover | None = None
 
     # ------------------------------------------------------------------ read side
     @property
@@ -210,8 +216,19 @@ class Recovery:
         return self._phase
 
     def plan_for(self, index: int) -> Plan | None:
-        """The plan to send agent ``index`` (None: nothing yet)."""
-        return self._plans.get(index)
+        """The plan to send agent ``index`` (None: nothing yet), stamped with the term.
+
+        An agent that was counted lost and reports again (a frozen process resumed, an
+        old controller's own agent) is told it is evicted, so it stops its stale workers."""
+        plan = self._plans.get(index)
+        member = self.members.get(index)
+        gen = self.gen
+        if plan is None and gen is not None and member is not None and member.lost \
+                and self._phase is not Phase.GATHER:
+            plan = Plan(role=Role.EVICTED, gen=gen.number, attempt=gen.attempt)
+        if plan is not None and self.term:
+            plan = dataclasses.replace(plan, term=self.term)
+        return plan
 
     def ranks_of(self, agent_index: int) -> list[int]:
         gen = self.gen
@@ -322,6 +339,9 @@ class Recovery:
         if self.state.finished:
             self.finish(self.state.finished, self.state.verdict, write=False)
             return
+        if self.takeover is not None:
+            self._gather_takeover(now)
+            return
         live = [a for a in self.members.values() if not a.lost]
         waited = now - self.started_at
         if len(live) < self.expected and waited < GATHER_TIMEOUT_S:
@@ -389,8 +409,59 @@ class Recovery:
             self.persist()
 
     def persist(self) -> None:
+        if self.superseded():
+            # A successor claimed the next term while this controller was away: its
+            # state.json must not be overwritten (the controller stands down).
+            raise StoodDown(f"term {self.term} superseded")
         self.last_persist = self.clock()
+        self.state.term = max(self.state.term, self.term)
         save_state(self.paths.state, self.state)
+
+    # ------------------------------------------------------------------ takeover
+    def _gather_takeover(self, now: float) -> None:
+        """A successor (issue 23): wait briefly for the surviving agents, then rebuild
+        the running generation from ``state.json`` and hand the lost agents to the
+        ladder like any lost node (spare rung, or requeue without a spare)."""
+        takeover = self.takeover
+        assert takeover is not None
+        live = [m for m in self.members.values() if not m.lost]
+        waited = now - self.started_at
+        if any(not getattr(m, "heard", True) for m in live) and \
+                waited < self.cfg.heartbeat_timeout_s:
+            return
+        st = self.state
+        by_node = {m.node: i for i, m in self.members.items()}
+        unknown = [n for n in st.slots if n not in by_node]
+        if unknown:
+            self.finish(RunStatus.FAILED, f"takeover: slot node(s) {unknown} are not in "
+                                          "the saved membership; cannot rebuild the run")
+            return
+        slots = [by_node[n] for n in st.slots]
+        self.spares = [by_node[n] for n in st.spares
+                       if n in by_node and not self.members[by_node[n]].lost]
+        self.gen_count = st.gen
+        gen = Generation(st.gen, st.attempt, slots, now)
+        self.gen = gen
+        self.events.attempt = max(st.attempt, 0)
+        rank_nodes = [self.members[i].node for i in slots
+                      for _ in range(self.cfg.workers_per_node)]
+        self.failslow = failslow.new_monitor(self.cfg, rank_nodes)
+        self.findings.new_generation(self.cfg, rank_nodes)  # monitor (issue 14)
+        logged = last_logged_step(self.paths.events)
+        st.last_step = max((s for s in (st.last_step, logged) if s is not None), default=None)
+        # The old controller announced this attempt once a step finished; not again.
+        gen.announced = st.last_step is not None
+        self._plans = self._make_plans(gen)
+        self._enter(Phase.RUNNING)
+        for member in self.members.values():
+            if member.lost:
+                self.on_agent_lost(member, False, now)
+        for failure in gen.failures:
+            failure.exit.evidence.update(takeover.evidence)
+        self.persist()
+        log.warning("took over generation %s (attempt %s, term %s) on %s; lost %s",
+                    gen.number, gen.attempt, self.term, st.slots,
+                    sorted(m.node for m in self.members.values() if m.lost))
 
     # ------------------------------------------------------------------ generations
     def _begin_generation(self, slots: list[int], now: float) -> None:
@@ -406,10 +477,24 @@ class Recovery:
         rank_nodes = [self.members[i].node for i in slots for _ in range(g)]
         self.failslow = failslow.new_monitor(self.cfg, rank_nodes)
         self.findings.new_generation(self.cfg, rank_nodes)  # monitor (issue 14)
-        port = rendezvous_port(self.cfg.master_port, self.ident.job_id, st.attempt)
+        self._plans = self._make_plans(gen)
+        # What a successor needs (issue 23): the generation, membership and spares.
+        st.gen = gen.number
+        st.members = {str(i): m.node for i, m in self.members.items() if not m.lost}
+        st.spares = [self.members[i].node for i in self.spares]
+        self._enter(Phase.RUNNING)
+        self.persist()
+        log.info("generation %s (attempt %s) on %s, spares %s", gen.number, st.attempt,
+                 st.slots, [self.members[i].node for i in self.spares])
+
+    def _make_plans(self, gen: Generation) -> dict[int, Plan]:
+        """Every agent's plan for ``gen`` (deterministic: a successor rebuilds the same)."""
+        st, slots, g = self.state, gen.slots, self.cfg.workers_per_node
+        rank_nodes = [self.members[i].node for i in slots for _ in range(g)]
+        port = rendezvous_port(self.cfg.master_port, self.ident.job_id, gen.attempt)
         plans: dict[int, Plan] = {}
         for slot, index in enumerate(slots):
-            plans[index] = Plan(role=Role.ACTIVE, gen=gen.number, attempt=st.attempt,
+            plans[index] = Plan(role=Role.ACTIVE, gen=gen.number, attempt=gen.attempt,
                                 world_size=self.cfg.world_size,
                                 master_addr=self.members[slots[0]].addr, master_port=port,
                                 rank_nodes=rank_nodes, run_id=st.run_id,
@@ -419,12 +504,8 @@ class Recovery:
             if index in slots or member.lost:
                 continue
             role = Role.SPARE if index in self.spares else Role.EVICTED
-            plans[index] = Plan(role=role, gen=gen.number, attempt=st.attempt)
-        self._plans = plans
-        self._enter(Phase.RUNNING)
-        self.persist()
-        log.info("generation %s (attempt %s) on %s, spares %s", gen.number, st.attempt,
-                 st.slots, [self.members[i].node for i in self.spares])
+            plans[index] = Plan(role=role, gen=gen.number, attempt=gen.attempt)
+        return plans
 
     def _announce_attempt(self, gen: Generation) -> None:
         """Write ``attempt_start`` once the ranks said what they restored (or stepped)."""
@@ -492,6 +573,7 @@ class Recovery:
             blamed = tuple(dict.fromkeys((*blamed, *nodes)))
         decision = decide(LadderInput(
             cls=incident["class"], blamed=blamed, controller_node=self.ident.node,
+            batch_node=self._batch_node(),
             spares_left=len(self.spares), restarts=st.restarts,
             max_restarts=self.cfg.max_restarts, signature=signature,
             signature_seen=st.signatures.get(signature or "", 0),
@@ -532,6 +614,12 @@ class Recovery:
             self._begin_generation(self._replace(gen, decision), now)
         else:
             self._begin_generation(gen.slots, now)
+
+    def _batch_node(self) -> str | None:
+        """The node of the batch step: agent 0's (Slurm starts the batch script and
+        srun's task 0 on the allocation's first node). Its loss ends the job."""
+        first = self.members.get(0)
+        return first.node if first is not None else None
 
     def _replace(self, gen: Generation, decision: Decision) -> list[int]:
         slots = list(gen.slots)

@@ -41,6 +41,13 @@ class RunState:
     incidents: int = 0
     finished: str | None = None
     verdict: str | None = None
+    # Failover (issue 23): the term of the controller that wrote this state (a successor
+    # takes over at term + 1), the last plan generation it handed out (a successor starts
+    # above it), the membership by agent index and the parked spares' nodes.
+    term: int = 0
+    gen: int = 0
+    members: dict[str, str] = field(default_factory=dict)
+    spares: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"v": STATE_VERSION, **asdict(self)}
@@ -70,3 +77,10 @@ def load_state(path: str | os.PathLike[str]) -> RunState:
 
 def save_state(path: str | os.PathLike[str], state: RunState) -> None:
     write_json_atomic(path, state.to_dict(), mode=0o664)
+    # The rename is durable only once the directory entry is: a successor that takes
+    # over after a crash must read this version, not the one before it.
+    fd = os.open(Path(path).parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

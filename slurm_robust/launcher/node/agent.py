@@ -12,8 +12,11 @@ Agent 0 (SLURM_PROCID 0) also runs the controller in a thread. Every agent:
    dump its workers' stacks (in a thread, so reports continue); ``exit`` ends it;
 4. owns the node's shared-memory snapshots across worker restarts and removes them
    when the run completes;
-5. if the controller is gone for ``heartbeat_timeout_s`` (agent 0's node lost), records
-   the incident and requeues the job (one agent does it, under an O_EXCL lock file).
+5. if the controller is gone for ``heartbeat_timeout_s``, follows a newer controller,
+   becomes the successor (control/succession.py: lowest index first, one term claim), or,
+   with no spare parked, records the incident and requeues the job (one agent does it,
+   under an O_EXCL lock file). It ignores plans of a controller term older than one it
+   has seen (an old controller that came back, issue 23).
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ from slurm_robust.ckpt import CheckpointConfig, purge_job_memory
 from slurm_robust.launcher.auth import ckpt_job_key, client_handshake, ensure_run_secret
 from slurm_robust.launcher.classify import classify
 from slurm_robust.launcher.config import RunConfig
+from slurm_robust.launcher.control import failover
 from slurm_robust.launcher.control.controller import Controller
 from slurm_robust.launcher.control.requeue import requeue_after_controller_loss
+from slurm_robust.launcher.control.succession import Outcome, after_controller_loss
 from slurm_robust.launcher.diagnose import diagnose
 from slurm_robust.launcher.enums import Category, Role
 from slurm_robust.launcher.errors import RunStopped
@@ -101,6 +106,10 @@ class Agent:
         #: Set on agent 0: whether the controller thread in this process still runs. A
         #: live local controller that is slow to answer is waited for, never blamed.
         self.local_controller: Callable[[], bool] | None = None
+        #: Controllers this process ran (the first one, or one it took over with).
+        self.controllers: list[Controller] = []
+        #: The newest controller term seen (controller.json, plans); older plans are void.
+        self.term = 0
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
@@ -124,10 +133,16 @@ class Agent:
                 if chan is None:
                     raise ChannelClosed("controller unreachable")
                 reply = chan.request(self.report())
+                plan = plan_from_reply(reply)
+                if plan is not None and plan.term is not None and plan.term < self.term:
+                    # An old controller that came back (issue 23): not obeyed; the
+                    # report is sent again to the newer one.
+                    raise ChannelClosed(f"plan of term {plan.term} < {self.term}")
+                if plan is not None and plan.term is not None:
+                    self.term = max(self.term, plan.term)
                 last_ok = time.time()
                 self.pending.clear()
                 self.findings.clear()  # monitor (issue 14): delivered with this report
-                plan = plan_from_reply(reply)
             except BadMessage as exc:
                 # The report went through; only the answer is refused. Reconnect.
                 log.warning("agent %s: controller's answer refused: %s", self.ident.index, exc)
@@ -145,7 +160,10 @@ class Agent:
                                     "waiting", self.ident.index, exc)
                         last_ok = time.time()
                     else:
-                        return self.controller_lost(str(exc), last_ok)
+                        code = self.controller_lost(str(exc), last_ok)
+                        if code is not None:
+                            return code
+                        last_ok = time.time()  # a new controller: its own grace
                 time.sleep(self.cfg.heartbeat_s)
                 continue
             done = self.apply(plan)
@@ -186,7 +204,10 @@ class Agent:
             info = json.loads(self.paths.controller.read_text())
         except (OSError, ValueError):
             return None
-        return info if info.get("key") == self.ident.step_key else None
+        if info.get("key") != self.ident.step_key:
+            return None
+        self.term = max(self.term, int(info.get("term") or 0))
+        return info
 
     # ------------------------------------------------------------------ reporting
     def report(self) -> dict[str, Any]:
@@ -203,7 +224,8 @@ class Agent:
                       progress=list(self.pending), states=states,
                       stacks=dict(self.stacks_done), time=time.time(),
                       findings=list(self.findings), sample=sample,
-                      diagnoses=list(self.diagnoses_done.values())).to_json()
+                      diagnoses=list(self.diagnoses_done.values()),
+                      term=self.term).to_json()
 
     def poll_workers(self) -> None:
         for w in self.workers:
@@ -373,8 +395,24 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - leftover tmpfs files are reported, not fatal
             log.warning("could not purge shared memory on %s: %s", self.ident.node, exc)
 
-    def controller_lost(self, why: str, last_ok: float) -> int:
+    def controller_lost(self, why: str, last_ok: float) -> int | None:
+        """The controller is silent: follow a newer one or take over (None: go on), or
+        requeue / end (the agent's exit code). See control/succession.py."""
+        got = after_controller_loss(self.cfg, self.ident, self.term)
+        log.warning("agent %s: controller lost (%s): %s", self.ident.index, why,
+                    got.outcome)
+        if got.outcome is Outcome.FOLLOW:
+            return None
+        if got.outcome is Outcome.TAKE_OVER and got.takeover is not None:
+            controller = Controller(self.cfg, self.ident, takeover=got.takeover)
+            controller.start()
+            self.controllers.append(controller)
+            self.local_controller = controller.alive
+            self.term = got.takeover.term
+            return None
         wk.stop_workers(self.workers, self.cfg.grace_s)
+        if got.outcome is Outcome.FINISHED:
+            return 0
         info = json.loads(self.paths.controller.read_text()) if \
             self.paths.controller.exists() else {}
         requeue_after_controller_loss(self.cfg, self.ident, info.get("node"), why, last_ok)
@@ -384,23 +422,29 @@ class Agent:
 def run_agent(cfg: RunConfig) -> dict[str, Any]:
     """The function every Slurm task of a robust job runs (submitit pickles it).
 
-    Agent 0 starts the controller first. Returns a summary dict; raises RunStopped on
-    agent 0 when the run stopped with a verdict (the Slurm job then ends FAILED).
+    The first controller's agent (failover.first_controller_index: agent 1, off the batch
+    node, when there are two agents or more) starts it first. Returns a summary dict;
+    raises RunStopped on the agent whose controller ended the run with a verdict (the Slurm
+    job then ends FAILED).
     """
     logging.basicConfig(level=os.environ.get("SLURM_ROBUST_LOG_LEVEL", "INFO").upper(),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     ident = Identity.from_env()
     controller = None
-    if ident.index == 0:
+    ntasks = int(os.environ.get("SLURM_NTASKS") or cfg.total_nodes)
+    if ident.index == failover.first_controller_index(ntasks):
         controller = Controller(cfg, ident)
         controller.start()
     agent = Agent(cfg, ident)
     if controller is not None:
+        agent.controllers.append(controller)
         agent.local_controller = controller.alive
     code = agent.run()
     summary: dict[str, Any] = {"agent": ident.index, "node": ident.node, "exit_code": code}
-    if controller is not None:
-        result = controller.join()
+    for ctl in agent.controllers:
+        result = ctl.join()
+        if result.get("status") == "stood_down":
+            continue  # replaced by a successor (issue 23): the run's end is not its own
         summary.update(result)
         if result.get("status") == "stopped":
             raise RunStopped(result.get("verdict") or "run stopped", cfg.run_dir)

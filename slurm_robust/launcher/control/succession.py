@@ -1,0 +1,136 @@
+"""What an agent does once it has lost the controller (issue 23): follow, take over, or
+requeue.
+
+Called by the agent (node/agent.py) after ``heartbeat_timeout_s`` without an answer.
+:func:`after_controller_loss` blocks until one of:
+
+- ``FOLLOW``: ``controller.json`` names a newer term (another agent took over, or this
+  agent's own old controller was replaced): reconnect and go on.
+- ``TAKE_OVER``: this agent is the successor. Preference is by agent index, lowest
+  first, among the persisted members other than the lost controller's agent: the agent
+  in position ``p`` waits ``p * STAGGER_S`` and then tries; the term claim
+  (failover.claim_term, ``O_EXCL``) makes the choice exact even if two try at once. It
+  claims only once the old controller's lease is stale (it is gone or frozen); Slurm's
+  view of the old node (``sinfo``, a short timeout) goes into the incident as evidence
+  only, since Slurm marks a lost node down only after ``SlurmdTimeout`` (tens of seconds).
+- ``REQUEUE``: no spare is parked (the spare rung cannot help), the state predates
+  failover, or no successor appeared within :data:`FAILOVER_BUDGET_S`: the existing
+  path (requeue.requeue_after_controller_loss) records the incident and requeues.
+- ``FINISHED``: the run had already ended; the agent exits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from slurm_robust.launcher.config import RunConfig
+from slurm_robust.launcher.control import failover
+from slurm_robust.launcher.control.state import load_state
+from slurm_robust.launcher.identity import Identity
+from slurm_robust.launcher.paths import RunPaths
+from slurm_robust.slurm import Slurm, SlurmCommandError
+from slurm_robust.slurm.runner import RetryPolicy
+
+log = logging.getLogger("slurm_robust.launcher.control.succession")
+
+#: Delay between successive candidates (lowest index tries first).
+STAGGER_S = 1.0
+#: Longest wait for a successor before falling back to the requeue rung.
+FAILOVER_BUDGET_S = 30.0
+#: Slurm's view of the old node is evidence: asked once, briefly.
+SLURM_QUERY = RetryPolicy(attempts=1, timeout_s=3.0)
+
+
+class Outcome(StrEnum):
+    FOLLOW = "follow"
+    TAKE_OVER = "take_over"
+    REQUEUE = "requeue"
+    FINISHED = "finished"
+
+
+@dataclass
+class Succession:
+    outcome: Outcome
+    takeover: failover.Takeover | None = None
+
+
+def read_controller(paths: RunPaths, step_key: str) -> dict[str, Any] | None:
+    """This job step's ``controller.json`` (None: missing, unreadable or stale)."""
+    try:
+        info = json.loads(paths.controller.read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) and info.get("key") == step_key else None
+
+
+def slurm_node_state(node: str | None) -> str | None:
+    """Slurm's state of ``node`` (``idle``, ``mixed``, ``down``...), None when unknown."""
+    if not node:
+        return None
+    try:
+        return str(Slurm(policy=SLURM_QUERY).node(node).state)
+    except (SlurmCommandError, Exception) as exc:  # noqa: BLE001 - evidence only
+        log.info("Slurm's view of %s unavailable: %s", node, exc)
+        return None
+
+
+def after_controller_loss(cfg: RunConfig, ident: Identity, known_term: int,
+                          clock: Callable[[], float] = time.time,
+                          sleep: Callable[[float], None] = time.sleep,
+                          node_state: Callable[[str | None], str | None] = slurm_node_state
+                          ) -> Succession:
+    """Decide (and, for TAKE_OVER, win the claim); see the module docstring."""
+    paths = RunPaths.of(cfg.run_dir)
+    start = clock()
+    lost = read_controller(paths, ident.step_key) or {}
+    lost_agent = lost.get("agent")
+    lost_node = lost.get("node")
+    # The controller this agent lost is the one of its own term. A controller.json of a
+    # newer term (an agent that was frozen while a successor took over) is followed.
+    term = known_term
+    while True:
+        now = clock()
+        state = load_state(paths.state)
+        if state.finished:
+            return Succession(Outcome.FINISHED)
+        info = read_controller(paths, ident.step_key)
+        if info is not None and int(info.get("term") or 0) > term:
+            return Succession(Outcome.FOLLOW)
+        age = failover.lease_age(paths, now)
+        stale = age is None or age > cfg.heartbeat_timeout_s
+        if not stale and now - start <= FAILOVER_BUDGET_S:
+            # The controller still renews its lease: it lives (this agent alone lost
+            # contact, or it is slow); neither replace it nor requeue behind its back.
+            sleep(0.1)
+            continue
+        if not state.spares or not state.members or \
+                str(ident.index) not in state.members:
+            return Succession(Outcome.REQUEUE)
+        order = failover.candidates(state.members, lost_agent)
+        position = order.index(ident.index) if ident.index in order else len(order)
+        if now - start >= position * STAGGER_S and stale:
+            who = {"agent": ident.index, "node": ident.node}
+            if failover.claim_term(paths, ident.step_key, term + 1, who):
+                evidence = {"controller_lost": True, "detected_by": ident.node,
+                            "previous_term": term, "term": term + 1,
+                            "previous_agent": lost_agent,
+                            "lease_age_s": None if age is None else round(age, 3),
+                            "slurm_node_state": node_state(lost_node)}
+                log.warning("agent %s on %s takes over as controller (term %s) from "
+                            "agent %s on %s", ident.index, ident.node, term + 1,
+                            lost_agent, lost_node)
+                return Succession(Outcome.TAKE_OVER, failover.Takeover(
+                    term + 1, lost_agent if isinstance(lost_agent, int) else None,
+                    lost_node, evidence))
+            # Someone else won this term: wait for its controller.json.
+        if now - start > FAILOVER_BUDGET_S:
+            log.warning("no successor controller within %.0f s; requeueing",
+                        FAILOVER_BUDGET_S)
+            return Succession(Outcome.REQUEUE)
+        sleep(0.1)
