@@ -248,10 +248,14 @@ def _kill_inside(ns: str) -> None:
 
 
 def _need_netns(cfg: ClusterConfig) -> NetPlan:
+    hint = "`slurm-robust cluster down` then `slurm-robust cluster up --netns`"
     if not cfg.netns:
-        raise ClusterError("network faults need the namespaced mini-cluster: "
-                           "`slurm-robust cluster down` then `slurm-robust cluster up --netns`")
-    return plan(cfg)
+        raise ClusterError(f"network faults need the namespaced mini-cluster: {hint}")
+    p = plan(cfg)
+    if p.bridge not in _links():
+        raise ClusterError(f"the namespaced mini-cluster is not up (no bridge {p.bridge}): "
+                           f"{hint}")
+    return p
 
 
 def set_link(cfg: ClusterConfig, node: str, up: bool) -> NodeNet:

@@ -100,3 +100,16 @@ def test_create_is_idempotent_and_destroy_removes_everything_by_name(tmp_path):
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert p.prefix not in links
     assert not list(netns.NETNS_ETC.glob(p.prefix + "-*"))
+
+
+def test_inject_network_faults_check_their_arguments(tmp_path, monkeypatch):
+    from slurm_robust.launcher.errors import InjectionError
+    from slurm_robust.rehearsal.inject.network_cli import apply
+
+    monkeypatch.setenv("SLURM_ROBUST_CLUSTER_DIR", str(tmp_path / "mc"))
+    with pytest.raises(InjectionError, match="no node 'node9'"):
+        apply("partition", "node9")
+    with pytest.raises(InjectionError, match="--delay-ms"):
+        apply("link-slow", "node2")
+    with pytest.raises(InjectionError, match="cluster up --netns"):
+        apply("partition", "node2")  # the cluster in that root is in shared mode
