@@ -50,6 +50,7 @@ from slurm_robust.launcher.messages import (
 )
 from slurm_robust.launcher.node import evidence as node_evidence
 from slurm_robust.launcher.node import workers as wk
+from slurm_robust.launcher.node.fence import standing_down
 from slurm_robust.launcher.node.monitor import start_monitor
 from slurm_robust.launcher.paths import (
     RunPaths,
@@ -375,6 +376,8 @@ class Agent:
 
     def controller_lost(self, why: str, last_ok: float) -> int:
         wk.stop_workers(self.workers, self.cfg.grace_s)
+        if standing_down(self.ident):  # issue 20: this node is the one cut off
+            return 0
         info = json.loads(self.paths.controller.read_text()) if \
             self.paths.controller.exists() else {}
         requeue_after_controller_loss(self.cfg, self.ident, info.get("node"), why, last_ok)
