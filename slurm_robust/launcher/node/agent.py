@@ -146,7 +146,10 @@ class Agent:
                                     "waiting", self.ident.index, exc)
                         last_ok = time.time()
                     else:
-                        return self.controller_lost(str(exc), last_ok)
+                        code = self.controller_lost(str(exc), last_ok)
+                        if code is not None:
+                            return code
+                        last_ok = time.time()  # it answers again (see controller_lost)
                 time.sleep(self.cfg.heartbeat_s)
                 continue
             done = self.apply(plan)
@@ -374,10 +377,18 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - leftover tmpfs files are reported, not fatal
             log.warning("could not purge shared memory on %s: %s", self.ident.node, exc)
 
-    def controller_lost(self, why: str, last_ok: float) -> int:
+    def controller_lost(self, why: str, last_ok: float) -> int | None:
+        """Handle a silent controller; returns the agent's exit code, or None when the
+        controller answers again (the run goes on; it decides about this agent)."""
         wk.stop_workers(self.workers, self.cfg.grace_s)
         if standing_down(self.ident):  # issue 20: this node is the one cut off
             return 0
+        # A link that came back while slurmctld was asked: the controller, not this
+        # agent, decides (it tells an agent it declared lost to stand down).
+        chan = self._connect(1.0)
+        if chan is not None:
+            chan.close()
+            return None
         info = json.loads(self.paths.controller.read_text()) if \
             self.paths.controller.exists() else {}
         requeue_after_controller_loss(self.cfg, self.ident, info.get("node"), why, last_ok)
