@@ -2,8 +2,9 @@
 
 ``minicluster``: the real Slurm mini-cluster, started once per pytest session (a no-op
 when it already runs) and stopped at the end only if this session started it, unless
-``SLURM_ROBUST_KEEP_CLUSTER=1``. Integration tests are marked ``integration``; run only
-unit tests with ``-m "not integration"``.
+``SLURM_ROBUST_KEEP_CLUSTER=1``. ``SLURM_ROBUST_TEST_NETNS=1`` brings it up with each
+node in its own network namespace (``cluster up --netns``). Integration tests are
+marked ``integration``; run only unit tests with ``-m "not integration"``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class RunningCluster:
 
 @pytest.fixture(scope="session")
 def minicluster() -> Iterator[RunningCluster]:
-    mc = MiniCluster(ClusterConfig())
+    mc = MiniCluster(ClusterConfig(netns=os.environ.get("SLURM_ROBUST_TEST_NETNS") == "1"))
     was_up = bool(mc.status()["up"])
     mc.up()
     env = dict(os.environ, **mc.cfg.env())

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+from dataclasses import replace
 
+from slurm_robust.cluster import netns
 from slurm_robust.cluster.config import ClusterConfig
 from slurm_robust.cluster.manager import MiniCluster, install_packages, missing_packages
 from slurm_robust.errors import UsageError
@@ -27,6 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="up: nodes of the train partition (default 4, or as last up)")
     parser.add_argument("--spares", type=int, default=None,
                         help="up: nodes of the standby partition (default 2, or as last up)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--netns", dest="netns", action="store_true", default=None,
+                      help="up: each node in its own network namespace with its own address "
+                           "on a bridge (root; iproute2); needed by `inject partition` and "
+                           "`inject link-slow`")
+    mode.add_argument("--shared-net", dest="netns", action="store_false",
+                      help="up: every node on 127.0.0.1 in the host's network (the default "
+                           "for now)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--prometheus", action="store_true",
                         help="up/packages: also a Prometheus server scraping the robust "
@@ -47,6 +57,17 @@ def run(args: argparse.Namespace) -> int:
                             len(cfg.spare_nodes) if args.spares is None else args.spares)
         except ValueError as exc:
             raise UsageError(str(exc)) from exc
+    if args.netns is not None:
+        if args.action != "up":
+            raise UsageError("--netns and --shared-net choose the network at `cluster up` "
+                             "only")
+        cfg = replace(cfg, netns=args.netns)
+        if args.netns:
+            why = netns.unavailable_reason()
+            if why is not None:
+                raise UsageError(f"cannot use --netns: {why}; use --shared-net")
+    elif args.action == "up":
+        cfg = replace(cfg, netns=False)  # the default mode, whatever ran before
     mc = MiniCluster(cfg)
     if args.action == "env":
         for key, value in cfg.env().items():

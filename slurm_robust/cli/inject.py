@@ -5,7 +5,9 @@ Two families, both rehearsal tooling in ``slurm_robust.rehearsal.inject``:
 - node probes (``probe``, ``clear``): ``slurm_robust.rehearsal.inject.probes_cli``; a probe
   returns a chosen value on one node, everything after it is the real code path;
 - job faults (``kill-worker``, ``stop-worker``, ``nan``, ``kill-node``, ``slow-worker``):
-  ``slurm_robust.rehearsal.inject.job_cli``; real signals on real processes.
+  ``slurm_robust.rehearsal.inject.job_cli``; real signals on real processes;
+- network faults on the ``cluster up --netns`` mini-cluster (``partition``, ``link-slow``):
+  ``slurm_robust.rehearsal.inject.network_cli``.
 
 Each module exposes ``register(subparsers)`` adding its actions with ``_inject``
 defaults. The actions of each family are also listed here, so that a family whose module
@@ -24,6 +26,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "slurm_robust.rehearsal.inject.probes_cli": ("probe", "clear"),
     "slurm_robust.rehearsal.inject.job_cli": (
         "kill-worker", "stop-worker", "nan", "kill-node", "slow-worker"),
+    "slurm_robust.rehearsal.inject.network_cli": ("partition", "link-slow"),
 }
 
 

@@ -8,6 +8,7 @@ its directories) is a faithful rehearsal on one host.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import sys
@@ -44,6 +45,11 @@ class ClusterConfig:
         user: the unprivileged account created for tests and demos.
         attacker: a second unprivileged account, the hostile user of the security tests.
         python: interpreter that runs the node programs (prolog, epilog, ...).
+        netns: give each node its own network namespace and address on a bridge
+            (``cluster up --netns``, see cluster/netns.py); False is the shared-network
+            mode (every node on 127.0.0.1), the default for now.
+        netns_subnet: the bridge's IPv4 /24: the control plane (slurmctld, slurmdbd) on .1,
+            node i (1-based over train then spare nodes) on .10 + i.
     """
 
     root: Path = field(default_factory=default_cluster_dir)
@@ -59,6 +65,8 @@ class ClusterConfig:
     user: str = "robust"
     attacker: str = "mallory"
     python: str = sys.executable
+    netns: bool = False
+    netns_subnet: str = "10.213.0.0/24"
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -66,6 +74,26 @@ class ClusterConfig:
 
     def node_port(self, node: str) -> int:
         return self.node_port_base + 1 + self.nodes.index(node)
+
+    @property
+    def control_addr(self) -> str:
+        """Where nodes reach slurmctld and slurmdbd: loopback, or the bridge in netns mode."""
+        if not self.netns:
+            return "127.0.0.1"
+        return self._subnet_host(1)
+
+    def node_addr(self, node: str) -> str:
+        """The node's NodeAddr: loopback, or its own address in netns mode."""
+        if not self.netns:
+            return "127.0.0.1"
+        return self._subnet_host(11 + self.nodes.index(node))
+
+    def _subnet_host(self, offset: int) -> str:
+        net = ipaddress.ip_network(self.netns_subnet)
+        if net.prefixlen != 24 or offset >= 255:
+            raise ValueError(f"netns_subnet must be a /24 with room for {len(self.nodes)} "
+                             f"nodes, got {self.netns_subnet}")
+        return str(net.network_address + offset)
 
     # --- paths -----------------------------------------------------------------------
     @property
@@ -150,16 +178,26 @@ class ClusterConfig:
 
     def save_shape(self) -> None:
         self.shape_file.write_text(json.dumps({"version": 1, "train": list(self.train_nodes),
-                                               "spare": list(self.spare_nodes)}) + "\n")
+                                               "spare": list(self.spare_nodes),
+                                               "netns": self.netns}) + "\n")
 
     def with_saved_shape(self) -> ClusterConfig:
-        """This config with the node names of the last ``up`` in its root (if any)."""
+        """This config with the node names and network mode of the last ``up`` in its root
+        (if any)."""
         try:
             shape = json.loads(self.shape_file.read_text())
         except FileNotFoundError:
             return self
         return replace(self, train_nodes=tuple(shape["train"]),
-                       spare_nodes=tuple(shape["spare"]))
+                       spare_nodes=tuple(shape["spare"]),
+                       netns=bool(shape.get("netns", False)))
+
+    def saved_netns(self) -> bool | None:
+        """The network mode the last ``up`` in this root used (None: never up)."""
+        try:
+            return bool(json.loads(self.shape_file.read_text()).get("netns", False))
+        except (FileNotFoundError, ValueError):
+            return None
 
     def env(self) -> dict[str, str]:
         """Environment that points Slurm's commands at this cluster."""

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_robust.cluster import netns
 from slurm_robust.cluster import prometheus as prom
 from slurm_robust.cluster.config import REPO_ROOT, ClusterConfig
 from slurm_robust.cluster.daemons import (
@@ -170,7 +171,10 @@ class MiniCluster:
                    logs / "slurmctld.out"),
         ]
         for node in c.nodes:
-            ds.append(Daemon(f"slurmd-{node}", ("slurmd", "-D", "-N", node),
+            # netns mode: slurmd (and so every job process on the node) in the node's
+            # own network namespace.
+            argv = (*netns.exec_prefix(c, node), "slurmd", "-D", "-N", node)
+            ds.append(Daemon(f"slurmd-{node}", argv,
                              run / f"mc-slurmd-{node}.pid", logs / f"slurmd-{node}.out"))
         return ds
 
@@ -192,6 +196,7 @@ class MiniCluster:
             if not install:
                 raise ClusterError("missing Debian packages: " + " ".join(missing))
             install_packages(missing)
+        self._check_mode()
         ensure_user(self.cfg.user)
         # A second unprivileged user, for the multi-user security tests (issue 12).
         ensure_user(self.cfg.attacker)
@@ -199,6 +204,8 @@ class MiniCluster:
             for d in ensure_reachable([Path(self.cfg.python), REPO_ROOT, self.cfg.root]):
                 log.warning("added o+x to %s so user %r can reach it", d, self.cfg.user)
         conf_changed = self._write_files()
+        if self.cfg.netns:  # the bridge first: slurmctld's address lives on it
+            netns.create(self.cfg)
         before = self.running()
         env = self.cfg.env()
         self._start_munge(env)
@@ -214,6 +221,17 @@ class MiniCluster:
         started = [n for n, pid in after.items() if before.get(n) is None and pid]
         already = [n for n, pid in before.items() if pid]
         return UpReport(time.monotonic() - start, started, already)
+
+    def _check_mode(self) -> None:
+        """Refuse to switch network modes under running daemons (slurmds would stay in
+        the old mode); a stopped cluster may come up in either."""
+        saved = self.cfg.saved_netns()
+        if saved is None or saved == self.cfg.netns or not any(self.running().values()):
+            return
+        now, asked = ("--netns" if saved else "--shared-net",
+                      "--netns" if self.cfg.netns else "--shared-net")
+        raise ClusterError(f"the mini-cluster is up with {now}; run `slurm-robust cluster "
+                           f"down` before `cluster up {asked}`")
 
     def _write_files(self) -> bool:
         c = self.cfg
@@ -374,7 +392,12 @@ class MiniCluster:
             d.pidfile.unlink(missing_ok=True)
         unlink_default_munge_socket(c.munge_socket)
         # Anything left that carries our marker (slurmstepd, a stray daemon child).
-        return stop_pids(our_processes(c.root), c.root)
+        survivors = stop_pids(our_processes(c.root), c.root)
+        # Namespaces, veths and the bridge of a netns cluster, found by name (so also
+        # after a crash, and whichever mode this `down` was asked in).
+        for item in netns.destroy(c):
+            log.info("removed %s", item)
+        return survivors
 
     def status(self) -> dict[str, object]:
         running = self.running()

@@ -34,7 +34,7 @@ from slurm_robust.launcher.control.metrics import start_for_controller
 from slurm_robust.launcher.control.recovery import Recovery, SlurmSide
 from slurm_robust.launcher.enums import Phase, Role
 from slurm_robust.launcher.identity import Identity
-from slurm_robust.launcher.messages import BadMessage, Report
+from slurm_robust.launcher.messages import BadMessage, Plan, Report
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.launcher.protocol import (
     MAX_MESSAGE,
@@ -260,7 +260,7 @@ class Controller:
                     if self.superseded():
                         break  # never answer once replaced: the agent reconnects
                     view = self.on_report(report, time.time())
-                    plan = self.recovery.plan_for(view.index) if view is not None else None
+                    plan = self._plan_for(view)
                     if plan is not None and plan.role is Role.EXIT and view is not None:
                         view.exit_sent = True
                 chan.send({"plan": plan.to_json() if plan is not None else {}})
@@ -285,6 +285,8 @@ class Controller:
         if report.key != self.ident.step_key:
             return None  # an agent of an earlier allocation of this job
         view = self.agents.get(report.agent)
+        if view is not None and self._fenced(view):
+            return view  # heard again after it was declared lost: nothing it says counts
         if view is None:
             view = AgentView(report.agent, report.node, report.pid, str(report.addr), now)
             self.agents[report.agent] = view
@@ -300,6 +302,22 @@ class Controller:
         if report.findings or report.sample is not None:  # monitor (issue 14)
             self.recovery.on_findings(view, report.findings, report.sample, now)
         return view
+
+    def _fenced(self, view: AgentView) -> bool:
+        """Fencing (issue 20): an agent declared lost (a partitioned node whose link came
+        back) belongs to a generation that is gone and its slot to another node; it is
+        told to stand down, and its reports feed nothing. Never agent 0's own node."""
+        return view.lost and view.node != self.ident.node
+
+    def _plan_for(self, view: AgentView | None) -> Plan | None:
+        if view is None:
+            return None
+        if self._fenced(view):
+            if not view.exit_sent:
+                log.warning("agent %s on %s reported after it was declared lost (gen %s); "
+                            "told to stand down", view.index, view.node, view.gen)
+            return Plan(role=Role.EXIT, exit_code=0)
+        return self.recovery.plan_for(view.index)
 
     # ------------------------------------------------------------------ the tick
     def tick(self, now: float) -> None:

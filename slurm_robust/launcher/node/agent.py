@@ -55,6 +55,7 @@ from slurm_robust.launcher.messages import (
 )
 from slurm_robust.launcher.node import evidence as node_evidence
 from slurm_robust.launcher.node import workers as wk
+from slurm_robust.launcher.node.fence import standing_down
 from slurm_robust.launcher.node.monitor import start_monitor
 from slurm_robust.launcher.paths import (
     RunPaths,
@@ -396,8 +397,18 @@ class Agent:
             log.warning("could not purge shared memory on %s: %s", self.ident.node, exc)
 
     def controller_lost(self, why: str, last_ok: float) -> int | None:
-        """The controller is silent: follow a newer one or take over (None: go on), or
-        requeue / end (the agent's exit code). See control/succession.py."""
+        """The controller is silent: stand down when this node is the one cut off, follow
+        a controller that answers again or a newer one, or take over (None: go on), or
+        requeue / end (the agent's exit code). See control/succession.py and fence.py."""
+        if standing_down(self.ident):  # issue 20: neither controller nor slurmctld answers
+            wk.stop_workers(self.workers, self.cfg.grace_s)
+            return 0
+        # A link that came back while slurmctld was asked: the controller, not this
+        # agent, decides (it tells an agent it declared lost to stand down).
+        chan = self._connect(1.0)
+        if chan is not None:
+            chan.close()
+            return None
         got = after_controller_loss(self.cfg, self.ident, self.term)
         log.warning("agent %s: controller lost (%s): %s", self.ident.index, why,
                     got.outcome)

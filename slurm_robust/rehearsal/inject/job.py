@@ -201,7 +201,7 @@ def revive_node(node: str) -> None:
     """Mini-cluster: restart missing daemons (``cluster up`` is idempotent) and return
     ``node`` to service if it was marked down or drained by the loss."""
 
-    mc = MiniCluster(ClusterConfig())
+    mc = MiniCluster(ClusterConfig().with_saved_shape())  # same nodes and network mode
     mc.up()
     slurm = Slurm(mc.cfg.env())
     try:
