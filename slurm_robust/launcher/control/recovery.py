@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from slurm_robust.ckpt.config import TIERS
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.control import failslow
+from slurm_robust.launcher.control import blame, failslow
 from slurm_robust.launcher.control import monitor as node_monitor
 from slurm_robust.launcher.control.events import EventLog, make_incident
 from slurm_robust.launcher.control.metrics import RunMetrics
@@ -320,6 +320,7 @@ class Recovery:
             self.finish(self.state.finished, self.state.verdict, write=False)
             return
         live = [a for a in self.members.values() if not a.lost]
+        self.state.given_nodes = sorted(set(self.state.given_nodes) | {a.node for a in live})
         waited = now - self.started_at
         if len(live) < self.expected and waited < GATHER_TIMEOUT_S:
             return
@@ -502,6 +503,8 @@ class Recovery:
         if diagnosis_failed and diag_reason and decision.evict:
             # The verdict names what the node's own checks found, not just the class.
             decision = dataclasses.replace(decision, reason=f"{decision.reason}; {diag_reason}")
+        # issue 12: a run blames at most max_blamed_nodes nodes, then stops with a verdict.
+        decision = blame.capped(decision, st.blamed, self.cfg.max_blamed_nodes)
         incident["rung"] = decision.rung
         incident["localized_at"] = incident["localized_at"] or now
         incident["nodes"] = sorted(set(incident["nodes"]) | set(decision.evict))
@@ -515,13 +518,15 @@ class Recovery:
             self.finish(RunStatus.STOPPED, decision.reason)
             return
         st.restarts += 1
+        # The verdict names the class and its evidence (flat, "pending deep check").
+        reason = blame.verdict_reason(incident["class"], incident["evidence"], evict)
         for node in decision.evict:
-            self.slurm.verdict(self.paths, self.ident.job_id, node, decision.reason,
+            self.slurm.verdict(self.paths, self.ident.job_id, node, reason,
                                incident["class"], incident["evidence"], incident["incident"],
                                self.cfg.site_config)
         if decision.evict and self.cfg.drain:
-            evict, reason = list(decision.evict), decision.reason
-            self._start_action("drain", lambda: self.slurm.drain(evict, reason))
+            evict_nodes = list(decision.evict)
+            self._start_action("drain", lambda: self.slurm.drain(evict_nodes, reason))
         st.open_incident = incident
         if decision.rung == Rung.REQUEUE:
             self._requeue(decision)
