@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from slurm_robust.ckpt.config import TIERS
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.control import blame, failslow
+from slurm_robust.launcher.control import accounting, blame, failslow
 from slurm_robust.launcher.control import monitor as node_monitor
 from slurm_robust.launcher.control.events import EventLog, make_incident
 from slurm_robust.launcher.control.metrics import RunMetrics
@@ -428,7 +428,9 @@ class Recovery:
         """Write ``attempt_start`` once the ranks said what they restored (or stepped)."""
         gen.announced = True
         step, tier = restored_of(gen)
-        self.events.attempt_start(list(self.state.slots), step, tier)
+        # Stamped with the generation's start: it precedes the attempt's first step, so
+        # that step is not counted as redone (issue 22).
+        self.events.attempt_start(list(self.state.slots), step, tier, now=gen.started_at)
 
     # ------------------------------------------------------------------ incidents
     def _maybe_handle_failures(self, gen: Generation, now: float) -> None:
@@ -476,8 +478,10 @@ class Recovery:
         (the check and its evidence) goes into the decision's reason and the verdict.
         ``diagnosis_failed``: stop-time diagnosis failed ``nodes``, blamed the same way."""
         st = self.state
+        self.events.flush_step()  # the last step before the fault is in the log
         if st.open_incident is not None:
-            self._write_incident(st.open_incident)  # the earlier recovery did not finish
+            # The earlier recovery did not finish: both are kept and written together.
+            accounting.cut_short(st.open_incident, incident, now)
             st.open_incident = None
         progressed = made_progress(gen.steps_done, self._reports_steps(gen),
                                    now - gen.started_at)
@@ -781,7 +785,9 @@ class Recovery:
     def _write_incident(self, incident: dict[str, Any]) -> None:
         if incident.get("rung") is None:
             incident["rung"] = Rung.STOP
-        self.events.incident(incident)
+        for cut in accounting.settle(incident):  # incidents it cut short, first
+            self.events.incident(accounting.ordered_times(cut))
+        self.events.incident(accounting.ordered_times(incident))
 
     def finish(self, status: str, verdict: str | None, write: bool = True) -> None:
         """End the run: ``run_end``, state, and an exit plan for every agent."""
@@ -795,6 +801,7 @@ class Recovery:
         if write and status == RunStatus.COMPLETED and self.state.open_incident is not None:
             self._close_on_completion(gen, self.clock())
         if write:
+            self.events.flush_step()
             if self.state.open_incident is not None:
                 # The incident that ends a run (a refused requeue, a failure mid-recovery)
                 # reaches the event log too, as it stood (issue 22 item 4).
