@@ -60,6 +60,11 @@ def _flat(text: str) -> str:
     return t.strip(" ;:,")
 
 
+def flat_reason(text: str) -> str:
+    """``text`` as one flat line without our prefix, kind marks or a nested reason."""
+    return _flat(text)
+
+
 def drain_reason(what: str, evidence: str = "", kind: ReasonKind = ReasonKind.CHECK) -> str:
     """THE format of every drain reason slurm_robust sets (prolog/epilog failures, job
     verdicts, nodes found DOWN under a job, repeat offenders, failed deep checks)::

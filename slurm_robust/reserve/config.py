@@ -52,6 +52,9 @@ class ReserveConfig:
             spares it may be handed, over its whole life (all restarts); verdicts over the
             cap are refused and logged (a runaway or hostile job must not drain the
             cluster). Counted in a root-owned ledger (``<dir of verdict_log>/jobs``).
+        spare_retries: how many times a job's handed-over spares that fail a check (their
+            prolog) are replaced from the reserve before the job runs on what is left,
+            or is stopped with a verdict when that is too little.
         lock_timeout_s: how long to wait for the lock before giving up.
         call_timeout_s: timeout of each Slurm call made by the reserve.
     """
@@ -74,6 +77,7 @@ class ReserveConfig:
     verdict_max_bytes: int = 256 * 1024
     verdict_max_records: int = 64
     job_blame_cap: int = 4
+    spare_retries: int = 2
     lock_timeout_s: float = 60.0
     call_timeout_s: float = 20.0
     # The site's verdict_log directory, used for the derived paths; not a config key.
@@ -99,6 +103,7 @@ class ReserveConfig:
         _check(self.verdict_max_bytes > 0 and self.verdict_max_records > 0,
                "verdict_max_bytes and verdict_max_records must be > 0")
         _check(self.job_blame_cap >= 1, "job_blame_cap must be >= 1")
+        _check(self.spare_retries >= 0, "spare_retries must be >= 0")
 
     @property
     def lock_file(self) -> Path:
@@ -135,7 +140,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "freshness_h": (float, int), "repeat_window_h": (float, int),
     "lock_path": (str, type(None)), "log_path": (str, type(None)),
     "verdict_dir": (str, type(None)), "verdict_max_bytes": (int,),
-    "verdict_max_records": (int,), "job_blame_cap": (int,), "lock_timeout_s": (float, int),
+    "verdict_max_records": (int,), "job_blame_cap": (int,),
+    "spare_retries": (int,), "lock_timeout_s": (float, int),
     "call_timeout_s": (float, int),
 }
 

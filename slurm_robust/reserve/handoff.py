@@ -31,10 +31,11 @@ from slurm_robust.reserve.config import HOUR_S, ReserveConfig, reserve_config
 from slurm_robust.reserve.executor import Executor
 from slurm_robust.reserve.gate import HealthGate
 from slurm_robust.reserve.history import events_from_sacctmgr, repeat_offender_reason
-from slurm_robust.reserve.ledger import load_ledger, save_ledger
+from slurm_robust.reserve.ledger import ledger_path, load_ledger, save_ledger
 from slurm_robust.reserve.lock import reserve_lock
 from slurm_robust.reserve.plan import NodeView, Snapshot, plan_handoff
 from slurm_robust.reserve.reconcile import take_snapshot
+from slurm_robust.reserve.respare import replace_failed_spares
 from slurm_robust.reserve.verdicts import (
     Refusal,
     Verdict,
@@ -111,6 +112,39 @@ class HandoffReport:
     shortfall: int = 0
     requeued: bool = False
     outcomes: list[dict[str, Any]] = field(default_factory=list)
+    #: Handed-over spares that failed a check at this job end (see respare.py).
+    spare_failed: list[str] = field(default_factory=list)
+    #: Set when the job cannot be placed any more: stop it with this verdict.
+    stop_reason: str | None = None
+
+
+def _respare(end: JobEnd, site: SiteConfig, cfg: ReserveConfig,
+             slurm_factory: Callable[[], Slurm], gate_factory: Callable[[Slurm], HealthGate],
+             clock: Callable[[], float]) -> HandoffReport | None:
+    """A job end without verdicts, of a job that was handed spares: replace those that
+    failed a check (their prolog), bounded; record each step in the verdict log."""
+    slurm = slurm_factory()
+    with reserve_lock(cfg.lock_file, cfg.lock_timeout_s):
+        ledger = load_ledger(cfg.ledger_dir, end.job_id)
+        job = slurm.job(end.job_id)
+        now = clock()
+        partition = end.partition or (job.partition.split(",")[0] if job else "")
+        requeued = is_requeued(job, now)
+        done = replace_failed_spares(end.job_id, partition, job, requeued, ledger, cfg,
+                                     slurm, gate_factory(slurm), now, clock)
+        if done is None:
+            return None
+        save_ledger(cfg.ledger_dir, ledger)
+    report = HandoffReport(end.job_id, 0, 0, requeued=requeued, outcomes=done.outcomes,
+                           handed_over=done.replaced_by, shortfall=done.shortfall,
+                           spare_failed=done.failed, stop_reason=done.stop_reason)
+    append_records(site.verdict_log, [make_record(
+        VERDICT_ACTION_SCHEMA, VERDICT_ACTION_VERSION,
+        {"job_id": end.job_id, "user": end.user, "node": node, "action": "spare_failed",
+         "why": "a spare handed to the job failed a check (its prolog)",
+         "requeued": requeued, "handed_over": done.replaced_by, "shortfall": done.shortfall,
+         "stop_reason": done.stop_reason, "ok": True}, now=clock()) for node in done.failed])
+    return report
 
 
 def handle_job_end(end: JobEnd, site: SiteConfig, slurm_factory: Callable[[], Slurm],
@@ -123,7 +157,9 @@ def handle_job_end(end: JobEnd, site: SiteConfig, slurm_factory: Callable[[], Sl
     batch = read_job_verdicts(cfg.verdict_root, end.user, end.uid, end.job_id, given,
                               cfg.verdict_max_bytes, cfg.verdict_max_records, end.restart_count)
     if batch is None:
-        return None
+        if not ledger_path(cfg.ledger_dir, end.job_id).exists():
+            return None  # never handed a spare: nothing of ours can have failed
+        return _respare(end, site, cfg, slurm_factory, gate_factory, clock)
     report = HandoffReport(end.job_id, len(batch.verdicts), len(batch.refusals))
     _log_refusals(site, end, batch, clock())
     if not batch.verdicts:

@@ -29,6 +29,10 @@ class JobLedger:
     job_id: str
     drained: list[str] = field(default_factory=list)
     handed_over: list[str] = field(default_factory=list)
+    #: Handed-over spares that then failed a check (their prolog), and what replaced them
+    #: (bounded by ``reserve.spare_retries``; not counted against the blame cap).
+    spare_failed: list[str] = field(default_factory=list)
+    replacements: list[str] = field(default_factory=list)
     #: Set when the file was unreadable: treat the cap as reached.
     broken: bool = False
 
@@ -52,7 +56,9 @@ def load_ledger(ledger_dir: Path, job_id: str) -> JobLedger:
     try:
         raw = json.loads(path.read_text())
         return JobLedger(job_id, [str(n) for n in raw["drained"]],
-                         [str(n) for n in raw["handed_over"]])
+                         [str(n) for n in raw["handed_over"]],
+                         [str(n) for n in raw.get("spare_failed", [])],
+                         [str(n) for n in raw.get("replacements", [])])
     except FileNotFoundError:
         return JobLedger(job_id)
     except (OSError, ValueError, KeyError, TypeError):
@@ -65,4 +71,6 @@ def save_ledger(ledger_dir: Path, ledger: JobLedger) -> None:
     write_json_atomic(ledger_path(ledger_dir, ledger.job_id),
                       {"v": LEDGER_VERSION, "job_id": ledger.job_id,
                        "drained": sorted(set(ledger.drained)),
-                       "handed_over": ledger.handed_over}, mode=0o600)
+                       "handed_over": ledger.handed_over,
+                       "spare_failed": ledger.spare_failed,
+                       "replacements": ledger.replacements}, mode=0o600)

@@ -13,9 +13,12 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from slurm_robust.health.drain import ReasonKind, drain_reason
+from slurm_robust.health.drain import ReasonKind, drain_reason, flat_reason
 from slurm_robust.launcher.control.policy import Decision
 from slurm_robust.launcher.enums import Rung
+
+#: How the in-job monitor's eviction text starts (launcher/control/monitor.verdict_reason).
+MONITOR_MARK = "in-job monitor on "
 
 
 def evidence_summary(cls: str, evidence: Mapping[str, Any]) -> str:
@@ -30,7 +33,7 @@ def evidence_summary(cls: str, evidence: Mapping[str, Any]) -> str:
             parts.append("heartbeat lost")
     for key in ("diagnosis_reason", "finding"):
         if evidence.get(key):
-            parts.append(str(evidence[key]))
+            parts.append(flat_reason(str(evidence[key])))
     if not parts:
         if evidence.get("signal") is not None:
             parts.append(f"signal {evidence['signal']}")
@@ -46,7 +49,11 @@ def verdict_reason(cls: str, evidence: Mapping[str, Any], extra: str | None = No
     ``slurm_robust: pending deep check: <class>: <evidence>``. ``extra`` (a monitor's
     finding) is evidence that names the check, so it goes first."""
     summary = evidence_summary(cls, evidence)
+    if extra and extra.startswith(MONITOR_MARK):
+        # "in-job monitor on <node>: <check>: <evidence>": the node is the drained one.
+        extra = extra.split(": ", 1)[-1]
     if extra:
+        extra = flat_reason(extra)
         summary = f"{extra}; {summary}" if summary != cls else extra
     return drain_reason(cls, summary, ReasonKind.PENDING)
 

@@ -15,8 +15,11 @@ def test_verdict_reason_names_class_and_evidence_not_the_ladder() -> None:
     assert r == f"{PENDING_PREFIX} gpu_memory_error: exit 1; Xid 79 on GPU 3"
     r = verdict_reason("node_lost", {"controller_lost": True, "why": "timed out"})
     assert r == f"{PENDING_PREFIX} node_lost: controller heartbeat lost"
-    r = verdict_reason("gpu_unavailable", {}, "gpu_xid: Xid 48 on GPU 0")
-    assert r == f"{PENDING_PREFIX} gpu_unavailable: gpu_xid: Xid 48 on GPU 0"
+    r = verdict_reason("gpu_unavailable", {}, "in-job monitor on node3: gpu_xid: Xid 79 on GPU 0")
+    assert r == f"{PENDING_PREFIX} gpu_unavailable: gpu_xid: Xid 79 on GPU 0"
+    r = verdict_reason("cuda_error", {"exit_code": 1, "diagnosis_reason":
+                                      "slurm_robust: host_mem_available: actual 0 B"})
+    assert r == f"{PENDING_PREFIX} cuda_error: host_mem_available: actual 0 B"
 
 
 def test_cap_stops_a_run_instead_of_blaming_more() -> None:
