@@ -124,9 +124,22 @@ def _train_partitions_of(node: str, snap: Snapshot, cfg: ReserveConfig) -> tuple
     return tuple(p for p in cfg.train_partitions if node in snap.partitions.get(p, ()))
 
 
+def borrowable(snap: Snapshot, cfg: ReserveConfig, keep: int) -> int:
+    """How many train nodes the reserve may borrow: the borrowing policy (issue 22).
+
+    The train partitions keep at least ``keep`` usable nodes (the largest node count of a
+    job queued there, so a queued robust job is never starved by the reserve); only
+    idle nodes are ever borrowed (see :func:`_fill_candidates`)."""
+    members = set(snap.partitions.get(cfg.partition, ()))
+    train = {n for p in cfg.train_partitions for n in snap.partitions.get(p, ())} - members
+    usable = [n for n in train if n in snap.nodes and snap.nodes[n].usable]
+    return max(len(usable) - keep, 0)
+
+
 def plan_reconcile(snap: Snapshot, cfg: ReserveConfig, target: int,
-                   checked: frozenset[str] = frozenset()) -> list[Action]:
-    """What brings the reserve to ``target`` spares.
+                   checked: frozenset[str] = frozenset(), keep: int = 0) -> list[Action]:
+    """What brings the reserve to ``target`` spares, borrowing idle train nodes only while
+    the train partitions keep ``keep`` usable nodes (:func:`borrowable`).
 
     Returns DeepCheck actions alone while some node that matters (a stale idle member, or
     a stale candidate needed to fill) has not been checked in this reconcile (``checked``);
@@ -139,7 +152,7 @@ def plan_reconcile(snap: Snapshot, cfg: ReserveConfig, target: int,
               if n in snap.nodes and n not in checked and _stale_idle(snap.nodes[n], now, cfg)]
     current = spares(snap, cfg)
     need = target - len(current)
-    candidates = _fill_candidates(snap, cfg)
+    candidates = _fill_candidates(snap, cfg)[:borrowable(snap, cfg, keep)]
     fresh = [v for v in candidates if is_fresh(v, now, cfg)]
     if need > len(fresh):
         stale = [v.name for v in candidates if not is_fresh(v, now, cfg)

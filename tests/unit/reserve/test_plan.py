@@ -11,6 +11,7 @@ from slurm_robust.reserve.plan import (
     NodeView,
     Note,
     Snapshot,
+    borrowable,
     plan_handoff,
     plan_reconcile,
 )
@@ -170,3 +171,13 @@ def test_handoff_never_hands_more_spares_than_lost() -> None:
     broken = JobLedger("7", broken=True)  # an unreadable ledger: fail closed
     plan = plan_handoff("7", "train", True, [verdict("n2")], s, CFG, {}, broken)
     assert moves(plan.actions) == [] and not any(isinstance(a, Drain) for a in plan.actions)
+
+
+def test_reconcile_never_borrows_train_below_what_a_queued_job_needs() -> None:
+    """Issue 22 finding 8: after a handoff, reconcile refilled the reserve from idle train
+    nodes until the train partition could no longer run the queued job."""
+    s = snap([view("n1"), view("n2"), view("n3"), view("n4", drained=True)], [])
+    assert borrowable(s, CFG, 3) == 0
+    assert moves(plan_reconcile(s, CFG, 2, keep=3)) == []
+    assert len(moves(plan_reconcile(s, CFG, 2, keep=2))) == 1
+    assert len(moves(plan_reconcile(s, CFG, 2))) == 2  # nothing queued: fill to target
