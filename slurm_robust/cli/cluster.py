@@ -27,6 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="up: nodes of the train partition (default 4, or as last up)")
     parser.add_argument("--spares", type=int, default=None,
                         help="up: nodes of the standby partition (default 2, or as last up)")
+    parser.add_argument("--reserve-timer", type=float, default=0.0, metavar="SECONDS",
+                        help="with up: run `reserve reconcile` at once (fresh spares before "
+                             "the first handoff) and then every SECONDS (0: off, the "
+                             "default, so tests control the reserve themselves)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--prometheus", action="store_true",
                         help="up/packages: also a Prometheus server scraping the robust "
@@ -56,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         rep = mc.up(install=not args.no_install, prometheus=args.prometheus)
         out = {"seconds": round(rep.seconds, 2), "started": rep.started,
                "already_running": rep.already_running, "slurm_conf": str(cfg.slurm_conf)}
+        if args.reserve_timer > 0:
+            out["reserve_timer_pid"] = mc.start_reserve_timer(args.reserve_timer)
         if args.json:
             print(json.dumps(out))
         elif rep.started:
