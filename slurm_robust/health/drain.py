@@ -119,8 +119,14 @@ def decide_drain(node: Node | None, reason: str, down_too: bool = False) -> Drai
     ``down_too``: drain a DOWN node as well (a node a job blamed or that Slurm marked
     DOWN under a job): the DRAIN flag keeps it out when ReturnToService would otherwise
     bring it back unchecked as soon as its slurmd registers again."""
-    # Every reason we set goes through the one format (flat, short, our prefix).
-    reason = drain_reason(reason, "", reason_kind(reason) or ReasonKind.CHECK)
+    # Every reason we set goes through the one format (flat, short, our prefix); one
+    # already made by drain_reason is kept whole (re-flattening would cut a repeat
+    # offender's "again N h after return"), only bounded.
+    if reason_kind(reason) is None:
+        reason = drain_reason(reason)
+    else:
+        reason = " ".join("".join(c if c.isprintable() else " " for c in reason).split())
+        reason = reason[:REASON_LIMIT]
     if node is None:
         return DrainDecision("keep", reason, "node not found in Slurm")
     if node.state in HANDS_OFF_STATES and not (down_too and node.state == "down"):

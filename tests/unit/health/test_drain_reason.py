@@ -43,6 +43,10 @@ def test_decide_drain_formats_every_reason_and_keeps_its_kind() -> None:
     assert d.reason == "slurm_robust: gpu_ecc: actual 4"
     pending = drain_reason("node_lost", "heartbeat lost 5s", ReasonKind.PENDING)
     assert decide_drain(node(), pending).reason == pending
+    repeat = drain_reason("nccl_error: timeout", "again 0.0 h after return",
+                          ReasonKind.REPEAT)
+    assert repeat == "slurm_robust: repeat offender: nccl_error: timeout; again 0.0 h after return"
+    assert decide_drain(node(), repeat).reason == repeat  # kept whole, never re-cut
 
 
 def test_a_down_node_is_drained_only_when_asked_and_never_over_an_admin() -> None:
