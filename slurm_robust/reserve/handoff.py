@@ -191,8 +191,10 @@ def _apply(end: JobEnd, verdicts: list[Verdict], given: GivenNodes, cfg: Reserve
     snap = _with_nodes(snap, slurm, [v.node for v in verdicts])
     repeats = _repeat_reasons(slurm, cfg, verdicts, now)
     ledger = load_ledger(cfg.ledger_dir, end.job_id)
+    # Default cap: the nodes the job holds (never drains more than it holds).
+    cap = cfg.job_blame_cap or max(job.node_count if job else 0, len(end.nodes), 1)
     plan = plan_handoff(end.job_id, partition, report.requeued, verdicts, snap, cfg, repeats,
-                        ledger)
+                        ledger, cap)
     report.outcomes = Executor(slurm, gate, cfg.log_file, "handoff", clock=clock).apply(
         plan.actions)
     report.drained = [o["node"] for o in report.outcomes

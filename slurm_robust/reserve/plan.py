@@ -194,7 +194,7 @@ class HandoffPlan:
 def plan_handoff(job_id: str, job_partition: str, requeued: bool, verdicts: Sequence[Verdict],
                  snap: Snapshot, cfg: ReserveConfig,
                  repeat_reasons: Mapping[str, str],
-                 ledger: JobLedger | None = None) -> HandoffPlan:
+                 ledger: JobLedger | None = None, cap: int | None = None) -> HandoffPlan:
     """Drain the blamed nodes of a job and, if it was requeued, hand it as many spares.
 
     ``verdicts`` are already validated (nodes the job was given only). Blame from a job is
@@ -202,16 +202,18 @@ def plan_handoff(job_id: str, job_partition: str, requeued: bool, verdicts: Sequ
     return unchecked). An admin's drain reason is never replaced (a Note records that it
     was kept). ``repeat_reasons`` maps a node to its repeat-offender reason, which
     replaces the pending one. ``ledger`` (what the job was charged before) bounds both
-    the drains and the spares by ``cfg.job_blame_cap`` over the job's life.
+    the drains and the spares by ``cap`` (default ``cfg.job_blame_cap``, else no more
+    than the verdicts) over the job's life.
     """
     plan = HandoffPlan()
     ledger = ledger or JobLedger(job_id)
-    room = ledger.drain_room(cfg.job_blame_cap)
+    cap = cap if cap is not None else (cfg.job_blame_cap or len(verdicts))
+    room = ledger.drain_room(cap)
     for v in verdicts:
         if v.node not in ledger.drained:
             if room <= 0:
                 plan.actions.append(Note(v.node, f"refused: over job_blame_cap="
-                                                 f"{cfg.job_blame_cap} nodes for this job "
+                                                 f"{cap} nodes for this job "
                                                  f"({v.cls})", job_id))
                 continue
             room -= 1
@@ -235,7 +237,7 @@ def plan_handoff(job_id: str, job_partition: str, requeued: bool, verdicts: Sequ
         return plan
     charged = JobLedger(job_id, sorted(set(ledger.drained) | set(plan.lost)),
                         ledger.handed_over, ledger.broken)
-    want = min(len(plan.lost), charged.spare_room(cfg.job_blame_cap))
+    want = min(len(plan.lost), charged.spare_room(cap))
     available = spares(snap, cfg)
     for name in available[:want]:
         plan.actions.append(Move(name, (cfg.partition,), job_partition,

@@ -508,7 +508,8 @@ class Recovery:
             # The verdict names what the node's own checks found, not just the class.
             decision = dataclasses.replace(decision, reason=f"{decision.reason}; {diag_reason}")
         # issue 12: a run blames at most max_blamed_nodes nodes, then stops with a verdict.
-        decision = blame.capped(decision, st.blamed, self.cfg.max_blamed_nodes)
+        decision = blame.capped(decision, st.blamed,
+                                self.cfg.max_blamed_nodes or self.cfg.total_nodes)
         incident["rung"] = decision.rung
         incident["localized_at"] = incident["localized_at"] or now
         incident["nodes"] = sorted(set(incident["nodes"]) | set(decision.evict))

@@ -166,10 +166,10 @@ def test_handoff_ledger_counts_over_the_jobs_life() -> None:
 def test_handoff_never_hands_more_spares_than_lost() -> None:
     ledger = JobLedger("7", ["n1"], ["s0"])
     s = snap([view("n2")], [view("s1"), view("s2")])
-    plan = plan_handoff("7", "train", True, [verdict("n2")], s, CFG, {}, ledger)
+    plan = plan_handoff("7", "train", True, [verdict("n2")], s, CFG, {}, ledger, cap=4)
     assert moves(plan.actions) == [("s1", ("standby",), "train")]
     broken = JobLedger("7", broken=True)  # an unreadable ledger: fail closed
-    plan = plan_handoff("7", "train", True, [verdict("n2")], s, CFG, {}, broken)
+    plan = plan_handoff("7", "train", True, [verdict("n2")], s, CFG, {}, broken, cap=4)
     assert moves(plan.actions) == [] and not any(isinstance(a, Drain) for a in plan.actions)
 
 
