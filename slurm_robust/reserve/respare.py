@@ -34,10 +34,12 @@ PROLOG_ERROR = "Prolog error"
 
 
 def failed_check(node: Node) -> bool:
-    """Drained because a node check failed on it (not a job's suspicion, not an admin)."""
+    """Drained because a node check failed on it (not a job's suspicion, not an admin);
+    a repeat offender's reason wraps a failed check too (the prolog's repeat rule)."""
     if not node.drained:
         return False
-    return reason_kind(node.reason) is ReasonKind.CHECK or node.reason.startswith(PROLOG_ERROR)
+    return reason_kind(node.reason) in (ReasonKind.CHECK, ReasonKind.REPEAT) \
+        or node.reason.startswith(PROLOG_ERROR)
 
 
 @dataclass

@@ -78,6 +78,8 @@ def cluster(failed: tuple[str, ...] = ("spare1",), spares: tuple[str, ...] = ("s
 def test_only_check_failures_count_as_a_failed_spare() -> None:
     assert failed_check(node("a", True, "slurm_robust: gpu_xid: Xid 79"))
     assert failed_check(node("a", True, "Prolog error"))
+    assert failed_check(node("a", True, "slurm_robust: repeat offender: gpu_xid: Xid 79; "
+                                        "again 1.0 h after return"))
     assert not failed_check(node("a", True, "slurm_robust: pending deep check: node_lost: x"))
     assert not failed_check(node("a", True, "maintenance by alice"))
     assert not failed_check(node("a", False, ""))
