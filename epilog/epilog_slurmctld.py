@@ -28,15 +28,17 @@ def main() -> int:
         site = load_site_config()
         end = job_end_from_env(os.environ)
         report = handle_job_end(end, site, _slurm_factory(site), _gate(site))
-        if report is not None and report.requeued and report.handed_over:
-            _start_detached(site, end.job_id)
+        if report is not None and report.requeued and (report.handed_over
+                                                       or report.stop_reason):
+            _start_detached(site, end.job_id, report.stop_reason)
     except Exception as exc:  # noqa: BLE001 - logged, never raised into slurmctld
         _log_error(exc)
     return EXIT_OK
 
 
-def _start_detached(site, job_id: str) -> None:
-    """Fork a session-less child that resets the job's StartTime once it is PENDING.
+def _start_detached(site, job_id: str, stop_reason: str | None = None) -> None:
+    """Fork a session-less child that resets the job's StartTime once it is PENDING (or,
+    with ``stop_reason``, stops it with that verdict: it cannot be placed any more).
 
     Detached because Slurm sets the requeued job's BeginTime only when it finishes
     completing, which may wait for this script; the child is bounded by a timeout.
@@ -53,12 +55,20 @@ def _start_detached(site, job_id: str) -> None:
         from slurm_robust.records import append_record, make_record
         from slurm_robust.reserve.config import reserve_config
         from slurm_robust.reserve.handoff import start_when_requeued
+        from slurm_robust.reserve.respare import stop_when_requeued
 
         cfg = reserve_config(site)
-        what = start_when_requeued(_slurm_factory(site)(), job_id, START_WAIT_S)
+        if stop_reason:
+            what = stop_when_requeued(_slurm_factory(site)(), job_id, stop_reason,
+                                      START_WAIT_S, time.monotonic, time.sleep)
+            action, ok = "stop", what == "stopped with a verdict"
+        else:
+            what = start_when_requeued(_slurm_factory(site)(), job_id, START_WAIT_S)
+            action, ok = "start_now", what == "StartTime reset"
         append_record(cfg.log_file, make_record("slurm_robust.reserve_action", 1, {
-            "op": "handoff", "action": "start_now", "node": None, "job_id": job_id,
-            "ok": what == "StartTime reset", "why": what, "error": "", "dry_run": False}))
+            "op": "handoff", "action": action, "node": None, "job_id": job_id,
+            "ok": ok, "why": stop_reason or what, "error": "" if ok else what,
+            "dry_run": False}))
     except Exception as exc:  # noqa: BLE001 - a detached child has only the log
         _log_error(exc)
     finally:

@@ -38,3 +38,11 @@ def minicluster() -> Iterator[RunningCluster]:
     yield RunningCluster(mc.cfg, Slurm(mc.cfg.env()), env)
     if not was_up and os.environ.get("SLURM_ROBUST_KEEP_CLUSTER") != "1":
         mc.down()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test that uses the mini-cluster is an integration test, marked or not: the
+    quick subset (``-m "not integration"``) must never start a cluster."""
+    for item in items:
+        if "minicluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.integration)

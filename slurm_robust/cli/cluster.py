@@ -37,6 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--shared-net", dest="netns", action="store_false",
                       help="up: every node on 127.0.0.1 in the host's network (the default "
                            "for now)")
+    parser.add_argument("--reserve-timer", type=float, default=0.0, metavar="SECONDS",
+                        help="with up: run `reserve reconcile` at once (fresh spares before "
+                             "the first handoff) and then every SECONDS (0: off, the "
+                             "default, so tests control the reserve themselves)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--prometheus", action="store_true",
                         help="up/packages: also a Prometheus server scraping the robust "
@@ -77,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
         rep = mc.up(install=not args.no_install, prometheus=args.prometheus)
         out = {"seconds": round(rep.seconds, 2), "started": rep.started,
                "already_running": rep.already_running, "slurm_conf": str(cfg.slurm_conf)}
+        if args.reserve_timer > 0:
+            out["reserve_timer_pid"] = mc.start_reserve_timer(args.reserve_timer)
         if args.json:
             print(json.dumps(out))
         elif rep.started:

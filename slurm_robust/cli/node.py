@@ -2,8 +2,10 @@
 
 Runs the deep suite for NODE on this host (run it on the node itself, or -- as in the
 mini-cluster -- on a host that shares the node's state directory and hardware) and
-resumes the node in Slurm only if every check passes. A drain reason that slurm_robust
-did not write (an admin's note) is kept unless ``--force``.
+resumes the node in Slurm only if every check passes. Two drains need a person's word,
+``--force``: a reason slurm_robust did not write (an admin's note), and a repeat offender
+(a node that failed again soon after it was returned: investigate its hardware first).
+A node drained "pending deep check" (a job's suspicion) needs no --force.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("resume", help=HELP, description=__doc__)
     p.add_argument("node", help="Slurm node name")
     p.add_argument("--force", action="store_true",
-                   help="resume even when the drain reason was not written by slurm_robust")
+                   help="resume an admin's drain (a reason slurm_robust did not write) or "
+                        "a repeat offender; the deep suite must still pass")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 

@@ -1,13 +1,16 @@
-"""``slurm-robust reserve size|status|reconcile``: the warm reserve (standby partition)."""
+"""``slurm-robust reserve size|status|reconcile|reset``: the warm reserve (standby partition)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
+from slurm_robust.errors import UsageError
 from slurm_robust.reserve.config import reserve_config
 from slurm_robust.reserve.gate import LocalSuiteGate
+from slurm_robust.reserve.layout import reset, slurm_conf_path
 from slurm_robust.reserve.reconcile import reconcile, status
 from slurm_robust.reserve.sizing import binomial_cdf, binomial_quantile
 from slurm_robust.site_config import load_site_config
@@ -27,15 +30,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     size.add_argument("--json", action="store_true", help="machine-readable output")
     for name, text in (("status", "members, spares, target and its basis"),
                        ("reconcile", "fill the reserve to its target, return surplus "
-                                     "(idempotent; serialised by a lock)")):
+                                     "(idempotent; serialised by a lock; borrows idle "
+                                     "train nodes only while the train partitions keep "
+                                     "the nodes of the largest queued job)"),
+                       ("reset", "put the reserve and train partitions back to their "
+                                 "slurm.conf members (after handoffs and reconciles)")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--config", help="site config (default $SLURM_ROBUST_CONFIG or "
                                         "/etc/slurm_robust/config.json)")
         p.add_argument("--target", type=int, help="override the reserve target size")
         p.add_argument("--json", action="store_true", help="machine-readable output")
-        if name == "reconcile":
+        if name in ("reconcile", "reset"):
             p.add_argument("--dry-run", action="store_true",
                            help="plan and log, change nothing (no deep checks run)")
+        if name == "reset":
+            p.add_argument("--slurm-conf", help="slurm.conf to read the configured members "
+                                                "from (default $SLURM_CONF)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,6 +60,16 @@ def run(args: argparse.Namespace) -> int:
         out = status(slurm, gate, cfg)
         _print(out, args.json, _status_text)
         return 0
+    if args.reserve_action == "reset":
+        conf = Path(args.slurm_conf) if args.slurm_conf else slurm_conf_path()
+        try:
+            text = conf.read_text()
+        except OSError as exc:
+            raise UsageError(f"cannot read {conf}: {exc.strerror}; pass --slurm-conf") \
+                from exc
+        outcomes = reset(slurm, gate, cfg, text, dry_run=args.dry_run)
+        _print({"outcomes": outcomes}, args.json, lambda r: _outcomes_text(r["outcomes"]))
+        return 0 if all(o.get("ok") for o in outcomes) else 1
     rep = reconcile(slurm, gate, cfg, dry_run=args.dry_run).as_dict()
     _print(rep, args.json, _reconcile_text)
     return 0 if all(o.get("ok") for o in rep["outcomes"]) else 1
@@ -84,12 +104,17 @@ def _status_text(s: dict[str, Any]) -> str:
 
 
 def _reconcile_text(r: dict[str, Any]) -> str:
-    lines = [f"target {r['target']}: spares {','.join(r['spares_before']) or '-'} -> "
-             f"{','.join(r['spares_after']) or '-'}"]
-    for o in r["outcomes"]:
+    head = (f"target {r['target']}: spares {','.join(r['spares_before']) or '-'} -> "
+            f"{','.join(r['spares_after']) or '-'}")
+    return head + "\n" + _outcomes_text(r["outcomes"])
+
+
+def _outcomes_text(outcomes: list[dict[str, Any]]) -> str:
+    lines = []
+    for o in outcomes:
         where = f" {','.join(o.get('src', []))} -> {o['dst']}" if o["action"] == "move" else ""
         state = "ok" if o["ok"] else f"FAILED: {o['error']}"
         lines.append(f"  {o['action']} {o['node']}{where} ({o['why']}): {state}")
-    if not r["outcomes"]:
+    if not outcomes:
         lines.append("  nothing to do")
     return "\n".join(lines)

@@ -233,6 +233,17 @@ class MiniCluster:
         raise ClusterError(f"the mini-cluster is up with {now}; run `slurm-robust cluster "
                            f"down` before `cluster up {asked}`")
 
+    def start_reserve_timer(self, every_s: float) -> int:
+        """Run ``reserve reconcile`` now and every ``every_s`` s (slurm_robust.reserve.timer),
+        as a daemon of this cluster (stopped by ``down`` with everything that carries the
+        cluster marker): spares are fresh before the first handoff. Returns its pid."""
+        c = self.cfg
+        timer = Daemon("reserve-timer", (c.python, "-m", "slurm_robust.reserve.timer",
+                                         "--every", f"{every_s:g}", "--config",
+                                         str(c.robust_conf)),
+                       c.run_dir / "mc-reserve-timer.pid", c.log_dir / "reserve-timer.out")
+        return start_daemon(timer, c.root, c.env())
+
     def _write_files(self) -> bool:
         c = self.cfg
         for d in (c.etc, c.run_dir, c.log_dir, c.bin_dir, c.ctld_state, c.shared_dir):

@@ -38,7 +38,14 @@ Draining: :func:`drain_for_failure` never overwrites an admin's reason and prefi
 with ``slurm_robust:`` (see drain.py).
 """
 
-from slurm_robust.health.drain import DrainDecision, decide_drain, drain_for_failure
+from slurm_robust.health.drain import (
+    PENDING_PREFIX,
+    DrainDecision,
+    ReasonKind,
+    decide_drain,
+    drain_for_failure,
+    drain_reason,
+)
 from slurm_robust.health.errors import NoNVMLError
 from slurm_robust.health.framework import (
     CheckContext,
@@ -59,6 +66,7 @@ from slurm_robust.health.suite import STAGES, SUITES, SuiteResult, run_suite
 __all__ = [
     "STAGES", "SUITES", "CheckContext", "CheckResult", "DrainDecision", "NoNVMLError",
     "Outcome", "Probes", "Status", "SuiteResult", "check", "decide_drain",
-    "drain_for_failure", "fail", "journal_path", "last_deep_pass", "ok", "read_journal",
+    "drain_for_failure", "drain_reason", "PENDING_PREFIX", "ReasonKind", "fail",
+    "journal_path", "last_deep_pass", "ok", "read_journal",
     "registered_checks", "run_suite", "skip", "warn",
 ]

@@ -47,6 +47,11 @@ class RunConfig:
         max_restarts: restart budget across in-job restarts and Slurm requeues.
         max_no_progress: attempts in a row that finish no new step before the run stops.
         node_failures_to_blame: worker failures on one node (in one run) that blame it.
+        max_blamed_nodes: the most nodes one run may blame (and so drain, and replace by
+            spares) over its life; null means the run's node count (nodes + spares: a
+            job never drains more nodes than it holds). A fault that would blame more
+            stops the run with a verdict instead (a runaway or hostile job must not drain
+            the cluster). The reserve caps the same on its side (``reserve.job_blame_cap``).
         spike_factor: a loss or grad norm above spike_factor x the recent median is a spike.
         step_events_per_s: at most this many step events a second (sampled beyond it).
         local_every, durable_every: node-local / durable checkpoint cadence in steps
@@ -93,6 +98,7 @@ class RunConfig:
     max_restarts: int = 10
     max_no_progress: int = 3
     node_failures_to_blame: int = 3
+    max_blamed_nodes: int | None = None
     spike_factor: float = 5.0
     step_events_per_s: float = 50.0
     local_every: int = 10
@@ -136,8 +142,10 @@ class RunConfig:
         for name in ("spares", "max_restarts", "local_every", "durable_every"):
             if getattr(self, name) < 0:
                 raise UsageError(f"{name} is {getattr(self, name)}; use >= 0")
-        if self.max_no_progress < 1 or self.node_failures_to_blame < 1:
-            raise UsageError("max_no_progress and node_failures_to_blame must be >= 1")
+        if self.max_no_progress < 1 or self.node_failures_to_blame < 1 \
+                or (self.max_blamed_nodes is not None and self.max_blamed_nodes < 1):
+            raise UsageError("max_no_progress, node_failures_to_blame and max_blamed_nodes "
+                             "must be >= 1")
         if self.hang_floor_s <= 0 or self.hang_factor <= 0 or self.startup_timeout_s <= 0:
             raise UsageError("hang_floor_s, hang_factor and startup_timeout_s must be > 0")
         if not 0 < self.heartbeat_s < self.heartbeat_timeout_s:

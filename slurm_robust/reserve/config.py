@@ -48,6 +48,14 @@ class ReserveConfig:
             ``<dir of verdict_log>/verdicts``. See docs/SCHEMAS.md (verdicts).
         verdict_max_bytes: larger verdict files are refused unread.
         verdict_max_records: at most this many verdicts are applied per job end.
+        job_blame_cap: the most nodes one job may get drained by its verdicts, and the most
+            spares it may be handed, over its whole life (all restarts); null means the
+            job's node count (a job never drains more nodes than it holds); verdicts over the
+            cap are refused and logged (a runaway or hostile job must not drain the
+            cluster). Counted in a root-owned ledger (``<dir of verdict_log>/jobs``).
+        spare_retries: how many times a job's handed-over spares that fail a check (their
+            prolog) are replaced from the reserve before the job runs on what is left,
+            or is stopped with a verdict when that is too little.
         lock_timeout_s: how long to wait for the lock before giving up.
         call_timeout_s: timeout of each Slurm call made by the reserve.
     """
@@ -69,6 +77,8 @@ class ReserveConfig:
     verdict_dir: str | None = None
     verdict_max_bytes: int = 256 * 1024
     verdict_max_records: int = 64
+    job_blame_cap: int | None = None
+    spare_retries: int = 2
     lock_timeout_s: float = 60.0
     call_timeout_s: float = 20.0
     # The site's verdict_log directory, used for the derived paths; not a config key.
@@ -93,6 +103,9 @@ class ReserveConfig:
                "history_h must be >= replacement_window_h")
         _check(self.verdict_max_bytes > 0 and self.verdict_max_records > 0,
                "verdict_max_bytes and verdict_max_records must be > 0")
+        _check(self.job_blame_cap is None or self.job_blame_cap >= 1,
+               "job_blame_cap must be null or >= 1")
+        _check(self.spare_retries >= 0, "spare_retries must be >= 0")
 
     @property
     def lock_file(self) -> Path:
@@ -105,6 +118,11 @@ class ReserveConfig:
     @property
     def verdict_root(self) -> Path:
         return Path(self.verdict_dir or Path(self.base_dir) / "verdicts")
+
+    @property
+    def ledger_dir(self) -> Path:
+        """Root-owned per-job ledgers of drains and handoffs (the blame cap)."""
+        return Path(self.base_dir) / "jobs"
 
     @property
     def home_partition(self) -> str:
@@ -124,7 +142,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "freshness_h": (float, int), "repeat_window_h": (float, int),
     "lock_path": (str, type(None)), "log_path": (str, type(None)),
     "verdict_dir": (str, type(None)), "verdict_max_bytes": (int,),
-    "verdict_max_records": (int,), "lock_timeout_s": (float, int),
+    "verdict_max_records": (int,), "job_blame_cap": (int, type(None)),
+    "spare_retries": (int,), "lock_timeout_s": (float, int),
     "call_timeout_s": (float, int),
 }
 

@@ -90,7 +90,8 @@ class Executor:
         never over an admin's reason, never a down node."""
         try:
             found = self.slurm.nodes([action.node])
-            decision = decide_drain(found[0] if found else None, action.reason)
+            decision = decide_drain(found[0] if found else None, action.reason,
+                                    down_too=action.down_too)
             if decision.action != "drain":
                 return self._outcome(action, ok=True, skipped=decision.why)
             if not self.dry_run:

@@ -2,9 +2,12 @@
 
 Runs as SlurmUser at every job end. A job without a verdict file costs one failed
 ``open`` and no Slurm call. Otherwise: every verdict is validated (only nodes of the job's
-allocation, from ``SLURM_JOB_NODELIST``), refusals are logged, and under the reserve
-lock the blamed nodes are drained (an admin's reason is never replaced; a repeat
-offender's reason says so) and, if the job was requeued, as many spares as it lost are
+allocation: ``SLURM_JOB_NODELIST``, else any node sacct says the job was given, since
+Slurm takes a DOWN node out of a ``--no-kill`` job), refusals are logged, and under the
+reserve lock the blamed nodes, and nodes Slurm marked DOWN under the job, are drained
+pending a deep check (an admin's reason is never replaced; a repeat offender's reason says
+so; at most ``job_blame_cap`` over the job's life) and, if the job was requeued, as many
+spares as it lost (within the same cap) are
 moved from the reserve into its partition; :func:`start_when_requeued` then resets its
 StartTime (detached, once Slurm has finished requeueing it) so it starts at once.
 ``reserve reconcile`` refills the reserve afterwards.
@@ -23,13 +26,16 @@ from typing import Any
 
 from slurm_robust.errors import SlurmRobustError, UsageError
 from slurm_robust.records import append_records, make_record
+from slurm_robust.reserve.allocation import GivenNodes, sacct_nodes
 from slurm_robust.reserve.config import HOUR_S, ReserveConfig, reserve_config
 from slurm_robust.reserve.executor import Executor
 from slurm_robust.reserve.gate import HealthGate
 from slurm_robust.reserve.history import events_from_sacctmgr, repeat_offender_reason
+from slurm_robust.reserve.ledger import ledger_path, load_ledger, save_ledger
 from slurm_robust.reserve.lock import reserve_lock
 from slurm_robust.reserve.plan import NodeView, Snapshot, plan_handoff
 from slurm_robust.reserve.reconcile import take_snapshot
+from slurm_robust.reserve.respare import replace_failed_spares
 from slurm_robust.reserve.verdicts import (
     Refusal,
     Verdict,
@@ -106,6 +112,39 @@ class HandoffReport:
     shortfall: int = 0
     requeued: bool = False
     outcomes: list[dict[str, Any]] = field(default_factory=list)
+    #: Handed-over spares that failed a check at this job end (see respare.py).
+    spare_failed: list[str] = field(default_factory=list)
+    #: Set when the job cannot be placed any more: stop it with this verdict.
+    stop_reason: str | None = None
+
+
+def _respare(end: JobEnd, site: SiteConfig, cfg: ReserveConfig,
+             slurm_factory: Callable[[], Slurm], gate_factory: Callable[[Slurm], HealthGate],
+             clock: Callable[[], float]) -> HandoffReport | None:
+    """A job end without verdicts, of a job that was handed spares: replace those that
+    failed a check (their prolog), bounded; record each step in the verdict log."""
+    slurm = slurm_factory()
+    with reserve_lock(cfg.lock_file, cfg.lock_timeout_s):
+        ledger = load_ledger(cfg.ledger_dir, end.job_id)
+        job = slurm.job(end.job_id)
+        now = clock()
+        partition = end.partition or (job.partition.split(",")[0] if job else "")
+        requeued = is_requeued(job, now)
+        done = replace_failed_spares(end.job_id, partition, job, requeued, ledger, cfg,
+                                     slurm, gate_factory(slurm), now, clock)
+        if done is None:
+            return None
+        save_ledger(cfg.ledger_dir, ledger)
+    report = HandoffReport(end.job_id, 0, 0, requeued=requeued, outcomes=done.outcomes,
+                           handed_over=done.replaced_by, shortfall=done.shortfall,
+                           spare_failed=done.failed, stop_reason=done.stop_reason)
+    append_records(site.verdict_log, [make_record(
+        VERDICT_ACTION_SCHEMA, VERDICT_ACTION_VERSION,
+        {"job_id": end.job_id, "user": end.user, "node": node, "action": "spare_failed",
+         "why": "a spare handed to the job failed a check (its prolog)",
+         "requeued": requeued, "handed_over": done.replaced_by, "shortfall": done.shortfall,
+         "stop_reason": done.stop_reason, "ok": True}, now=clock()) for node in done.failed])
+    return report
 
 
 def handle_job_end(end: JobEnd, site: SiteConfig, slurm_factory: Callable[[], Slurm],
@@ -113,10 +152,14 @@ def handle_job_end(end: JobEnd, site: SiteConfig, slurm_factory: Callable[[], Sl
                    clock: Callable[[], float] = time.time) -> HandoffReport | None:
     """Apply job ``end``'s verdicts; None (and no Slurm call) when it left none."""
     cfg = reserve_config(site)
-    batch = read_job_verdicts(cfg.verdict_root, end.user, end.uid, end.job_id, end.nodes,
+    # Judged against every node the job was given (issue 22), not the shrunken list.
+    given = GivenNodes(end.nodes, lambda: sacct_nodes(slurm_factory(), end.job_id))
+    batch = read_job_verdicts(cfg.verdict_root, end.user, end.uid, end.job_id, given,
                               cfg.verdict_max_bytes, cfg.verdict_max_records, end.restart_count)
     if batch is None:
-        return None
+        if not ledger_path(cfg.ledger_dir, end.job_id).exists():
+            return None  # never handed a spare: nothing of ours can have failed
+        return _respare(end, site, cfg, slurm_factory, gate_factory, clock)
     report = HandoffReport(end.job_id, len(batch.verdicts), len(batch.refusals))
     _log_refusals(site, end, batch, clock())
     if not batch.verdicts:
@@ -124,25 +167,34 @@ def handle_job_end(end: JobEnd, site: SiteConfig, slurm_factory: Callable[[], Sl
     try:
         slurm = slurm_factory()
         with reserve_lock(cfg.lock_file, cfg.lock_timeout_s):
-            _apply(end, batch.verdicts, cfg, slurm, gate_factory(slurm), report, clock)
+            applied = _apply(end, batch.verdicts, given, cfg, slurm, gate_factory(slurm),
+                             report, clock)
     except SlurmRobustError:
         # Nothing applied for sure: put the file back so the next end of the job retries.
         restore_verdicts(batch)
         raise
-    _log_applied(site, end, batch.verdicts, report, clock())
+    _log_applied(site, end, applied, report, clock())
     return report
 
 
-def _apply(end: JobEnd, verdicts: list[Verdict], cfg: ReserveConfig, slurm: Slurm,
-           gate: HealthGate, report: HandoffReport, clock: Callable[[], float]) -> None:
+def _apply(end: JobEnd, verdicts: list[Verdict], given: GivenNodes, cfg: ReserveConfig,
+           slurm: Slurm, gate: HealthGate, report: HandoffReport,
+           clock: Callable[[], float]) -> list[Verdict]:
+    """Apply the verdicts (plus nodes Slurm marked DOWN under the job); returns all the
+    verdicts acted on, for the log."""
     job = slurm.job(end.job_id)
     now = clock()
     report.requeued = is_requeued(job, now)
     partition = end.partition or (job.partition.split(",")[0] if job else "")
+    verdicts = verdicts + down_under_job(slurm, end.job_id, given, verdicts)
     snap = take_snapshot(slurm, gate, cfg, now, [partition] if partition else [])
     snap = _with_nodes(snap, slurm, [v.node for v in verdicts])
     repeats = _repeat_reasons(slurm, cfg, verdicts, now)
-    plan = plan_handoff(end.job_id, partition, report.requeued, verdicts, snap, cfg, repeats)
+    ledger = load_ledger(cfg.ledger_dir, end.job_id)
+    # Default cap: the nodes the job holds (never drains more than it holds).
+    cap = cfg.job_blame_cap or max(job.node_count if job else 0, len(end.nodes), 1)
+    plan = plan_handoff(end.job_id, partition, report.requeued, verdicts, snap, cfg, repeats,
+                        ledger, cap)
     report.outcomes = Executor(slurm, gate, cfg.log_file, "handoff", clock=clock).apply(
         plan.actions)
     report.drained = [o["node"] for o in report.outcomes
@@ -150,6 +202,28 @@ def _apply(end: JobEnd, verdicts: list[Verdict], cfg: ReserveConfig, slurm: Slur
     report.handed_over = [o["node"] for o in report.outcomes
                           if o["action"] == "move" and o["ok"]]
     report.shortfall = plan.shortfall
+    ledger.drained = sorted(set(ledger.drained) | set(plan.lost))
+    ledger.handed_over += report.handed_over
+    save_ledger(cfg.ledger_dir, ledger)
+    return verdicts
+
+
+def down_under_job(slurm: Slurm, job_id: str, given: GivenNodes,
+                   verdicts: list[Verdict]) -> list[Verdict]:
+    """Nodes the job was given (sacct) that Slurm marked DOWN and took out of it, and that
+    no verdict names: they get the same treatment as blamed nodes (drained pending a deep
+    check, never back to service unchecked by ReturnToService)."""
+    named = {v.node for v in verdicts}
+    lost = sorted(given.lost() - named)
+    if not lost:
+        return []
+    out = []
+    for node in slurm.nodes(lost):
+        if node.state == "down" or not node.responding:
+            out.append(Verdict(job_id, node.name, f"Slurm marked it {node.state.upper()} "
+                                                  "under the job", "node_down", "",
+                               {"slurm_state": node.state, "slurm_reason": node.reason}))
+    return out
 
 
 def start_when_requeued(slurm: Slurm, job_id: str, timeout_s: float,

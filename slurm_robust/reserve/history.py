@@ -18,10 +18,10 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from slurm_robust.slurm import clean_reason
+from slurm_robust.health.drain import ReasonKind, drain_reason
 
 OUR_PREFIX = "slurm_robust:"
-REPEAT_MARK = "repeat offender"
+REPEAT_MARK = ReasonKind.REPEAT.value
 # Reasons Slurm itself sets when a node faults (not an admin's maintenance drain).
 SLURM_FAULT_REASONS = ("not responding", "prolog error", "epilog error", "kill task failed",
                        "batch job complete failure", "node unexpectedly rebooted",
@@ -141,17 +141,7 @@ def repeat_offender_reason(node: str, history: Sequence[NodeEvent], now: float,
     if not earlier:
         return None
     hours = (now - back.time) / 3600.0
-    previous = _plain(earlier[-1].detail) or "unknown"
-    now_what = _plain(new_reason)
-    # The new fault first: drain reasons are cut at 200 characters.
-    text = (f"{OUR_PREFIX} {REPEAT_MARK}: " + (f"{now_what}; " if now_what else "")
-            + f"failed again {hours:.1f} h after return (before: {previous})")
-    return clean_reason(text)
-
-
-def _plain(reason: str) -> str:
-    """A reason without our prefix or an earlier repeat-offender wrapper (no nesting)."""
-    text = reason.strip().removeprefix(OUR_PREFIX).strip()
-    if text.startswith(f"{REPEAT_MARK}:"):
-        text = text.removeprefix(f"{REPEAT_MARK}:").split("; failed again")[0].strip()
-    return text
+    # Flat: the new fault and how soon it came back; the earlier reason is in the
+    # node's history (sacctmgr events), never nested in this one (issue 22).
+    return drain_reason(new_reason or "failed again", f"again {hours:.1f} h after return",
+                        ReasonKind.REPEAT)

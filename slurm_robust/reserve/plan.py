@@ -16,7 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from slurm_robust.health.drain import ReasonKind, drain_reason
 from slurm_robust.reserve.config import HOUR_S, ReserveConfig
+from slurm_robust.reserve.ledger import JobLedger
 from slurm_robust.reserve.verdicts import Verdict
 
 OUR_PREFIX = "slurm_robust:"
@@ -72,6 +74,8 @@ class Drain:
     why: str
     job_id: str | None = None
     kind: str = "drain"
+    #: Drain a DOWN node too (a job's suspect): ReturnToService must not bring it back.
+    down_too: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,9 +124,22 @@ def _train_partitions_of(node: str, snap: Snapshot, cfg: ReserveConfig) -> tuple
     return tuple(p for p in cfg.train_partitions if node in snap.partitions.get(p, ()))
 
 
+def borrowable(snap: Snapshot, cfg: ReserveConfig, keep: int) -> int:
+    """How many train nodes the reserve may borrow: the borrowing policy (issue 22).
+
+    The train partitions keep at least ``keep`` usable nodes (the largest node count of a
+    job queued there, so a queued robust job is never starved by the reserve); only
+    idle nodes are ever borrowed (see :func:`_fill_candidates`)."""
+    members = set(snap.partitions.get(cfg.partition, ()))
+    train = {n for p in cfg.train_partitions for n in snap.partitions.get(p, ())} - members
+    usable = [n for n in train if n in snap.nodes and snap.nodes[n].usable]
+    return max(len(usable) - keep, 0)
+
+
 def plan_reconcile(snap: Snapshot, cfg: ReserveConfig, target: int,
-                   checked: frozenset[str] = frozenset()) -> list[Action]:
-    """What brings the reserve to ``target`` spares.
+                   checked: frozenset[str] = frozenset(), keep: int = 0) -> list[Action]:
+    """What brings the reserve to ``target`` spares, borrowing idle train nodes only while
+    the train partitions keep ``keep`` usable nodes (:func:`borrowable`).
 
     Returns DeepCheck actions alone while some node that matters (a stale idle member, or
     a stale candidate needed to fill) has not been checked in this reconcile (``checked``);
@@ -135,7 +152,7 @@ def plan_reconcile(snap: Snapshot, cfg: ReserveConfig, target: int,
               if n in snap.nodes and n not in checked and _stale_idle(snap.nodes[n], now, cfg)]
     current = spares(snap, cfg)
     need = target - len(current)
-    candidates = _fill_candidates(snap, cfg)
+    candidates = _fill_candidates(snap, cfg)[:borrowable(snap, cfg, keep)]
     fresh = [v for v in candidates if is_fresh(v, now, cfg)]
     if need > len(fresh):
         stale = [v.name for v in candidates if not is_fresh(v, now, cfg)
@@ -176,17 +193,33 @@ class HandoffPlan:
 
 def plan_handoff(job_id: str, job_partition: str, requeued: bool, verdicts: Sequence[Verdict],
                  snap: Snapshot, cfg: ReserveConfig,
-                 repeat_reasons: Mapping[str, str]) -> HandoffPlan:
+                 repeat_reasons: Mapping[str, str],
+                 ledger: JobLedger | None = None, cap: int | None = None) -> HandoffPlan:
     """Drain the blamed nodes of a job and, if it was requeued, hand it as many spares.
 
-    ``verdicts`` are already validated (nodes of the job's allocation only). An admin's
-    drain reason is never replaced (a Note records that it was kept). ``repeat_reasons``
-    maps a node to its repeat-offender reason, which replaces the verdict's reason.
+    ``verdicts`` are already validated (nodes the job was given only). Blame from a job is
+    a suspicion: the node is drained "pending deep check" (a DOWN node too, so it cannot
+    return unchecked). An admin's drain reason is never replaced (a Note records that it
+    was kept). ``repeat_reasons`` maps a node to its repeat-offender reason, which
+    replaces the pending one. ``ledger`` (what the job was charged before) bounds both
+    the drains and the spares by ``cap`` (default ``cfg.job_blame_cap``, else no more
+    than the verdicts) over the job's life.
     """
     plan = HandoffPlan()
+    ledger = ledger or JobLedger(job_id)
+    cap = cap if cap is not None else (cfg.job_blame_cap or len(verdicts))
+    room = ledger.drain_room(cap)
     for v in verdicts:
+        if v.node not in ledger.drained:
+            if room <= 0:
+                plan.actions.append(Note(v.node, f"refused: over job_blame_cap="
+                                                 f"{cap} nodes for this job "
+                                                 f"({v.cls})", job_id))
+                continue
+            room -= 1
         view = snap.nodes.get(v.node)
-        reason = repeat_reasons.get(v.node) or f"{OUR_PREFIX} {v.reason}"
+        reason = repeat_reasons.get(v.node) or drain_reason(v.cls, v.reason,
+                                                            ReasonKind.PENDING)
         plan.lost.append(v.node)
         if view is not None and view.drained and not view.reason.startswith(OUR_PREFIX):
             plan.actions.append(Note(v.node, f"kept admin drain reason {view.reason!r}",
@@ -194,16 +227,20 @@ def plan_handoff(job_id: str, job_partition: str, requeued: bool, verdicts: Sequ
         elif view is not None and view.drained and view.reason == reason:
             plan.actions.append(Note(v.node, "already drained with this reason", job_id))
         else:
-            plan.actions.append(Drain(v.node, reason, f"verdict of job {job_id}", job_id))
+            plan.actions.append(Drain(v.node, reason, f"verdict of job {job_id}", job_id,
+                                      down_too=True))
     if not requeued or not plan.lost:
         return plan
     if job_partition not in cfg.train_partitions:
         plan.actions.append(Note("", f"job partition {job_partition!r} is not a train "
                                      "partition; no spares handed over", job_id))
         return plan
+    charged = JobLedger(job_id, sorted(set(ledger.drained) | set(plan.lost)),
+                        ledger.handed_over, ledger.broken)
+    want = min(len(plan.lost), charged.spare_room(cap))
     available = spares(snap, cfg)
-    for name in available[:len(plan.lost)]:
+    for name in available[:want]:
         plan.actions.append(Move(name, (cfg.partition,), job_partition,
                                  f"handoff to job {job_id} for {len(plan.lost)} lost node(s)"))
-    plan.shortfall = max(len(plan.lost) - len(available), 0)
+    plan.shortfall = max(want - len(available), 0)
     return plan

@@ -137,8 +137,9 @@ def reconcile(slurm: Slurm, gate: HealthGate, cfg: ReserveConfig, dry_run: bool 
         executor = Executor(slurm, gate, cfg.log_file, "reconcile", dry_run, clock)
         checked: set[str] = set()
         outcomes: list[dict[str, Any]] = []
+        keep = queued_need(slurm, cfg)
         for _ in range(MAX_ROUNDS):
-            actions = plan_reconcile(snap, cfg, target, frozenset(checked))
+            actions = plan_reconcile(snap, cfg, target, frozenset(checked), keep)
             if not actions:
                 break
             outcomes += executor.apply(actions)
@@ -150,6 +151,17 @@ def reconcile(slurm: Slurm, gate: HealthGate, cfg: ReserveConfig, dry_run: bool 
     return ReconcileReport(target, before, after, outcomes, round(waited, 3),
                            {k: v.as_dict() if hasattr(v, "as_dict") else v
                             for k, v in sizing.items()})
+
+
+def queued_need(slurm: Slurm, cfg: ReserveConfig) -> int:
+    """The most nodes a job queued in a train partition asks for: reconcile never borrows
+    the train partitions below it (the borrowing policy, plan.borrowable)."""
+    need = 0
+    for job in slurm.jobs():
+        parts = set(job.partition.split(","))
+        if job.state == "PENDING" and parts & set(cfg.train_partitions):
+            need = max(need, job.node_count)
+    return need
 
 
 def spares_of(snap: Snapshot, cfg: ReserveConfig) -> list[str]:

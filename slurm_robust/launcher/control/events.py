@@ -37,6 +37,8 @@ class EventLog:
         self.attempt = attempt
         self._min_gap = 1.0 / max_per_s if max_per_s > 0 else 0.0
         self._last_step_event = 0.0
+        #: The newest step sampled out (written by flush_step before an incident).
+        self._held: dict[str, Any] | None = None
 
     def emit(self, event: str, fields: Mapping[str, Any], now: float | None = None) -> dict:
         record = make_record(EVENT_SCHEMA, EVENT_VERSION,
@@ -52,9 +54,11 @@ class EventLog:
                                        "config": dict(config)})
 
     def attempt_start(self, nodes: list[str], restored_step: int | None,
-                      restore_tier: str | None) -> dict:
+                      restore_tier: str | None, now: float | None = None) -> dict:
+        """``now``: when the attempt started (before its first step; the record itself is
+        written once the ranks said what they restored)."""
         return self.emit("attempt_start", {"nodes": nodes, "restored_step": restored_step,
-                                           "restore_tier": restore_tier})
+                                           "restore_tier": restore_tier}, now=now)
 
     def controller(self, term: int, node: str, agent: int,
                    takeover: Mapping[str, Any] | None) -> dict:
@@ -67,11 +71,23 @@ class EventLog:
              grad_norm: float | None, force: bool = False, now: float | None = None) -> bool:
         """Write a step event unless sampled out; returns whether it was written."""
         t = time.time() if now is None else now
+        fields = {"step": step, "step_time_s": step_time_s, "loss": _finite(loss),
+                  "grad_norm": _finite(grad_norm), "rank": None}
         if not force and t - self._last_step_event < self._min_gap:
+            self._held = {"fields": fields, "time": t, "attempt": self.attempt}
             return False
         self._last_step_event = t
-        self.emit("step", {"step": step, "step_time_s": step_time_s, "loss": _finite(loss),
-                           "grad_norm": _finite(grad_norm), "rank": None}, now=t)
+        self._held = None
+        self.emit("step", fields, now=t)
+        return True
+
+    def flush_step(self) -> bool:
+        """Write the newest step if it was sampled out (the last step before a fault must
+        be in the log, or the report's steps lost come out short); returns whether."""
+        held, self._held = self._held, None
+        if held is None or held["attempt"] != self.attempt:
+            return False
+        self.emit("step", held["fields"], now=held["time"])
         return True
 
     def incident(self, incident: Mapping[str, Any]) -> dict:

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from slurm_robust.ckpt.config import TIERS
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.control import failslow
+from slurm_robust.launcher.control import accounting, blame, failslow
 from slurm_robust.launcher.control import monitor as node_monitor
 from slurm_robust.launcher.control.events import EventLog, last_logged_step, make_incident
 from slurm_robust.launcher.control.failover import StoodDown, Takeover
@@ -343,6 +343,7 @@ class Recovery:
             self._gather_takeover(now)
             return
         live = [a for a in self.members.values() if not a.lost]
+        self.state.given_nodes = sorted(set(self.state.given_nodes) | {a.node for a in live})
         waited = now - self.started_at
         if len(live) < self.expected and waited < GATHER_TIMEOUT_S:
             return
@@ -511,7 +512,9 @@ class Recovery:
         """Write ``attempt_start`` once the ranks said what they restored (or stepped)."""
         gen.announced = True
         step, tier = restored_of(gen)
-        self.events.attempt_start(list(self.state.slots), step, tier)
+        # Stamped with the generation's start: it precedes the attempt's first step, so
+        # that step is not counted as redone (issue 22).
+        self.events.attempt_start(list(self.state.slots), step, tier, now=gen.started_at)
 
     # ------------------------------------------------------------------ incidents
     def _maybe_handle_failures(self, gen: Generation, now: float) -> None:
@@ -559,8 +562,10 @@ class Recovery:
         (the check and its evidence) goes into the decision's reason and the verdict.
         ``diagnosis_failed``: stop-time diagnosis failed ``nodes``, blamed the same way."""
         st = self.state
+        self.events.flush_step()  # the last step before the fault is in the log
         if st.open_incident is not None:
-            self._write_incident(st.open_incident)  # the earlier recovery did not finish
+            # The earlier recovery did not finish: both are kept and written together.
+            accounting.cut_short(st.open_incident, incident, now)
             st.open_incident = None
         progressed = made_progress(gen.steps_done, self._reports_steps(gen),
                                    now - gen.started_at)
@@ -587,6 +592,9 @@ class Recovery:
         if diagnosis_failed and diag_reason and decision.evict:
             # The verdict names what the node's own checks found, not just the class.
             decision = dataclasses.replace(decision, reason=f"{decision.reason}; {diag_reason}")
+        # issue 12: a run blames at most max_blamed_nodes nodes, then stops with a verdict.
+        decision = blame.capped(decision, st.blamed,
+                                self.cfg.max_blamed_nodes or self.cfg.total_nodes)
         incident["rung"] = decision.rung
         incident["localized_at"] = incident["localized_at"] or now
         incident["nodes"] = sorted(set(incident["nodes"]) | set(decision.evict))
@@ -600,13 +608,15 @@ class Recovery:
             self.finish(RunStatus.STOPPED, decision.reason)
             return
         st.restarts += 1
+        # The verdict names the class and its evidence (flat, "pending deep check").
+        reason = blame.verdict_reason(incident["class"], incident["evidence"], evict)
         for node in decision.evict:
-            self.slurm.verdict(self.paths, self.ident.job_id, node, decision.reason,
+            self.slurm.verdict(self.paths, self.ident.job_id, node, reason,
                                incident["class"], incident["evidence"], incident["incident"],
                                self.cfg.site_config)
         if decision.evict and self.cfg.drain:
-            evict, reason = list(decision.evict), decision.reason
-            self._start_action("drain", lambda: self.slurm.drain(evict, reason))
+            evict_nodes = list(decision.evict)
+            self._start_action("drain", lambda: self.slurm.drain(evict_nodes, reason))
         st.open_incident = incident
         if decision.rung == Rung.REQUEUE:
             self._requeue(decision)
@@ -870,7 +880,9 @@ class Recovery:
     def _write_incident(self, incident: dict[str, Any]) -> None:
         if incident.get("rung") is None:
             incident["rung"] = Rung.STOP
-        self.events.incident(incident)
+        for cut in accounting.settle(incident):  # incidents it cut short, first
+            self.events.incident(accounting.ordered_times(cut))
+        self.events.incident(accounting.ordered_times(incident))
 
     def finish(self, status: str, verdict: str | None, write: bool = True) -> None:
         """End the run: ``run_end``, state, and an exit plan for every agent."""
@@ -884,6 +896,7 @@ class Recovery:
         if write and status == RunStatus.COMPLETED and self.state.open_incident is not None:
             self._close_on_completion(gen, self.clock())
         if write:
+            self.events.flush_step()
             if self.state.open_incident is not None:
                 # The incident that ends a run (a refused requeue, a failure mid-recovery)
                 # reaches the event log too, as it stood (issue 22 item 4).

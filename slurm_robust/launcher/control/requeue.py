@@ -18,7 +18,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slurm_robust.errors import UsageError
+from slurm_robust.health.drain import ReasonKind, drain_reason
 from slurm_robust.launcher.config import RunConfig
+from slurm_robust.launcher.control.blame import verdict_reason
 from slurm_robust.launcher.control.events import last_logged_step, make_incident
 from slurm_robust.launcher.control.slurm_actions import retry_transient
 from slurm_robust.launcher.control.state import load_state, save_state
@@ -61,7 +63,8 @@ def drain_directly(nodes: Sequence[str], reason: str) -> list[str]:
     slurm, done = Slurm(), []
     for node in nodes:
         try:
-            retry_transient(lambda n=node: slurm.drain(n, f"slurm_robust: {reason}"),
+            retry_transient(lambda n=node: slurm.drain(n, drain_reason(reason, "",
+                                                                        ReasonKind.PENDING)),
                             f"drain {node}")
             done.append(node)
         except SlurmCommandError as exc:
@@ -155,7 +158,7 @@ def requeue_after_controller_loss(cfg: RunConfig, ident: Any, controller_node: s
     state.requeues += 1
     state.blamed = sorted(set(state.blamed) | {node})
     save_state(paths.state, state)
-    reason = f"node_lost: controller heartbeat lost ({why[:80]})"
+    reason = verdict_reason("node_lost", incident["evidence"])
     write_verdict(paths, ident.job_id, node, reason, "node_lost", incident["evidence"],
                   incident["incident"], cfg.site_config)
     if cfg.drain:

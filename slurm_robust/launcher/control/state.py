@@ -35,6 +35,9 @@ class RunState:
     node_failures: dict[str, int] = field(default_factory=dict)
     slots: list[str] = field(default_factory=list)
     blamed: list[str] = field(default_factory=list)
+    # Every node an allocation of this run was given (issue 22): Slurm takes a DOWN node
+    # out of a --no-kill job, the run still answers for it (the epilog checks sacct).
+    given_nodes: list[str] = field(default_factory=list)
     last_step: int | None = None
     no_progress: int = 0
     open_incident: dict[str, Any] | None = None

@@ -44,13 +44,26 @@ def test_job_without_verdicts_makes_no_slurm_call(tmp_path: Path) -> None:
     assert not Path(site.verdict_log).exists()
 
 
+class AccountingOnly:
+    """Answers sacct only (what the job was given); any other Slurm call fails the test."""
+
+    calls: list[list[str]] = []
+
+    def sacct_raw(self, fields, args=()):
+        self.calls.append(list(args))
+        return "node[1-3]\nnode3\nNone assigned\n"
+
+
 def test_verdicts_only_for_foreign_nodes_are_logged_and_change_nothing(tmp_path: Path) -> None:
+    """node7 was never given to the job: sacct (asked once, on the miss) says so."""
     site = site_for(tmp_path)
     root = tmp_path / "log" / "verdicts"
     ensure_verdict_root(root)
     path = write_verdict(root, "alice", "42", "node1", "xid", "gpu_memory_error")
     path.write_text(path.read_text().replace('"node1"', '"node7"'))
-    report = handle_job_end(job_end_from_env(ENV), site, no_slurm, no_slurm)
+    AccountingOnly.calls = []
+    report = handle_job_end(job_end_from_env(ENV), site, AccountingOnly, no_slurm)
+    assert AccountingOnly.calls == [["-j", "42", "--duplicates"]]
     assert report is not None and report.verdicts == 0 and report.refused == 1
     logged = read_records(site.verdict_log).records
     assert [(r["action"], r["node"]) for r in logged] == [("refused", "node7")]

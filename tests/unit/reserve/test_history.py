@@ -56,8 +56,8 @@ def test_repeat_offender_fails_again_soon_after_return() -> None:
     now = t("2026-11-29T10:20:00")  # two hours after node3's return
     reason = repeat_offender_reason("node3", history, now, 72 * H, "gpu_xid: Xid 48")
     assert reason is not None
-    assert reason.startswith("slurm_robust: repeat offender: gpu_xid: Xid 48; failed again "
-                             "2.0 h after return (before: gpu_xid: Xid 79)")
+    # Flat (issue 22): the new fault and how soon; the earlier reason is never nested.
+    assert reason == "slurm_robust: repeat offender: gpu_xid: Xid 48; again 2.0 h after return"
 
 
 def test_repeat_reasons_do_not_nest() -> None:
@@ -65,8 +65,10 @@ def test_repeat_reasons_do_not_nest() -> None:
                                              "again 1.0 h after return (before: xid)"),
                NodeEvent("n", 10.0, "returned")]
     reason = repeat_offender_reason("n", history, 20.0, 72 * H, "slurm_robust: ecc")
-    assert reason == ("slurm_robust: repeat offender: ecc; failed again 0.0 h after return "
-                      "(before: nccl)")
+    assert reason == "slurm_robust: repeat offender: ecc: again 0.0 h after return"
+    # Fed its own earlier reason, it still comes out flat.
+    again = repeat_offender_reason("n", history, 20.0, 72 * H, reason)
+    assert again == reason and again.count("repeat offender") == 1
 
 
 def test_not_a_repeat_offender_outside_the_window_or_never_returned() -> None:

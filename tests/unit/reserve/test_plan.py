@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from slurm_robust.reserve.config import ReserveConfig
+from slurm_robust.reserve.ledger import JobLedger
 from slurm_robust.reserve.plan import (
     DeepCheck,
     Drain,
@@ -10,6 +11,7 @@ from slurm_robust.reserve.plan import (
     NodeView,
     Note,
     Snapshot,
+    borrowable,
     plan_handoff,
     plan_reconcile,
 )
@@ -97,8 +99,11 @@ def verdict(node: str, job: str = "7", reason: str = "gpu_xid: Xid 79") -> Verdi
 def test_handoff_drains_blamed_node_and_moves_one_spare_per_lost_node() -> None:
     s = snap([view("n1"), view("n2")], [view("s1", 2), view("s2", 1)])
     plan = plan_handoff("7", "train", True, [verdict("n2")], s, CFG, {})
-    assert plan.actions[0] == Drain("n2", "slurm_robust: gpu_xid: Xid 79", "verdict of job 7",
-                                    "7")
+    # Blame from a job is a suspicion: pending a deep check, class and evidence, and a
+    # DOWN node is drained too (ReturnToService must not bring it back unchecked).
+    assert plan.actions[0] == Drain(
+        "n2", "slurm_robust: pending deep check: gpu_memory_error: gpu_xid: Xid 79",
+        "verdict of job 7", "7", down_too=True)
     assert moves(plan.actions) == [("s2", ("standby",), "train")]  # freshest spare first
     assert plan.shortfall == 0
 
@@ -133,3 +138,46 @@ def test_handoff_to_a_non_train_partition_moves_nothing() -> None:
     s = snap([view("n1")], [view("s1")])
     plan = plan_handoff("7", "debug", True, [verdict("n1")], s, CFG, {})
     assert moves(plan.actions) == []
+
+
+def test_handoff_blame_cap_refuses_drains_and_spares_over_the_cap() -> None:
+    cfg = ReserveConfig(job_blame_cap=2)
+    s = snap([view("n1"), view("n2"), view("n3")], [view("s1"), view("s2"), view("s3")])
+    plan = plan_handoff("7", "train", True, [verdict("n1"), verdict("n2"), verdict("n3")],
+                        s, cfg, {})
+    assert [a.node for a in plan.actions if isinstance(a, Drain)] == ["n1", "n2"]
+    refused = [a for a in plan.actions if isinstance(a, Note)]
+    assert refused[0].node == "n3" and "job_blame_cap=2" in refused[0].why
+    assert len(moves(plan.actions)) == 2 and plan.lost == ["n1", "n2"]
+
+
+def test_handoff_ledger_counts_over_the_jobs_life() -> None:
+    """Across requeues: a job charged 2 drains and 2 spares before gets nothing more,
+    but a node it blamed before may be named again (no new room needed, no new spare)."""
+    cfg = ReserveConfig(job_blame_cap=2)
+    ledger = JobLedger("7", ["n1", "n2"], ["s0", "s9"])
+    s = snap([view("n1"), view("n3")], [view("s1")])
+    plan = plan_handoff("7", "train", True, [verdict("n1"), verdict("n3")], s, cfg, {},
+                        ledger)
+    assert [a.node for a in plan.actions if isinstance(a, Drain)] == ["n1"]
+    assert moves(plan.actions) == [] and plan.shortfall == 0
+
+
+def test_handoff_never_hands_more_spares_than_lost() -> None:
+    ledger = JobLedger("7", ["n1"], ["s0"])
+    s = snap([view("n2")], [view("s1"), view("s2")])
+    plan = plan_handoff("7", "train", True, [verdict("n2")], s, CFG, {}, ledger, cap=4)
+    assert moves(plan.actions) == [("s1", ("standby",), "train")]
+    broken = JobLedger("7", broken=True)  # an unreadable ledger: fail closed
+    plan = plan_handoff("7", "train", True, [verdict("n2")], s, CFG, {}, broken, cap=4)
+    assert moves(plan.actions) == [] and not any(isinstance(a, Drain) for a in plan.actions)
+
+
+def test_reconcile_never_borrows_train_below_what_a_queued_job_needs() -> None:
+    """Issue 22 finding 8: after a handoff, reconcile refilled the reserve from idle train
+    nodes until the train partition could no longer run the queued job."""
+    s = snap([view("n1"), view("n2"), view("n3"), view("n4", drained=True)], [])
+    assert borrowable(s, CFG, 3) == 0
+    assert moves(plan_reconcile(s, CFG, 2, keep=3)) == []
+    assert len(moves(plan_reconcile(s, CFG, 2, keep=2))) == 1
+    assert len(moves(plan_reconcile(s, CFG, 2))) == 2  # nothing queued: fill to target

@@ -1,0 +1,153 @@
+"""Issue 22 acceptance: two nodes lost 45 s apart in a 3 + 1 run with 2 spares.
+
+The first loss takes the in-job spare; Slurm then marks the dead node DOWN and, the job
+running with ``--no-kill``, takes it out of the allocation. The second loss leaves no
+in-job spare: the job is requeued. At that job end EpilogSlurmctld judges both verdicts
+against the nodes the job *was given* (sacct), drains both dead nodes pending a deep check
+(a DOWN node too, so ReturnToService cannot bring it back unchecked) and hands the job
+both reserve spares. The run completes with the fault-free digest; the report gives one
+incident per fault, with recovery times, and steps redone equal to the steps lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from test_launcher_faults import CLI, EXAMPLE, NODES, REPO, runs  # noqa: F401
+
+from slurm_robust.cluster.manager import MiniCluster
+from slurm_robust.health import PENDING_PREFIX
+from slurm_robust.launcher.control.state import load_state
+from slurm_robust.records import read_records
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+STEPS = 400
+ARGS = ["--steps", str(STEPS), "--min-step-time", "0.2"]
+
+
+def standalone_digest() -> str:
+    procs = []
+    for rank in range(NODES):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(NODES), LOCAL_RANK="0",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29900 + os.getpid() % 90))
+        for var in ("SLURM_ROBUST_PROGRESS", "SLURM_ROBUST_RUN_DIR"):
+            env.pop(var, None)
+        procs.append(subprocess.Popen([sys.executable, str(EXAMPLE), *ARGS[:2]], env=env,
+                                      stdout=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    line = next(ln for ln in outs[0].splitlines() if ln.startswith("params_sha256="))
+    return line.split("=")[1].split()[0]
+
+
+def cli(cluster, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], env=cluster.env, capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+
+
+def test_two_nodes_lost_45_s_apart_resume_on_the_reserve(runs, minicluster):  # noqa: F811
+    s = minicluster.slurm
+    reset = cli(minicluster, "reserve", "reset")
+    assert reset.returncode == 0, reset.stderr
+    fresh = cli(minicluster, "reserve", "reconcile", "--json")  # deep-check the spares
+    assert fresh.returncode == 0, fresh.stderr
+    assert len(json.loads(fresh.stdout)["spares_after"]) == 2, fresh.stdout
+    digest = standalone_digest()
+    run = runs("two-lost", spares=1, train_args=ARGS)
+    run.wait_step(10)
+    ctl = run.controller_node()
+    slots = load_state(run.paths.state).slots
+    first = next(n for n in slots if n != ctl)
+    run.inject("kill-node", "--node", first)
+    runs.killed.append(first)
+    time.sleep(45)
+    slots = load_state(run.paths.state).slots
+    second = next(n for n in slots if n not in (ctl, first))
+    run.inject("kill-node", "--node", second)
+    runs.killed.append(second)
+    end = run.wait_end(timeout=600)
+    assert end["status"] == "completed", run.tail()
+    assert end["params_sha256"] == digest
+    state = load_state(run.paths.state)
+    assert sorted(state.blamed) == sorted([first, second]) and state.requeues == 1
+    assert {first, second} <= set(state.given_nodes)
+    # Both dead nodes drained pending a deep check, flat reasons, never back unchecked:
+    # their slurmd comes back (cluster up restarts it) and they stay drained.
+    MiniCluster(minicluster.cfg).up()
+    time.sleep(3)
+    for node in (first, second):
+        info = s.node(node)
+        # (a repeat offender from earlier runs on this cluster says so instead)
+        assert info.drained and info.reason.startswith(
+            (PENDING_PREFIX, "slurm_robust: repeat offender: ")), info
+        assert len(info.reason) <= 100
+    # One incident per fault, each recovered, with exact step accounting in the report.
+    incidents = run.events("incident")
+    assert [i["nodes"] for i in incidents] == [[first], [second]], incidents
+    assert [i["rung"] for i in incidents] == ["spare", "requeue"]
+    assert all(i["recovered_at"] is not None for i in incidents)
+    out = subprocess.run([*CLI, "report", run.run_dir, "-o", f"{run.run_dir}/report",
+                          "--json"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    head = json.loads(out.stdout)
+    assert head["incidents"] == 2 and head["mean_time_to_recover_s"] is not None
+    assert head["steps_redone"] == sum(i["steps_lost"] for i in incidents), (head, incidents)
+    print(json.dumps({"recover_s": [round(i["recovered_at"] - i["detected_at"], 2)
+                                    for i in incidents],
+                      "steps_lost": [i["steps_lost"] for i in incidents],
+                      "steps_redone": head["steps_redone"]}))
+
+
+def test_both_spares_failing_their_prolog_stop_the_job_with_a_verdict(runs,  # noqa: F811
+                                                                      minicluster):
+    """The controller's node dies: the job is requeued and handed a spare, whose prolog
+    fails; it is replaced by the second spare, whose prolog fails too. With no spare left
+    and too few usable nodes, the job is stopped with a verdict in bounded time, never
+    left pending behind drained nodes."""
+    s = minicluster.slurm
+    assert cli(minicluster, "reserve", "reset").returncode == 0
+    fresh = cli(minicluster, "reserve", "reconcile", "--json")
+    assert fresh.returncode == 0, fresh.stderr
+    spares = json.loads(fresh.stdout)["spares_after"]
+    assert len(spares) == 2, fresh.stdout
+    run = runs("spares-fail", spares=1)
+    try:
+        for spare in spares:  # the spares' prolog (gpu_xid) will fail
+            out = cli(minicluster, "inject", "probe", "--node", spare, "--probe",
+                      "xid_events", "--value", '[{"gpu": 0, "xid": 79}]')
+            assert out.returncode == 0, out.stderr
+        run.wait_step(5)
+        ctl = run.controller_node()
+        run.inject("kill-node", "--node", ctl)
+        runs.killed.append(ctl)
+        t0 = time.monotonic()
+        job = None
+        while time.monotonic() - t0 < 240:
+            job = s.job(run.job_id)
+            if job is None or job.finished:
+                break
+            time.sleep(2)
+        elapsed = time.monotonic() - t0
+        assert job is None or job.finished, f"job still {job.state} after {elapsed:.0f} s"
+        log = [r for r in read_records(minicluster.cfg.log_dir / "verdicts.jsonl").records
+               if r.get("job_id") == run.job_id]
+        failed = [r for r in log if r.get("action") == "spare_failed"]
+        assert sorted(r["node"] for r in failed) == sorted(spares), log
+        assert failed[0]["handed_over"], failed  # the first was replaced by the second
+        assert failed[-1]["stop_reason"], failed
+        for spare in spares:
+            info = s.node(spare)
+            assert info.drained and "gpu_xid" in info.reason, info
+        print(json.dumps({"stopped_after_s": round(elapsed, 1)}))
+    finally:
+        for spare in spares:
+            cli(minicluster, "inject", "clear", "--node", spare)
+            info = s.node(spare)
+            if info.drained:
+                s.resume(spare)
