@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 from slurm_robust.reserve.config import reserve_config
-from slurm_robust.reserve.gate import LocalSuiteGate
 from slurm_robust.reserve.reconcile import reconcile, status
+from slurm_robust.reserve.remote_check import SlurmNodeGate
 from slurm_robust.reserve.sizing import binomial_cdf, binomial_quantile
 from slurm_robust.site_config import load_site_config
 from slurm_robust.slurm import RetryPolicy, Slurm
@@ -45,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     site = load_site_config(args.config)
     cfg = reserve_config(site, target=args.target)
     slurm = Slurm(policy=RetryPolicy(timeout_s=cfg.call_timeout_s))
-    gate = LocalSuiteGate(site, slurm.node_address)
+    # Deep runs happen on each node, through its own slurmd (reserve/remote_check.py).
+    gate = SlurmNodeGate(site, slurm)
     if args.reserve_action == "status":
         out = status(slurm, gate, cfg)
         _print(out, args.json, _status_text)

@@ -19,6 +19,11 @@ from dataclasses import dataclass
 from slurm_robust.slurm import Node, Slurm
 
 PREFIX = "slurm_robust:"
+# A node blamed by a job (or found down under one) waits drained with this reason until
+# the deep suite has run ON it (slurm_robust.node_deep_check, slurmd's HealthCheckProgram):
+# returned to service when it passes, drained with DEEP_FAILED_PREFIX when it does not.
+PENDING_PREFIX = "slurm_robust: pending deep check:"
+DEEP_FAILED_PREFIX = "slurm_robust: deep check failed:"
 # Base states in which we do not touch a node: Slurm (or an admin) already took it out.
 HANDS_OFF_STATES = ("down", "future", "unknown")
 # Reasons Slurm itself writes on its own failure paths; ours is more precise, replace them.

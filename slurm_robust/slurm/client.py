@@ -116,6 +116,15 @@ class Slurm:
         except SlurmCommandError:
             return False
 
+    def config(self) -> dict[str, str]:
+        """slurmctld's running configuration (``scontrol show config``) as key -> value."""
+        out: dict[str, str] = {}
+        for line in self._run(["scontrol", "show", "config"]).splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key.strip() and " " not in key.strip():
+                out[key.strip()] = value.strip()
+        return out
+
     def version(self) -> str:
         out = self._run(["sinfo", "--version"]).split()
         return out[-1] if out else ""
@@ -147,6 +156,17 @@ class Slurm:
 
     def resume(self, name: str) -> None:
         self.update_node(name, "resume")
+
+    def node_state_reason(self, name: str) -> tuple[str, str]:
+        """(state, reason) of one node from ``sinfo -n`` (e.g. ``("drained", "...")``;
+        reason "" when none): one light call for programs polled on every node."""
+        out = self._run(["sinfo", "-h", "-N", "-n", check_node_name(name), "-o", "%T|%E"])
+        line = out.strip().splitlines()[0] if out.strip() else ""
+        if "|" not in line:
+            raise UsageError(f"node {name!r} is not in this cluster")
+        state, reason = line.split("|", 1)
+        return state.strip().rstrip("*~#!%$@^-").lower(), \
+            "" if reason.strip() == "none" else reason.strip()
 
     def node_address(self, name: str) -> str:
         """The address slurmctld reaches a node at (NodeAddr, else NodeHostname, else name)."""
