@@ -19,6 +19,7 @@ import pytest
 from cluster_helpers import wait_until
 
 from slurm_robust.health import read_journal
+from slurm_robust.health.journal import journal_path
 from slurm_robust.node_deep_check import OUTCOME_FILE
 from slurm_robust.records import read_records
 from slurm_robust.rehearsal.inject.probes import clear_injections, inject_probe
@@ -51,10 +52,19 @@ def outcomes(site: Any, node: str) -> list[dict[str, Any]]:
 
 @pytest.fixture()
 def idle_node(minicluster: Any, site: Any, request: Any) -> Iterator[str]:
-    """The node named by the test's parameter, idle and ours; put back in service after."""
+    """The node named by the test's parameter, idle and ours; put back in service after.
+
+    Its health journal is set aside and put back after, without this test's runs: a
+    deliberately failed deep check here must not make the node a repeat offender in a
+    later test.
+    """
     node = request.param
     slurm = minicluster.slurm
     wait_until(f"{node} idle", lambda: slurm.node(node).idle, 90)
+    journal = journal_path(node, site)
+    saved = journal.with_name(journal.name + ".saved")
+    if journal.exists():
+        journal.rename(saved)
     try:
         yield node
     finally:
@@ -62,6 +72,10 @@ def idle_node(minicluster: Any, site: Any, request: Any) -> Iterator[str]:
         n = slurm.node(node)
         if n.drained and n.reason.startswith("slurm_robust:"):
             slurm.resume(node)
+        if saved.exists():
+            saved.rename(journal)
+        else:
+            journal.unlink(missing_ok=True)
 
 
 @pytest.mark.parametrize("idle_node", ["node3"], indirect=True)
