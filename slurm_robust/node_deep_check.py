@@ -62,7 +62,9 @@ class DeepCheckOutcome:
 
 
 def is_pending(state: str, reason: str) -> bool:
-    return state in DRAINED_STATES and reason.startswith(PENDING_PREFIX)
+    """Drained with our pending reason and no job left on it (``draining`` nodes still
+    run jobs: a deep suite beside a job would disturb it and judge the node under load)."""
+    return state == "drained" and reason.startswith(PENDING_PREFIX)
 
 
 def failed_reason(suite_reason: str) -> str:

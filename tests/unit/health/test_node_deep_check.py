@@ -53,6 +53,7 @@ PENDING = ("drained", f"{PENDING_PREFIX} gpu_memory_error from job 7")
 def test_reasons() -> None:
     assert is_pending(*PENDING)
     assert not is_pending("idle", PENDING[1])
+    assert not is_pending("draining", PENDING[1])  # a job still runs there
     assert not is_pending("drained", "slurm_robust: gpu_xid: Xid 79")
     assert failed_reason("slurm_robust: deep_shm_free: 0 GiB") == \
         f"{DEEP_FAILED_PREFIX} deep_shm_free: 0 GiB"
