@@ -43,6 +43,8 @@ _JOB_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 # Reasons end up in slurm.conf-style key=value lines; keep them one printable line.
 MAX_REASON = 200
+# The "[user@time]" scontrol appends to a node's Reason.
+_REASON_STAMP = re.compile(r"\s*\[[^\]\s]*@[^\]\s]*\]$")
 
 
 def check_job_id(job_id: str | int) -> str:
@@ -158,15 +160,25 @@ class Slurm:
         self.update_node(name, "resume")
 
     def node_state_reason(self, name: str) -> tuple[str, str]:
-        """(state, reason) of one node from ``sinfo -n`` (e.g. ``("drained", "...")``;
-        reason "" when none): one light call for programs polled on every node."""
-        out = self._run(["sinfo", "-h", "-N", "-n", check_node_name(name), "-o", "%T|%E"])
-        line = out.strip().splitlines()[0] if out.strip() else ""
-        if "|" not in line:
+        """(state, reason) of one node from ``scontrol show node -o``: one light call for
+        programs polled on every node. ``state`` is ``drained`` (DRAIN, no job left),
+        ``draining`` (DRAIN, jobs still there) or the base state in lower case; the reason
+        is "" when none, without Slurm's ``[user@time]`` suffix.
+
+        (Not ``sinfo %T``: it says ``reserved`` for a drained node in a reservation.)
+        """
+        out = self._run(["scontrol", "show", "node", check_node_name(name), "-o"]).strip()
+        fields = parse_scontrol_oneliner(out.splitlines()[0]) if out else {}
+        if fields.get("NodeName") != name:
             raise UsageError(f"node {name!r} is not in this cluster")
-        state, reason = line.split("|", 1)
-        return state.strip().rstrip("*~#!%$@^-").lower(), \
-            "" if reason.strip() == "none" else reason.strip()
+        parts = fields.get("State", "").upper().split("+")
+        busy = parts[0] in ("ALLOCATED", "MIXED", "COMPLETING") or "COMPLETING" in parts
+        if "DRAIN" in parts:
+            state = "draining" if busy else "drained"
+        else:
+            state = parts[0].lower()
+        reason = _REASON_STAMP.sub("", fields.get("Reason", "")).strip()
+        return state, "" if reason == "(null)" else reason
 
     def node_address(self, name: str) -> str:
         """The address slurmctld reaches a node at (NodeAddr, else NodeHostname, else name)."""

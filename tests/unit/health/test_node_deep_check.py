@@ -112,3 +112,22 @@ def test_wait_result(states: list[tuple[str, str]], done: bool, passed: bool) ->
     res = wait_result(FakeSlurm(states), "node3", 30.0, clock, clock.sleep)  # type: ignore[arg-type]
     assert (res.done, res.passed) == (done, passed)
     assert res.waited_s <= 31.0
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("NodeName=node3 Arch=x86_64 State=IDLE+DRAIN+RESERVED ThreadsPerCore=1 "
+     "Reason=slurm_robust: pending deep check: x, expected >= 1 [root@2026-11-30T23:31:27]",
+     ("drained", "slurm_robust: pending deep check: x, expected >= 1")),
+    ("NodeName=node3 State=MIXED+DRAIN Reason=slurm_robust: pending deep check: y [slurm@1]",
+     ("draining", "slurm_robust: pending deep check: y")),
+    ("NodeName=node3 State=IDLE ThreadsPerCore=1", ("idle", "")),
+])
+def test_node_state_reason_reads_scontrol(line: str, expected: tuple[str, str]) -> None:
+    from slurm_robust.slurm import Slurm
+
+    class OneLine(Slurm):
+        def _run(self, argv, policy=None, input_text=None):  # type: ignore[no-untyped-def]
+            assert argv[:3] == ["scontrol", "show", "node"]
+            return line + "\n"
+
+    assert OneLine().node_state_reason("node3") == expected
