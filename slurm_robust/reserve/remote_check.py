@@ -34,6 +34,8 @@ POLL_S = 1.0
 #: Added to the wait: the deep suite's own budget and Slurm's delays.
 SUITE_ALLOWANCE_S = 90.0
 OUR_PROGRAM = "health_check"
+#: How long a node just returned by its check may take to read idle to the planner.
+SETTLE_S = 10.0
 
 
 class DeepCheckRequestError(SlurmRobustError):
@@ -159,4 +161,16 @@ class SlurmNodeGate:
             return DeepRun(node, False, False,
                            f"no deep check answer from {node} within {res.waited_s:.0f} s; "
                            "it stays drained pending its check")
+        if res.passed:
+            self._settle(node)
         return DeepRun(node, True, res.passed, res.reason)
+
+    def _settle(self, node: str, timeout_s: float = SETTLE_S) -> None:
+        """Wait (bounded) until the node reads idle in the view the reserve plans from
+        (``sinfo --json``), so the next snapshot sees the node its check returned."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = self.slurm.nodes([node])
+            if found and found[0].idle:
+                return
+            time.sleep(POLL_S / 4)
