@@ -52,8 +52,8 @@ def _start_detached(site, job_id: str, stop_reason: str | None = None) -> None:
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
-        from slurm_robust.records import append_record, make_record
-        from slurm_robust.reserve.config import reserve_config
+        from slurm_robust.records import append_records, make_record
+        from slurm_robust.reserve.config import SHARED_FILE_MODE, reserve_config
         from slurm_robust.reserve.handoff import start_when_requeued
         from slurm_robust.reserve.respare import stop_when_requeued
 
@@ -65,10 +65,10 @@ def _start_detached(site, job_id: str, stop_reason: str | None = None) -> None:
         else:
             what = start_when_requeued(_slurm_factory(site)(), job_id, START_WAIT_S)
             action, ok = "start_now", what == "StartTime reset"
-        append_record(cfg.log_file, make_record("slurm_robust.reserve_action", 1, {
+        append_records(cfg.log_file, [make_record("slurm_robust.reserve_action", 1, {
             "op": "handoff", "action": action, "node": None, "job_id": job_id,
             "ok": ok, "why": stop_reason or what, "error": "" if ok else what,
-            "dry_run": False}))
+            "dry_run": False})], mode=SHARED_FILE_MODE)
     except Exception as exc:  # noqa: BLE001 - a detached child has only the log
         _log_error(exc)
     finally:
@@ -96,13 +96,15 @@ def _log_error(exc: BaseException) -> None:
     text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     print(f"slurm_robust: epilog_slurmctld: {text}", file=sys.stderr)
     try:
-        from slurm_robust.records import append_record, make_record
+        from slurm_robust.records import append_records, make_record
+        from slurm_robust.reserve.config import SHARED_FILE_MODE
         from slurm_robust.site_config import load_site_config
 
-        append_record(load_site_config().verdict_log, make_record(
+        append_records(load_site_config().verdict_log, [make_record(
             "slurm_robust.verdict_action", 1,
             {"job_id": os.environ.get("SLURM_JOB_ID", ""), "action": "error", "why": text,
-             "traceback": traceback.format_exc()[-2000:]}, now=time.time()))
+             "traceback": traceback.format_exc()[-2000:]}, now=time.time())],
+            mode=SHARED_FILE_MODE)
     except Exception:  # noqa: BLE001 - nowhere left to report to but stderr
         traceback.print_exc()
 

@@ -14,6 +14,8 @@ Slurm requeues the job (prolog) or keeps the node out (epilog).
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import socket
 import sys
 import time
@@ -30,6 +32,7 @@ from slurm_robust.reserve.history import (
     repeat_offender_reason,
     returns_from_health,
 )
+from slurm_robust.reserve.verdicts import ensure_user_spool
 from slurm_robust.site_config import load_site_config
 from slurm_robust.slurm import check_job_id, check_node_name
 
@@ -53,6 +56,8 @@ def main(stage: str, environ: Mapping[str, str], out: TextIO = sys.stdout,
         print(f"slurm_robust {stage}: {exc}", file=err)
         return EXIT_FAILED  # no node name we trust: nothing to drain, let Slurm do it
     uid, gpus = job_identity(environ)
+    if stage == "prolog" and uid is not None and os.geteuid() == 0:
+        _ensure_verdict_spool(uid, err)
     try:
         result = run_suite(stage, node, job, job_uid=uid, job_gpus=gpus)
     except SlurmRobustError as exc:
@@ -64,6 +69,20 @@ def main(stage: str, environ: Mapping[str, str], out: TextIO = sys.stdout,
     if result.passed:
         return EXIT_OK
     return _drain_and_fail(stage, node, result.reason, err)
+
+
+def _ensure_verdict_spool(uid: int, err: TextIO) -> None:
+    """The job's user gets its verdict spool directory (root makes it: no user can create
+    another's first, issue 12 finding 6). One stat when it exists; never fails the job."""
+    try:
+        user = pwd.getpwuid(uid).pw_name  # from the system, not from the job's environment
+        root = reserve_config(load_site_config()).verdict_root
+        if root.is_dir():
+            done = ensure_user_spool(root, user, uid)
+            if done != "ok":
+                print(f"slurm_robust prolog: verdict spool for {user}: {done}", file=err)
+    except (KeyError, OSError, SlurmRobustError) as exc:
+        print(f"slurm_robust prolog: verdict spool not prepared: {exc}", file=err)
 
 
 def repeat_offender(node: str, reason: str, now: float | None = None) -> str | None:

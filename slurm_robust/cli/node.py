@@ -1,11 +1,13 @@
-"""``slurm-robust node resume NODE``: re-check a drained node and return it to service.
+"""``slurm-robust node resume NODE``: deep-check a drained node ON the node, then resume it.
 
-Runs the deep suite for NODE on this host (run it on the node itself, or -- as in the
-mini-cluster -- on a host that shares the node's state directory and hardware) and
-resumes the node in Slurm only if every check passes. Two drains need a person's word,
-``--force``: a reason slurm_robust did not write (an admin's note), and a repeat offender
-(a node that failed again soon after it was returned: investigate its hardware first).
-A node drained "pending deep check" (a job's suspicion) needs no --force.
+The deep suite runs on NODE itself, through Slurm: the node is marked ``slurm_robust:
+pending deep check: resume requested by USER`` and its own slurmd runs slurm_robust's
+HealthCheckProgram, which checks it as root and resumes it only if every check passes
+(otherwise it stays drained with ``slurm_robust: deep check failed: <check>: ...``). This
+command waits for that answer within a budget. Needs root or a Slurm operator. A drain
+reason that slurm_robust did not write (an admin's note) and a repeat offender (a node
+that failed again soon after it was returned: investigate its hardware first) are kept
+unless ``--force``; a node drained "pending deep check" (a job's suspicion) needs none.
 """
 
 from __future__ import annotations
@@ -13,14 +15,18 @@ from __future__ import annotations
 import argparse
 import json
 
-from slurm_robust.cli.check import print_result
 from slurm_robust.errors import SlurmRobustError
-from slurm_robust.health import run_suite
 from slurm_robust.health.drain import PREFIX, SLURM_REASONS
 from slurm_robust.reserve.history import REPEAT_MARK
+from slurm_robust.reserve.remote_check import (
+    caller_name,
+    check_on_node,
+    require_privilege,
+    wait_budget_s,
+)
 from slurm_robust.slurm import Slurm, check_node_name
 
-HELP = "re-run the deep self-check on a node and resume it only if it passes"
+HELP = "deep-check a drained node on the node itself and resume it only if it passes"
 
 
 class ResumeRefusedError(SlurmRobustError):
@@ -35,16 +41,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true",
                    help="resume an admin's drain (a reason slurm_robust did not write) or "
                         "a repeat offender; the deep suite must still pass")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds to wait for the node's check (default: two "
+                        "HealthCheckIntervals plus the deep suite's allowance)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    return resume(check_node_name(args.node), force=args.force, as_json=args.json)
+    return resume(check_node_name(args.node), force=args.force, as_json=args.json,
+                  timeout_s=args.timeout)
 
 
-def resume(node: str, force: bool = False, as_json: bool = False) -> int:
-
+def resume(node: str, force: bool = False, as_json: bool = False,
+           timeout_s: float | None = None) -> int:
     slurm = Slurm()
+    require_privilege(slurm)
     before = slurm.node(node)
     reason = (before.reason or "").strip()
     if before.drained and reason and not reason.startswith((PREFIX, *SLURM_REASONS)) \
@@ -56,20 +67,26 @@ def resume(node: str, force: bool = False, as_json: bool = False) -> int:
         raise ResumeRefusedError(
             f"{node} is a repeat offender ({reason!r}); it failed again soon after it was "
             "returned. Investigate the hardware, then rerun with --force")
-    result = run_suite("resume", node)
-    resumed = False
-    if result.passed and before.drained:
-        slurm.resume(node)
-        resumed = True
-    if as_json:
-        print(json.dumps({**result.to_dict(), "resumed": resumed,
-                          "was_drained": before.drained, "previous_reason": reason}))
+    if not before.drained:
+        _print(as_json, {"node": node, "resumed": False, "passed": None, "was_drained": False,
+                         "previous_reason": reason, "reason": "", "waited_s": 0.0},
+               f"{node} is not drained; nothing to resume")
+        return 0
+    budget = wait_budget_s(slurm) if timeout_s is None else timeout_s
+    res = check_on_node(slurm, node, f"resume requested by {caller_name()}", budget)
+    out = {"node": node, "resumed": res.passed, "passed": res.passed if res.done else None,
+           "was_drained": True, "previous_reason": reason, "reason": res.reason,
+           "waited_s": round(res.waited_s, 1)}
+    if res.passed:
+        text = f"{node} passed its deep check on the node and was resumed (was: {reason!r})"
+    elif res.done:
+        text = f"{node} stays drained: {res.reason}"
     else:
-        print_result(result)
-        if resumed:
-            print(f"{node} resumed (was drained: {reason!r})")
-        elif result.passed:
-            print(f"{node} was not drained; nothing to resume")
-        else:
-            print(f"{node} stays drained")
-    return 0 if result.passed else 1
+        text = (f"{node}: no answer from its deep check within {budget:g} s; it stays "
+                f"drained ({res.reason!r}) and returns by itself once its check passes")
+    _print(as_json, out, text)
+    return 0 if res.passed else 1
+
+
+def _print(as_json: bool, obj: dict[str, object], text: str) -> None:
+    print(json.dumps(obj) if as_json else text)

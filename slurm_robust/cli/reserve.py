@@ -9,9 +9,9 @@ from typing import Any
 
 from slurm_robust.errors import UsageError
 from slurm_robust.reserve.config import reserve_config
-from slurm_robust.reserve.gate import LocalSuiteGate
 from slurm_robust.reserve.layout import reset, slurm_conf_path
 from slurm_robust.reserve.reconcile import reconcile, status
+from slurm_robust.reserve.remote_check import SlurmNodeGate
 from slurm_robust.reserve.sizing import binomial_cdf, binomial_quantile
 from slurm_robust.site_config import load_site_config
 from slurm_robust.slurm import RetryPolicy, Slurm
@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     site = load_site_config(args.config)
     cfg = reserve_config(site, target=args.target)
     slurm = Slurm(policy=RetryPolicy(timeout_s=cfg.call_timeout_s))
-    gate = LocalSuiteGate(site, slurm.node_address)
+    # Deep runs happen on each node, through its own slurmd (reserve/remote_check.py).
+    gate = SlurmNodeGate(site, slurm)
     if args.reserve_action == "status":
         out = status(slurm, gate, cfg)
         _print(out, args.json, _status_text)

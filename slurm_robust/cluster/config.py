@@ -44,6 +44,7 @@ class ClusterConfig:
         node_port_base: node i (1-based over train then spare nodes) listens on base + i.
         user: the unprivileged account created for tests and demos.
         attacker: a second unprivileged account, the hostile user of the security tests.
+        slurm_user: SlurmUser of slurmctld and slurmdbd (Debian's packages create ``slurm``).
         python: interpreter that runs the node programs (prolog, epilog, ...).
         netns: give each node its own network namespace and address on a bridge
             (``cluster up --netns``, see cluster/netns.py); False is the shared-network
@@ -64,6 +65,7 @@ class ClusterConfig:
     node_port_base: int = 17000
     user: str = "robust"
     attacker: str = "mallory"
+    slurm_user: str = "slurm"
     python: str = sys.executable
     netns: bool = False
     netns_subnet: str = "10.213.0.0/24"

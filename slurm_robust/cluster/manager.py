@@ -103,6 +103,30 @@ def ensure_user(name: str) -> None:
                    check=True, capture_output=True, timeout=30)
 
 
+def ensure_system_user(name: str) -> tuple[int, int]:
+    """The daemon account SlurmUser (Debian's slurm packages create ``slurm``): uid, gid."""
+    try:
+        pw = pwd.getpwnam(name)
+        return pw.pw_uid, pw.pw_gid
+    except KeyError:
+        pass
+    if os.geteuid() != 0:
+        raise ClusterError(f"SlurmUser {name!r} does not exist; run "
+                           f"`useradd --system --no-create-home {name}` as root")
+    subprocess.run(["useradd", "--system", "--no-create-home", "--user-group", "--shell",
+                    "/usr/sbin/nologin", name], check=True, capture_output=True, timeout=30)
+    pw = pwd.getpwnam(name)
+    return pw.pw_uid, pw.pw_gid
+
+
+def _chown_tree(top: Path, uid: int, gid: int) -> None:
+    """chown ``top`` and everything below it (without following links)."""
+    os.chown(top, uid, gid, follow_symlinks=False)
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
+
+
 def ensure_reachable(paths: list[Path]) -> list[Path]:
     """Give "others" search (x) permission on the ancestors of ``paths`` that lack it.
 
@@ -206,6 +230,7 @@ class MiniCluster:
         conf_changed = self._write_files()
         if self.cfg.netns:  # the bridge first: slurmctld's address lives on it
             netns.create(self.cfg)
+        self._hand_to_slurm_user()
         before = self.running()
         env = self.cfg.env()
         self._start_munge(env)
@@ -277,14 +302,36 @@ class MiniCluster:
         return changed
 
     def _ensure_verdict_spool(self) -> None:
-        """The spool where jobs leave verdicts for EpilogSlurmctld (root-owned, 1777).
+        """The spool where jobs leave verdicts for EpilogSlurmctld (root:SlurmUser's group,
+        0755; per-user directories in it are made by the root node prolog).
 
         An admin creates it once on a real cluster; without it a job's first verdicts
         could not be handed to the slurmctld side.
         """
-
         site = load_site_config(self.cfg.robust_conf)
-        ensure_verdict_root(Path(reserve_config(site).verdict_root))
+        gid = pwd.getpwnam(self.cfg.slurm_user).pw_gid if os.geteuid() == 0 else None
+        ensure_verdict_root(Path(reserve_config(site).verdict_root), gid)
+
+    def _hand_to_slurm_user(self) -> None:
+        """Give SlurmUser what slurmctld and slurmdbd write: their state and config, and
+        the log directory (root:slurm, setgid, group-writable) where the controller-side
+        programs (EpilogSlurmctld) append the verdict and reserve logs."""
+        if os.geteuid() != 0:
+            return
+        c = self.cfg
+        uid, gid = ensure_system_user(c.slurm_user)
+        _chown_tree(c.ctld_state, uid, gid)
+        c.ctld_state.chmod(0o700)
+        os.chown(c.slurmdbd_conf, uid, gid)  # slurmdbd insists: owned by SlurmUser, 0600
+        os.chown(c.log_dir, 0, gid)
+        c.log_dir.chmod(0o2775)
+        os.chown(c.run_dir, 0, gid)
+        c.run_dir.chmod(0o2775)  # slurmctld/slurmdbd write their pid files as SlurmUser
+        for path in c.log_dir.iterdir():
+            if path.is_file() and not path.is_symlink() and path.name.endswith(
+                    (".jsonl", ".lock")) or path.name in ("slurmctld.log", "slurmdbd.log"):
+                os.chown(path, uid if path.name.endswith(".log") else 0, gid)
+                path.chmod(0o664 if not path.name.endswith(".log") else 0o640)
 
     def _start_munge(self, env: dict[str, str]) -> None:
         c = self.cfg

@@ -16,9 +16,13 @@ NODE_PROGRAMS: dict[str, Path] = {
     "Epilog": REPO_ROOT / "epilog" / "epilog.py",
     "PrologSlurmctld": REPO_ROOT / "prolog" / "prolog_slurmctld.py",
     "EpilogSlurmctld": REPO_ROOT / "epilog" / "epilog_slurmctld.py",
+    "HealthCheckProgram": REPO_ROOT / "epilog" / "health_check.py",
 }
 SPANK_PLUGIN = REPO_ROOT / "spank" / "slurm_robust_spank.so"
 CRED_EXPIRE_S = 20
+# How often slurmd runs the HealthCheckProgram: bounds how long a node waits, drained
+# "pending deep check", before its deep suite runs (and `node resume` waits for it).
+HEALTH_CHECK_INTERVAL_S = 10
 
 
 def render_slurm_conf(cfg: ClusterConfig, programs: dict[str, Path]) -> str:
@@ -29,7 +33,9 @@ def render_slurm_conf(cfg: ClusterConfig, programs: dict[str, Path]) -> str:
         # netns mode: nodes reach slurmctld over the bridge (their localhost is their own).
         "SlurmctldHost=localhost" + (f"({cfg.control_addr})" if cfg.netns else ""),
         f"SlurmctldPort={cfg.ctld_port}",
-        "SlurmUser=root",
+        # slurmctld (and PrologSlurmctld/EpilogSlurmctld) run as a dedicated unprivileged
+        # user, as on real sites, so the verdict handoff is tested without root's powers.
+        f"SlurmUser={cfg.slurm_user}",
         "SlurmdUser=root",
         "AuthType=auth/munge",
         # cred_expire also bounds how long a requeued job waits before it may start again
@@ -70,6 +76,10 @@ def render_slurm_conf(cfg: ClusterConfig, programs: dict[str, Path]) -> str:
         "PrologEpilogTimeout=180",
         f"PlugStackConfig={cfg.plugstack_conf}",
     ]
+    if "HealthCheckProgram" in programs:
+        # slurmd runs it as root on each node, drained or not: it deep-checks a node that
+        # carries slurm_robust's "pending deep check" reason and returns it to service.
+        lines += [f"HealthCheckInterval={HEALTH_CHECK_INTERVAL_S}", "HealthCheckNodeState=ANY"]
     for key, _prog in programs.items():
         lines.append(f"{key}={cfg.bin_dir / _wrapper_name(key)}")
     for node in cfg.nodes:
@@ -91,7 +101,7 @@ def render_slurmdbd_conf(cfg: ClusterConfig, db_password: str) -> str:
         f"AuthInfo=socket={cfg.munge_socket}",
         "DbdHost=localhost",
         f"DbdPort={cfg.dbd_port}",
-        "SlurmUser=root",
+        f"SlurmUser={cfg.slurm_user}",
         "DebugLevel=info",
         f"LogFile={cfg.log_dir}/slurmdbd.log",
         f"PidFile={cfg.run_dir}/slurmdbd.pid",
@@ -131,7 +141,7 @@ def render_robust_conf(cfg: ClusterConfig) -> str:
 
 def _wrapper_name(key: str) -> str:
     return {"Prolog": "prolog", "Epilog": "epilog", "PrologSlurmctld": "prolog_slurmctld",
-            "EpilogSlurmctld": "epilog_slurmctld"}[key]
+            "EpilogSlurmctld": "epilog_slurmctld", "HealthCheckProgram": "health_check"}[key]
 
 
 def render_wrapper(cfg: ClusterConfig, program: Path) -> str:

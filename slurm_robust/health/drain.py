@@ -97,6 +97,9 @@ def reason_kind(reason: str) -> ReasonKind | None:
         if rest.startswith(f"{kind.value}:"):
             return kind
     return ReasonKind.CHECK
+# A pending node whose deep suite, run ON it (slurm_robust.node_deep_check, slurmd's
+# HealthCheckProgram), failed: drained with this prefix, kept out for an admin.
+DEEP_FAILED_PREFIX = f"{PREFIX} deep check failed:"
 # Base states in which we do not touch a node: Slurm (or an admin) already took it out.
 HANDS_OFF_STATES = ("down", "future", "unknown")
 # Reasons Slurm itself writes on its own failure paths; ours is more precise, replace them.

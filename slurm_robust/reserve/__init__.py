@@ -29,6 +29,9 @@ Public API::
 - Health (``gate.py``): :class:`HealthGate` is the injection point to the health feature
   (``last_deep_pass``, ``run_suite``); :class:`LocalSuiteGate` runs the deep suite only for
   nodes whose address is this host, and says so for any other.
+- Checks on the node (``remote_check.py``): :class:`SlurmNodeGate`, what ``reserve
+  reconcile`` uses, and ``node resume`` ask the node's own slurmd to deep-check it (a
+  "pending deep check" drain answered by the HealthCheckProgram) and wait with a budget.
 """
 
 from slurm_robust.reserve.config import ReserveConfig, reserve_config

@@ -14,6 +14,10 @@ from slurm_robust.errors import UsageError
 from slurm_robust.site_config import SiteConfig
 
 HOUR_S = 3600.0
+# The reserve's log files and lock are written by root (reconcile, node programs) and by
+# SlurmUser (EpilogSlurmctld), which is not root on real sites: group-writable, the group
+# being SlurmUser's (the log directory is setgid to it).
+SHARED_FILE_MODE = 0o664
 
 
 @dataclass(frozen=True)

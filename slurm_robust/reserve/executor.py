@@ -22,6 +22,7 @@ from typing import Any
 from slurm_robust.errors import SlurmRobustError
 from slurm_robust.health import decide_drain
 from slurm_robust.records import append_records, make_record
+from slurm_robust.reserve.config import SHARED_FILE_MODE
 from slurm_robust.reserve.gate import DeepRun, HealthGate
 from slurm_robust.reserve.plan import OUR_PREFIX, Action, DeepCheck, Drain, Move, Note
 from slurm_robust.slurm import Slurm
@@ -66,7 +67,8 @@ class Executor:
             outcomes.extend(self._moves(moves))
         if outcomes:
             append_records(self.log_path, [make_record(ACTION_SCHEMA, ACTION_VERSION, o,
-                                                       now=o["time"]) for o in outcomes])
+                                                       now=o["time"]) for o in outcomes],
+                           mode=SHARED_FILE_MODE)
         return outcomes
 
     def _outcome(self, action: Action, ok: bool, error: str = "",

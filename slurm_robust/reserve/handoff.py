@@ -27,7 +27,12 @@ from typing import Any
 from slurm_robust.errors import SlurmRobustError, UsageError
 from slurm_robust.records import append_records, make_record
 from slurm_robust.reserve.allocation import GivenNodes, sacct_nodes
-from slurm_robust.reserve.config import HOUR_S, ReserveConfig, reserve_config
+from slurm_robust.reserve.config import (
+    HOUR_S,
+    SHARED_FILE_MODE,
+    ReserveConfig,
+    reserve_config,
+)
 from slurm_robust.reserve.executor import Executor
 from slurm_robust.reserve.gate import HealthGate
 from slurm_robust.reserve.history import events_from_sacctmgr, repeat_offender_reason
@@ -282,7 +287,7 @@ def _log_refusals(site: SiteConfig, end: JobEnd, batch: VerdictBatch, now: float
     records = [make_record(VERDICT_ACTION_SCHEMA, VERDICT_ACTION_VERSION,
                            _refusal_fields(end, batch, r), now=now) for r in batch.refusals]
     if records:
-        append_records(site.verdict_log, records)
+        append_records(site.verdict_log, records, mode=SHARED_FILE_MODE)
 
 
 def _refusal_fields(end: JobEnd, batch: VerdictBatch, r: Refusal) -> dict[str, Any]:
@@ -303,4 +308,4 @@ def _log_applied(site: SiteConfig, end: JobEnd, verdicts: list[Verdict],
             "reason": o.get("reason", ""), "class": v.cls, "incident": v.incident,
             "ok": bool(o.get("ok", False)), "requeued": report.requeued,
             "handed_over": report.handed_over, "shortfall": report.shortfall}, now=now))
-    append_records(site.verdict_log, records)
+    append_records(site.verdict_log, records, mode=SHARED_FILE_MODE)

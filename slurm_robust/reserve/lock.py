@@ -33,7 +33,8 @@ def reserve_lock(path: Path, timeout_s: float,
         ReserveLockTimeout: not acquired within ``timeout_s`` (names the lock file).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    # 0660: root (reconcile) and SlurmUser's group (EpilogSlurmctld) share the lock.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o660)
     start = clock()
     try:
         while True:

@@ -6,8 +6,14 @@ record to ``<verdict_dir>/<user>/<job_id>.jsonl`` (:func:`write_verdict`). Epilo
 hostile: the user directory and the file must be owned by the job's user, the directory
 not writable by others, the file a regular file reached without following symlinks and
 no larger than a cap; every record must name this job and a node of its allocation.
-``verdict_dir`` itself is root-owned with mode 1777 (like /tmp), created by
-:func:`ensure_verdict_root`.
+
+Who may create what (issue 12 finding 6): ``verdict_dir`` is owned by root and SlurmUser's
+group, mode 0755 (:func:`ensure_verdict_root`), so no user can create a directory in it,
+and so none can pre-create another user's. ``<verdict_dir>/<user>`` is made by the root
+node Prolog at the user's job start (:func:`ensure_user_spool`): owned by the user, group
+SlurmUser's, mode 2770, so the job writes there, SlurmUser (not root on real sites) reads
+and renames the files, and other users can neither list nor write. A directory found with
+another owner (left from an older, world-writable spool) is moved aside by the Prolog.
 
 Why a spool directory and not the job's run directory: EpilogSlurmctld does not see the
 job's environment, and finding the run directory would cost a Slurm call on every job
@@ -56,15 +62,79 @@ def verdict_path(verdict_root: Path, user: str, job_id: str | int) -> Path:
     return verdict_root / check_user_name(user) / f"{check_job_id(job_id)}.jsonl"
 
 
-def ensure_verdict_root(verdict_root: Path) -> None:
-    """Create the spool directory root-owned with mode 1777 (sticky, like /tmp)."""
+ROOT_MODE = 0o755
+USER_SPOOL_MODE = 0o2770
+# A verdict file: the job's user writes, SlurmUser's group (inherited from the setgid
+# user directory) reads.
+FILE_MODE = 0o640
+
+
+def ensure_verdict_root(verdict_root: Path, gid: int | None = None) -> None:
+    """Create the spool directory owned by root (group ``gid``: SlurmUser's), mode 0755.
+
+    Run as root. Users cannot create anything in it; their directories come from
+    :func:`ensure_user_spool` (the node Prolog).
+    """
     verdict_root.mkdir(parents=True, exist_ok=True)
     st = os.lstat(verdict_root)
     if not stat.S_ISDIR(st.st_mode):
         raise VerdictError(f"verdict_dir {verdict_root} is not a directory (a symlink?); "
                            "remove it and rerun `slurm-robust reserve reconcile`")
-    if stat.S_IMODE(st.st_mode) != 0o1777:
-        os.chmod(verdict_root, 0o1777)
+    if gid is not None and (st.st_uid, st.st_gid) != (0, gid):
+        os.chown(verdict_root, 0, gid, follow_symlinks=False)
+    if stat.S_IMODE(st.st_mode) != ROOT_MODE:
+        os.chmod(verdict_root, ROOT_MODE)
+
+
+def ensure_user_spool(verdict_root: Path, user: str, uid: int) -> str:
+    """Make ``<verdict_root>/<user>`` the user's spool (root only; the node Prolog).
+
+    Owned by ``uid``, group of ``verdict_root`` (SlurmUser's), mode 2770. Walks from the
+    root's descriptor without following links. Returns what was done: ``ok`` (already
+    right), ``created``, or ``replaced`` (a directory or file of another owner was moved
+    aside to ``.squatted.<user>.<inode>`` and a right one made).
+
+    Raises:
+        VerdictError: ``verdict_root`` is missing or not a directory.
+    """
+    name = check_user_name(user)
+    try:
+        root_fd = os.open(verdict_root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise VerdictError(f"verdict_dir {verdict_root} cannot be opened as a directory: "
+                           f"{exc.strerror}; an admin creates it (slurm-robust reserve "
+                           "reconcile)") from exc
+    try:
+        gid = os.fstat(root_fd).st_gid
+        done = "created"
+        try:
+            st = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is not None:
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == uid:
+                _fix_spool(root_fd, name, uid, gid)
+                return "ok"
+            os.rename(name, f".squatted.{name}.{st.st_ino}", src_dir_fd=root_fd,
+                      dst_dir_fd=root_fd)
+            done = "replaced"
+        os.mkdir(name, 0o700, dir_fd=root_fd)
+        _fix_spool(root_fd, name, uid, gid)
+        return done
+    finally:
+        os.close(root_fd)
+
+
+def _fix_spool(root_fd: int, name: str, uid: int, gid: int) -> None:
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=root_fd)
+    try:
+        st = os.fstat(fd)
+        if (st.st_uid, st.st_gid) != (uid, gid):
+            os.fchown(fd, uid, gid)
+        if stat.S_IMODE(st.st_mode) != USER_SPOOL_MODE:
+            os.fchmod(fd, USER_SPOOL_MODE)
+    finally:
+        os.close(fd)
 
 
 def write_verdict(verdict_root: Path, user: str, job_id: str | int, node: str, reason: str,
@@ -73,8 +143,9 @@ def write_verdict(verdict_root: Path, user: str, job_id: str | int, node: str, r
                   now: float | None = None) -> Path:
     """Append one verdict where EpilogSlurmctld will read it (and to ``run_dir``'s copy).
 
-    Called by the job (the launcher) as the job's user. Creates ``<verdict_root>/<user>``
-    with mode 0700 when missing.
+    Called by the job (the launcher) as the job's user. ``<verdict_root>/<user>`` is made
+    by the node Prolog (:func:`ensure_user_spool`); where the root is still world-writable
+    (an older spool), a missing one is created here.
 
     Raises:
         VerdictError: the spool directory is missing or the user directory is not ours.
@@ -85,9 +156,10 @@ def write_verdict(verdict_root: Path, user: str, job_id: str | int, node: str, r
         raise VerdictError(f"verdict_dir {verdict_root} does not exist; an admin creates it "
                            "with `slurm-robust reserve reconcile` (or mkdir -m 1777)")
     try:
-        path.parent.mkdir(mode=0o700, exist_ok=True)
+        path.parent.mkdir(mode=0o750, exist_ok=True)
     except OSError as exc:
-        raise VerdictError(f"cannot create {path.parent}: {exc}") from exc
+        raise VerdictError(f"cannot create {path.parent}: {exc.strerror}; the node prolog "
+                           "creates it at job start (is it configured?)") from exc
     st = os.lstat(path.parent)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         raise VerdictError(f"{path.parent} is not a directory owned by uid {os.geteuid()}; "
@@ -96,7 +168,7 @@ def write_verdict(verdict_root: Path, user: str, job_id: str | int, node: str, r
         "job_id": check_job_id(job_id), "node": check_node_name(node),
         "reason": clean_reason(reason), "class": cls, "evidence": dict(evidence or {}),
         "incident": incident}, now=now)
-    append_records(path, [record], mode=0o600)
+    append_records(path, [record], mode=FILE_MODE)
     if run_dir is not None:
         append_record(Path(run_dir) / "verdicts.jsonl", record)
     return path
@@ -231,19 +303,25 @@ def read_job_verdicts(verdict_root: Path, user: str, uid: int, job_id: str,
             return VerdictBatch(path, refusals=[Refusal(f"{path.parent} is not a directory")])
         raise
     try:
+        root_gid = os.stat(verdict_root).st_gid
         return _read_in_dir(dir_fd, path, uid, job_id, job_nodes, max_bytes, max_records,
-                            restart_count)
+                            restart_count, root_gid)
     finally:
         os.close(dir_fd)
 
 
 def _read_in_dir(dir_fd: int, path: Path, uid: int, job_id: str, job_nodes: Collection[str],
-                 max_bytes: int, max_records: int, restart_count: int) -> VerdictBatch | None:
+                 max_bytes: int, max_records: int, restart_count: int,
+                 root_gid: int) -> VerdictBatch | None:
     batch = VerdictBatch(path)
     dst = os.fstat(dir_fd)
-    if dst.st_uid != uid or dst.st_mode & 0o022:
-        batch.refusals.append(Refusal(f"{path.parent} must be owned by uid {uid} and not "
-                                      f"writable by others (uid {dst.st_uid}, "
+    # Group write is SlurmUser's (the reader's) group from ensure_user_spool; any other
+    # group able to write could plant files, as could "others".
+    group_ok = not dst.st_mode & 0o020 or dst.st_gid == root_gid
+    if dst.st_uid != uid or dst.st_mode & 0o002 or not group_ok:
+        batch.refusals.append(Refusal(f"{path.parent} must be owned by uid {uid} and "
+                                      f"writable only by it and SlurmUser's group "
+                                      f"(uid {dst.st_uid}, gid {dst.st_gid}, "
                                       f"mode {stat.S_IMODE(dst.st_mode):o})"))
         return batch
     try:

@@ -43,6 +43,8 @@ _JOB_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 # Reasons end up in slurm.conf-style key=value lines; keep them one printable line.
 MAX_REASON = 200
+# The "[user@time]" scontrol appends to a node's Reason.
+_REASON_STAMP = re.compile(r"\s*\[[^\]\s]*@[^\]\s]*\]$")
 
 
 def check_job_id(job_id: str | int) -> str:
@@ -116,6 +118,15 @@ class Slurm:
         except SlurmCommandError:
             return False
 
+    def config(self) -> dict[str, str]:
+        """slurmctld's running configuration (``scontrol show config``) as key -> value."""
+        out: dict[str, str] = {}
+        for line in self._run(["scontrol", "show", "config"]).splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key.strip() and " " not in key.strip():
+                out[key.strip()] = value.strip()
+        return out
+
     def version(self) -> str:
         out = self._run(["sinfo", "--version"]).split()
         return out[-1] if out else ""
@@ -147,6 +158,27 @@ class Slurm:
 
     def resume(self, name: str) -> None:
         self.update_node(name, "resume")
+
+    def node_state_reason(self, name: str) -> tuple[str, str]:
+        """(state, reason) of one node from ``scontrol show node -o``: one light call for
+        programs polled on every node. ``state`` is ``drained`` (DRAIN, no job left),
+        ``draining`` (DRAIN, jobs still there) or the base state in lower case; the reason
+        is "" when none, without Slurm's ``[user@time]`` suffix.
+
+        (Not ``sinfo %T``: it says ``reserved`` for a drained node in a reservation.)
+        """
+        out = self._run(["scontrol", "show", "node", check_node_name(name), "-o"]).strip()
+        fields = parse_scontrol_oneliner(out.splitlines()[0]) if out else {}
+        if fields.get("NodeName") != name:
+            raise UsageError(f"node {name!r} is not in this cluster")
+        parts = fields.get("State", "").upper().split("+")
+        busy = parts[0] in ("ALLOCATED", "MIXED", "COMPLETING") or "COMPLETING" in parts
+        if "DRAIN" in parts:
+            state = "draining" if busy else "drained"
+        else:
+            state = parts[0].lower()
+        reason = _REASON_STAMP.sub("", fields.get("Reason", "")).strip()
+        return state, "" if reason == "(null)" else reason
 
     def node_address(self, name: str) -> str:
         """The address slurmctld reaches a node at (NodeAddr, else NodeHostname, else name)."""

@@ -28,7 +28,7 @@ from cluster_helpers import wait_until
 from slurm_robust.health import run_suite
 from slurm_robust.records import read_records
 from slurm_robust.reserve.config import reserve_config
-from slurm_robust.reserve.verdicts import ensure_verdict_root, write_verdict
+from slurm_robust.reserve.verdicts import FILE_MODE, ensure_verdict_root, write_verdict
 from slurm_robust.site_config import load_site_config
 
 pytestmark = pytest.mark.integration
@@ -159,7 +159,7 @@ def test_verdict_for_a_node_outside_the_job_changes_nothing_and_is_logged(handof
     path = write_verdict(cfg.verdict_root, "root", job, "spare1", "placeholder", "x")
     # Rewrite the file so its only verdict blames a node the job never had.
     path.write_text(path.read_text().replace('"spare1"', f'"{other}"'))
-    os.chmod(path, 0o600)
+    os.chmod(path, FILE_MODE)  # as written: SlurmUser's group reads it
     s.requeue(job, start_now=False)
     refused = [r for r in job_end_applied(minicluster, site, job, "spare1")
                if r.get("action") == "refused"]

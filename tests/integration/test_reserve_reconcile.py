@@ -2,9 +2,10 @@
 
 To leave the shared ``train``/``standby`` layout alone, these tests run the reserve over two
 runtime partitions of their own (``rtest_train`` = spare[1-2], ``rtest_standby`` empty,
-deleted afterwards) with a site config whose ``state_dir`` is a fresh temporary directory,
-so no node starts with a deep pass and reconcile must run the deep suite itself. A
-reservation keeps other tests' jobs off spare[1-2] meanwhile.
+deleted afterwards) with their own reserve log. spare[1-2]'s health journals are set aside
+for each test (and merged back after), so no node starts with a deep pass and reconcile
+must have the deep suite run -- on the node, by its own slurmd, which journals where the
+cluster's site config says. A reservation keeps other tests' jobs off spare[1-2] meanwhile.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from slurm_robust.cli.main import main
+from slurm_robust.health.journal import journal_path
+from slurm_robust.site_config import load_site_config
 
 pytestmark = pytest.mark.integration
 
@@ -30,15 +33,23 @@ def reserve_site(minicluster, tmp_path, monkeypatch):
     for key, value in minicluster.cfg.env().items():
         monkeypatch.setenv(key, value)
     site = json.loads(minicluster.cfg.robust_conf.read_text())
-    site.update(state_dir=str(tmp_path / "nodes" / "{node}" / "state"),
-                verdict_log=str(tmp_path / "log" / "verdicts.jsonl"),
+    site.update(verdict_log=str(tmp_path / "log" / "verdicts.jsonl"),
                 reserve={"partition": STANDBY, "train_partitions": [TRAIN], "target": 1})
     path = tmp_path / "site.json"
     path.write_text(json.dumps(site))
+    journals = [journal_path(n, load_site_config(path)) for n in NODES]
+    for j in journals:
+        if j.exists():
+            j.rename(j.with_name(j.name + ".saved"))
     s.create_reservation(RESV, NODES, ["root"], 20)
     s.create_partition(TRAIN, NODES)
     s.create_partition(STANDBY, [])
     yield s, path, tmp_path
+    for j in journals:
+        saved = j.with_name(j.name + ".saved")
+        if saved.exists():
+            saved.write_bytes(saved.read_bytes() + (j.read_bytes() if j.exists() else b""))
+            saved.rename(j)
     for part in (TRAIN, STANDBY):
         s.delete_partition(part)
     s.delete_reservation(RESV)

@@ -10,6 +10,7 @@ import pytest
 
 from slurm_robust.errors import UsageError
 from slurm_robust.reserve.verdicts import (
+    ensure_user_spool,
     ensure_verdict_root,
     parse_verdicts,
     read_job_verdicts,
@@ -50,7 +51,7 @@ def test_parse_cleans_reason_dedupes_and_caps() -> None:
 def test_write_then_read_round_trip_and_file_is_consumed(tmp_path: Path) -> None:
     root = tmp_path / "verdicts"
     ensure_verdict_root(root)
-    assert oct(root.stat().st_mode & 0o7777) == "0o1777"
+    assert oct(root.stat().st_mode & 0o7777) == "0o755"
     run_dir = tmp_path / "run"
     path = write_verdict(root, USER, "42", "node2", "gpu_xid: Xid 79", "gpu_memory_error",
                          {"xid": 79}, "i1", run_dir=run_dir)
@@ -114,12 +115,12 @@ def test_file_of_another_owner_is_refused(tmp_path: Path) -> None:
     assert batch is not None and batch.verdicts == [] and "owned by uid" in batch.refusals[0].why
 
 
-def test_group_writable_user_dir_is_refused(tmp_path: Path) -> None:
+def test_world_writable_user_dir_is_refused(tmp_path: Path) -> None:
     d = make_user_dir(tmp_path)
     (d / "42.jsonl").write_bytes(line())
-    os.chmod(d, 0o770)
+    os.chmod(d, 0o707)
     batch = read_job_verdicts(tmp_path, USER, UID, "42", NODES, 4096, 64)
-    assert batch is not None and batch.verdicts == [] and "not writable" in batch.refusals[0].why
+    assert batch is not None and batch.verdicts == [] and "writable only" in batch.refusals[0].why
 
 
 def test_hard_link_is_refused(tmp_path: Path) -> None:
@@ -177,3 +178,42 @@ def test_fuzzed_verdict_files_never_raise() -> None:
         verdicts, refusals = parse_verdicts(bytes(buf), "42", NODES, 64)
         assert all(v.node in NODES and v.job_id == "42" for v in verdicts)
         assert all(isinstance(r.why, str) for r in refusals)
+
+
+def test_user_spool_is_made_for_its_owner_and_a_squatted_one_is_moved_aside(
+        tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("ensure_user_spool chowns: root only")
+    root = tmp_path / "verdicts"
+    ensure_verdict_root(root, gid=4242)
+    assert (root.stat().st_uid, root.stat().st_gid) == (0, 4242)
+    assert ensure_user_spool(root, "alice", 4321) == "created"
+    st = (root / "alice").stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (4321, 4242, 0o2770)
+    assert ensure_user_spool(root, "alice", 4321) == "ok"
+    # Another user's directory under alice's name (an older, world-writable spool).
+    os.mkdir(root / "bob")
+    os.chown(root / "bob", 9999, 9999)
+    assert ensure_user_spool(root, "bob", 4322) == "replaced"
+    assert (root / "bob").stat().st_uid == 4322
+    assert [p.name for p in root.iterdir() if p.name.startswith(".squatted.bob.")]
+    # A link in the user's place is moved aside, never followed.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (root / "carol").symlink_to(elsewhere)
+    assert ensure_user_spool(root, "carol", 4323) == "replaced"
+    assert elsewhere.stat().st_uid == 0 and (root / "carol").is_dir()
+
+
+def test_group_writable_user_dir_is_read_only_with_the_spool_group(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("chown to another group: root only")
+    d = make_user_dir(tmp_path)
+    (d / "42.jsonl").write_bytes(line())
+    os.chmod(d, 0o770)
+    os.chown(d, UID, tmp_path.stat().st_gid + 1)  # a group that is not the spool's
+    batch = read_job_verdicts(tmp_path, USER, UID, "42", NODES, 4096, 64)
+    assert batch is not None and batch.verdicts == [] and "writable only" in batch.refusals[0].why
+    os.chown(d, UID, tmp_path.stat().st_gid)
+    batch = read_job_verdicts(tmp_path, USER, UID, "42", NODES, 4096, 64)
+    assert batch is not None and [v.node for v in batch.verdicts] == ["node2"]
