@@ -36,6 +36,13 @@ from slurm_robust.launcher.control import failslow
 from slurm_robust.launcher.control import monitor as node_monitor
 from slurm_robust.launcher.control.events import EventLog, make_incident
 from slurm_robust.launcher.control.metrics import RunMetrics
+from slurm_robust.launcher.control.nan_ladder import (
+    NAN_SETTLE_S,
+    NanLadder,
+    NanPolicy,
+    attribute,
+    write_skips,
+)
 from slurm_robust.launcher.control.policy import (
     Decision,
     LadderInput,
@@ -157,6 +164,8 @@ class Generation:
     capture_deadline: float = 0.0
     announced: bool = False
     diagnosis: PendingDiagnosis | None = None
+    #: Each rank's anomaly line (issue 15: where a NaN began).
+    anomalies: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.last_progress = self.last_progress or self.started_at
@@ -200,6 +209,7 @@ class Recovery:
         #: Slurm actions started by this owner (in flight or finished), oldest first.
         self.actions: list[SlurmAction] = []
         self._requeue_action: SlurmAction | None = None
+        self.nan = NanLadder(NanPolicy(cfg.nan_policy))  # issue 15
 
     # ------------------------------------------------------------------ read side
     @property
@@ -347,6 +357,8 @@ class Recovery:
             gen.restored[rank] = (item.step, item.tier)
         elif item.kind is ProgressKind.FINAL:
             gen.finals[rank] = item
+        elif item.kind is ProgressKind.ANOMALY:
+            gen.anomalies[rank] = {**item.extra, "step": item.step}
         elif item.kind is ProgressKind.STEP and item.step is not None:
             step = item.step
             busy = failslow.busy_of({"busy_s": item.busy_s})
@@ -375,6 +387,7 @@ class Recovery:
         loss = sum(losses) / len(losses) if losses else None
         grad_norm = max(norms) if norms else None
         self.state.last_step = step
+        self.nan.on_step(step)
         if self.metrics is not None:
             self.metrics.on_step(step, step_time, t_done)
         opened = self.state.open_incident is not None
@@ -443,6 +456,11 @@ class Recovery:
             return
         else:
             root = min(gen.failures, key=lambda f: f.exit.time)
+        if root.exit.cls == IncidentClass.NAN:  # issue 15: the NaN ladder
+            if self._nan_settling(gen, primary, now):
+                return
+            self._handle_nan(gen, root, first_seen, now)
+            return
         incident = self._incident_from_failure(gen, root, first_seen)
         # --- issue 13 call site: unclear side, nobody blamed -> stop-time diagnosis -----
         if self._wants_diagnosis(root):
@@ -467,9 +485,42 @@ class Recovery:
                              fault_time=ex.time, nodes=[root.node], ranks=[ex.rank],
                              last_step=st.last_step, evidence=evidence)
 
+    # ------------------------------------------------------------------ NaN (issue 15)
+    def _nan_settling(self, gen: Generation, primary: list[Failure], now: float) -> bool:
+        """Wait (up to NAN_SETTLE_S) until every active rank's anomaly line is in: the
+        origin's may come in a later report than the first reporter's."""
+        active = {r for i in gen.slots for r in self.ranks_of(i)}
+        first = min(f.seen for f in primary)
+        return not active <= set(gen.anomalies) and now - first < NAN_SETTLE_S
+
+    def _handle_nan(self, gen: Generation, root: Failure, detected: float,
+                    now: float) -> None:
+        """A NaN: name its origin, not the first reporter, and take the NaN ladder."""
+        rank_nodes = [self.members[i].node for i in gen.slots
+                      for _ in range(self.cfg.workers_per_node)]
+        origin = attribute(gen.anomalies, rank_nodes)
+        step = self.nan.decide(origin, now)
+        incident = self._incident_from_failure(gen, root, detected)
+        reporters = sorted(gen.anomalies)
+        incident.update(nodes=sorted(set(origin.nodes)), ranks=list(origin.ranks))
+        incident["evidence"]["nan"] = {**origin.to_json(), "resolution": step.resolution,
+                                       "verdict": step.verdict, "reason": step.reason,
+                                       "replay_s": step.replay_s,
+                                       "first_reporter": {"rank": root.exit.rank,
+                                                          "node": root.node},
+                                       "reporting_ranks": reporters}
+        override = Decision(Rung.STOP if step.resolution == "stop" else Rung.IN_PLACE,
+                            step.reason)
+        if step.skip_step is not None:
+            write_skips(self.cfg.run_dir, self.nan.skipped)
+        # No node is blamed for a NaN here (nodes=[]): only a failed bitwise test may
+        # evict one; no signature either, the NaN ladder replaces the repeat rule.
+        self._handle(gen, incident, None, [], now, override=override)
+
     def _handle(self, gen: Generation, incident: dict[str, Any], signature: str | None,
                 nodes: list[str], now: float, evict: str | None = None, *,
-                diagnosed_repeat: bool = False, diagnosis_failed: bool = False) -> None:
+                diagnosed_repeat: bool = False, diagnosis_failed: bool = False,
+                override: Decision | None = None) -> None:
         """Run the ladder for one incident and apply the decision. ``evict`` (a monitor's
         fatal finding, issue 14): ``nodes`` are blamed whatever the class, and the text
         (the check and its evidence) goes into the decision's reason and the verdict.
@@ -494,6 +545,8 @@ class Recovery:
             signature_seen=st.signatures.get(signature or "", 0),
             no_progress=st.no_progress, max_no_progress=self.cfg.max_no_progress,
             diagnosed_repeat=diagnosed_repeat))
+        if override is not None and decision.rung is Rung.IN_PLACE:
+            decision = override  # the NaN ladder's call, unless a budget already stops
         if evict:
             decision = dataclasses.replace(decision, reason=f"{decision.reason}; {evict}")
         if signature:
