@@ -362,6 +362,17 @@ def init(backend: str | None = None, timeout_s: float = 1800.0) -> RobustRun:
 
         run.skip_steps = nan_local.skipped_steps(run.run_dir)
         run._rehearsal = nan_local.load_rehearsal(run.run_dir, rank, run.node)
+        request = nan_local.bitwise_request(run.run_dir, run.attempt)
+        if request is not None:
+            # Every rank of this attempt runs it now, at once (issue 15): the controller
+            # compares the digests bit for bit and evicts a node that differs.
+            from slurm_robust.launcher.node.reference_step import reference_digest
+
+            t0 = time.monotonic()
+            digest = reference_digest(f"cuda:{local_rank}" if backend == "nccl" else "cpu",
+                                      corrupt=run._rehearsal.sdc_bitwise)
+            run._report({"kind": "bitwise", "id": request, "digest": digest,
+                         "seconds": round(time.monotonic() - t0, 4), "t": time.time()})
 
     def _poison(signum: int, frame: Any) -> None:
         run._poison = True

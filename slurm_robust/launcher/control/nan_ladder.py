@@ -14,9 +14,13 @@ The ladder, one decision per NaN incident (:meth:`NanLadder.decide`):
    user's policy applies: ``stop`` ends the run with a verdict naming the step and the
    data position, ``skip`` drops that batch (``<run_dir>/nan/skip.json``, read by the
    workers) and replays again. No node is blamed either way.
-3. It returns elsewhere (another step or origin): silent data corruption is suspected;
-   without a bitwise reference test in this build the run rolls back again
-   (``rollback``) and the evidence says so.
+3. It returns elsewhere (another step or origin): silent data corruption is suspected
+   and the run rolls back again (``rollback``).
+
+The bitwise reference test (control/bitwise.py) runs at the start of every replaying
+attempt (reattempt and rollback: it costs milliseconds, so it is not held back until a
+second failure); a node whose digest differs is evicted (``evict``) whatever the NaN
+was. Dual-phase replay, for corruption the bitwise test does not show, is not built.
 
 A replay that passes the NaN's step closes the episode (:meth:`NanLadder.on_step`).
 Pure but for :func:`write_skips`; recovery.py applies the decisions.

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from slurm_robust.ckpt.config import TIERS
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.control import failslow
+from slurm_robust.launcher.control import bitwise, failslow
 from slurm_robust.launcher.control import monitor as node_monitor
 from slurm_robust.launcher.control.events import EventLog, make_incident
 from slurm_robust.launcher.control.metrics import RunMetrics
@@ -166,6 +166,8 @@ class Generation:
     diagnosis: PendingDiagnosis | None = None
     #: Each rank's anomaly line (issue 15: where a NaN began).
     anomalies: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: Each rank's bitwise reference digest, when this attempt was asked for one.
+    bitwise: dict[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.last_progress = self.last_progress or self.started_at
@@ -210,6 +212,7 @@ class Recovery:
         self.actions: list[SlurmAction] = []
         self._requeue_action: SlurmAction | None = None
         self.nan = NanLadder(NanPolicy(cfg.nan_policy))  # issue 15
+        self.bitwise_req: bitwise.BitwiseRequest | None = None
 
     # ------------------------------------------------------------------ read side
     @property
@@ -305,6 +308,8 @@ class Recovery:
             # The others wait: exits of the stopped generation are not new incidents.
             self._check_diagnosis(gen, now)
             return
+        if self._bitwise_tick(gen, now):  # issue 15: before a NaN of the faulty node
+            return
         active = {r for i in gen.slots for r in self.ranks_of(i)}
         if active and active <= gen.succeeded:
             self.finish(RunStatus.COMPLETED, None)
@@ -359,6 +364,10 @@ class Recovery:
             gen.finals[rank] = item
         elif item.kind is ProgressKind.ANOMALY:
             gen.anomalies[rank] = {**item.extra, "step": item.step}
+        elif item.kind is ProgressKind.BITWISE:
+            req = self.bitwise_req
+            if req is not None and item.extra.get("id") == req.id:
+                gen.bitwise[rank] = str(item.extra.get("digest"))
         elif item.kind is ProgressKind.STEP and item.step is not None:
             step = item.step
             busy = failslow.busy_of({"busy_s": item.busy_s})
@@ -500,6 +509,10 @@ class Recovery:
                       for _ in range(self.cfg.workers_per_node)]
         origin = attribute(gen.anomalies, rank_nodes)
         step = self.nan.decide(origin, now)
+        prev = self.state.open_incident
+        if prev is not None and prev.get("restored_step") is None:
+            # The replay failed before finishing a step: the restore itself happened.
+            prev["restored_step"], prev["restore_tier"] = restored_of(gen)
         incident = self._incident_from_failure(gen, root, detected)
         reporters = sorted(gen.anomalies)
         incident.update(nodes=sorted(set(origin.nodes)), ranks=list(origin.ranks))
@@ -513,9 +526,54 @@ class Recovery:
                             step.reason)
         if step.skip_step is not None:
             write_skips(self.cfg.run_dir, self.nan.skipped)
+        if step.verdict != "data_or_model":
+            # The replaying attempt's ranks all run the reference step at their start:
+            # milliseconds, so it is asked with the reattempt rather than after a second
+            # failure; a node that computes it wrongly is faulty whatever the NaN was.
+            self.bitwise_req = bitwise.request(self.cfg.run_dir, self.state.attempt + 1,
+                                               incident, now)
+            incident["evidence"]["nan"]["bitwise"] = {"requested": self.bitwise_req.id}
         # No node is blamed for a NaN here (nodes=[]): only a failed bitwise test may
         # evict one; no signature either, the NaN ladder replaces the repeat rule.
         self._handle(gen, incident, None, [], now, override=override)
+
+    def _bitwise_tick(self, gen: Generation, now: float) -> bool:
+        """Compare the bitwise digests once every active rank sent one (or the wait is
+        over); a node that differs is evicted as the NaN incident's resolution."""
+        req = self.bitwise_req
+        if req is None or self._phase is not Phase.RUNNING or gen.attempt < req.attempt:
+            return False
+        if gen.attempt > req.attempt:
+            self.bitwise_req = None  # that attempt ended before answering
+            return False
+        active = {r for i in gen.slots for r in self.ranks_of(i)}
+        complete = active <= set(gen.bitwise)
+        if not complete and now - req.asked_at < bitwise.BITWISE_WAIT_S:
+            return False
+        self.bitwise_req = None
+        rank_nodes = [self.members[i].node for i in gen.slots
+                      for _ in range(self.cfg.workers_per_node)]
+        result = bitwise.compare({r: d for r, d in gen.bitwise.items() if r in active},
+                                 rank_nodes)
+        incident = req.incident
+        nan_ev = incident["evidence"]["nan"]
+        nan_ev["bitwise"] = {**nan_ev.get("bitwise", {}), **result.evidence,
+                             "complete": complete, "seconds": round(now - req.asked_at, 3)}
+        if result.passed:
+            return False  # all agree: dual-phase replay would come next (not built yet)
+        open_inc = self.state.open_incident
+        if open_inc is not None and open_inc.get("incident") == incident["incident"]:
+            self.state.open_incident = None  # the same incident, now resolved by eviction
+        else:
+            self.state.incidents += 1
+            incident = {**incident, "incident": f"i{self.state.incidents}",
+                        "recovered_at": None, "restored_step": None, "steps_lost": None}
+        incident["evidence"]["nan"]["resolution"] = "evict"
+        incident["localized_at"] = now
+        reason = (f"bitwise reference test: {', '.join(result.differing)} differ(s) from "
+                  f"the other nodes' digest {result.reference and result.reference[:16]}")
+        self._handle(gen, incident, None, list(result.differing), now, evict=reason)
+        return True
 
     def _handle(self, gen: Generation, incident: dict[str, Any], signature: str | None,
                 nodes: list[str], now: float, evict: str | None = None, *,

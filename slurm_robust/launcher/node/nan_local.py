@@ -15,7 +15,9 @@ Also here, the worker's side of the files the controller and the rehearsal tools
 - ``poison.json``: ``inject nan --mode data``, a poisoned sample at one step on one rank
   (its gradients become NaN at that step on every replay);
 - ``sdc.json``: ``inject sdc``, one node's gradients corrupted at random steps (a new
-  draw per attempt, so the corruption moves between replays).
+  draw per attempt, so the corruption moves between replays);
+- ``bitwise.json``: the controller's request that every rank of one attempt run the
+  bitwise reference test at its start (reference_step.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ NAN_DIR = "nan"
 SKIP_FILE = "skip.json"
 POISON_FILE = "poison.json"
 SDC_FILE = "sdc.json"
+BITWISE_FILE = "bitwise.json"
 NAN_FILES_VERSION = 1
 
 
@@ -89,17 +92,25 @@ class Rehearsal:
     sdc_seed: int = 0
     #: The injections' ids: a new injection reads as a change even with equal values.
     ids: tuple[str, ...] = ()
+    #: ``inject sdc --bitwise``: the node also fails the bitwise reference test.
+    sdc_bitwise: bool = False
 
     def corrupts(self, step: int, attempt: int) -> str | None:
         """``"data"`` when the poisoned sample is at ``step``, ``"sdc"`` when this
         attempt's draw for ``step`` corrupts the node, else None."""
         if self.poison_step is not None and step == self.poison_step:
             return "data"
-        if self.sdc_probability > 0:
-            key = zlib.crc32(f"{self.sdc_seed}/{attempt}/{step}".encode())
-            if random.Random(key).random() < self.sdc_probability:
-                return "sdc"
+        # A step corrupted in the previous attempt is spared in this one: the rehearsed
+        # corruption always moves on replay (a real one does so by chance).
+        if self._sdc_hit(step, attempt) and not self._sdc_hit(step, attempt - 1):
+            return "sdc"
         return None
+
+    def _sdc_hit(self, step: int, attempt: int) -> bool:
+        if self.sdc_probability <= 0:
+            return False
+        key = zlib.crc32(f"{self.sdc_seed}/{attempt}/{step}".encode())
+        return random.Random(key).random() < self.sdc_probability
 
 
 def load_rehearsal(run_dir: str | Path | None, rank: int, node: str) -> Rehearsal:
@@ -113,7 +124,16 @@ def load_rehearsal(run_dir: str | Path | None, rank: int, node: str) -> Rehearsa
     ids = tuple(str(r.get("id")) for r, mine in ((poison, step is not None), (sdc, prob > 0))
                 if mine)
     return Rehearsal(poison_step=step if isinstance(step, int) else None,
-                     sdc_probability=prob, sdc_seed=int(sdc.get("seed") or 0), ids=ids)
+                     sdc_probability=prob, sdc_seed=int(sdc.get("seed") or 0), ids=ids,
+                     sdc_bitwise=bool(sdc.get("bitwise")) and prob > 0)
+
+
+def bitwise_request(run_dir: str | Path | None, attempt: int) -> str | None:
+    """The id of the controller's bitwise-test request for ``attempt``, if any."""
+    if not run_dir:
+        return None
+    raw = read_json(nan_dir(run_dir) / BITWISE_FILE) or {}
+    return str(raw["id"]) if raw.get("attempt") == attempt and raw.get("id") else None
 
 
 def corrupt_gradients(params: Any) -> None:
