@@ -14,6 +14,8 @@ slow-worker    SIGSTOP/SIGCONT duty cycle on one worker for ``duration`` seconds
 kill-node      mini-cluster only: SIGKILL the node's slurmd, every process of the job
                on that node (its slurmstepds, the agent, the workers), and wipe the
                node's shared-memory and local checkpoint directories of the job
+sdc            silent data corruption on one node (nan_faults.py); ``nan --mode data``
+               is a poisoned sample that returns on every replay (nan_faults.py)
 =============  ===================================================================
 
 Each injection is recorded in ``<run_dir>/inject/<time>-<fault>.json`` (its time is the

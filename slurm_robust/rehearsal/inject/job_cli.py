@@ -1,4 +1,4 @@
-"""``slurm-robust inject {kill-worker,stop-worker,nan,kill-node,slow-worker} --job J``.
+"""``slurm-robust inject {kill-worker,stop-worker,nan,kill-node,slow-worker,sdc} --job J``.
 
 Registered by ``slurm_robust.cli.inject`` (``register(subparsers)``); the work is done by
 :mod:`slurm_robust.rehearsal.inject.job`.
