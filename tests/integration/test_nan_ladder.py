@@ -13,7 +13,13 @@ import sys
 import pytest
 
 from slurm_robust.slurm import Slurm
-from tests.integration.test_launcher_faults import EXAMPLE, NODES, STEPS, runs  # noqa: F401
+from tests.integration.test_launcher_faults import (  # noqa: F401
+    EXAMPLE,
+    NODES,
+    STEPS,
+    _return_node,
+    runs,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -90,3 +96,4 @@ def test_sdc_node_failing_the_bitwise_test_is_evicted(runs, minicluster):  # noq
     verdicts = run.paths.verdicts.read_text()
     assert victim in verdicts and "bitwise reference test" in verdicts
     assert end["params_sha256"] == standalone_sha()
+    _return_node(minicluster, run, victim)  # the verdict drains it: back for the next test
