@@ -22,6 +22,7 @@ from slurm_robust.analysis import incidents as inc_mod
 from slurm_robust.analysis.fleet import FleetView, fleet_view
 from slurm_robust.analysis.frames import LoadIssues
 from slurm_robust.analysis.loaders import RunLog, load_health, load_run_dirs, load_verdicts
+from slurm_robust.analysis.nan import nan_by_resolution
 from slurm_robust.analysis.nodes import node_table, repeat_offenders
 from slurm_robust.analysis.slurm_text import (
     parse_node_events,
@@ -80,6 +81,7 @@ class Analysis:
             "by_category": _counts(inc["category"], CATEGORIES),
             "by_class": _counts(inc["class"], ()),
             "by_rung": _counts(inc["rung"], RUNGS),
+            "nan_by_resolution": _nonzero(nan_by_resolution(inc)),
             "mean_time_to_detect_s": _mean(inc["time_to_detect"]),
             "mean_time_to_localize_s": _mean(inc["time_to_localize"]),
             "mean_time_to_recover_s": _mean(inc["time_to_recover"]),
@@ -90,6 +92,12 @@ class Analysis:
         if self.fleet is not None:
             out["fleet"] = self.fleet.headline()
         return _json_ready(out)
+
+
+def _nonzero(table: pd.DataFrame) -> dict[str, int]:
+    """resolution -> count, the resolutions that occurred (issue 15)."""
+    return {str(r): int(c) for r, c in zip(table["resolution"], table["count"], strict=True)
+            if c}
 
 
 def load_inputs(run_dirs: Sequence[str | os.PathLike[str]],

@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from slurm_robust.analysis.nan import nan_by_resolution
 from slurm_robust.analysis.pipeline import Analysis
 from slurm_robust.analysis.plots import draw_all
 from slurm_robust.records import write_json_atomic
@@ -79,6 +80,10 @@ def sections(an: Analysis) -> list[tuple[str, str, pd.DataFrame | None]]:
         ("Incidents by category", "", an.by_category),
         ("Incidents by class", "ByteRobust Table 1 taxonomy; times in seconds.", an.by_class),
         ("Incidents by resolution", "in_place restart, spare node, requeue, stop.", an.by_rung),
+        ("NaN incidents by resolution", "The NaN ladder: reattempt (restore and replay), "
+         "rollback (it moved: suspected SDC), skip or stop (it came back: data or model), "
+         "replay, evict (bitwise test); mean seconds per stage.",
+         nan_by_resolution(an.incidents)),
         ("Incidents", "", an.incidents[[c for c in INCIDENT_COLUMNS
                                         if c in an.incidents.columns]]),
         ("Nodes", "Repeat offender: named by >= 2 separate faults by one source.",

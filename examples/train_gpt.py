@@ -83,6 +83,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--progress-file", default=None,
                    help="standalone only: rank 0 appends 'STEP UNIXTIME' after each step "
                         "(how the plain-Slurm baseline of `bench recovery` follows a run)")
+    p.add_argument("--skip-steps", default="",
+                   help="comma-separated steps (1-based, as reported) whose batch is skipped: "
+                        "the fault-free twin of a run whose --nan-policy skip dropped them")
     p.add_argument("--events", default=None,
                    help="standalone only: event log to write run_end into")
     return p.parse_args(argv)
@@ -135,8 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     elif not run.robust:
         start = load_own_checkpoint(args, model, opt, sched)
     params = list(model.parameters())
+    skip = {int(s) for s in args.skip_steps.split(",") if s}
     for step in range(start, args.steps):
         t0 = time.time()
+        if step + 1 in skip or run.should_skip(step + 1):
+            # A batch dropped by the NaN policy: no update, the position moves on.
+            run.step_end(step + 1, None, None, model, opt, sched, data_position=step + 1)
+            continue
         if args.bug_at_step is not None and step + 1 == args.bug_at_step:
             _ = "step " + (step + 1)  # the deliberate user-code error: str + int
         if args.cuda_fault and step + 1 == args.cuda_fault_at and \
@@ -149,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
             loss = model.loss(data)
             opt.zero_grad(set_to_none=False)
             loss.backward()
+        # This rank's own loss and gradients, before the all-reduce spreads a NaN: the
+        # incident then names the rank where it began.
+        run.local_check(step + 1, loss, params, data_position=step)
         average_gradients(params, run.world_size)
         grad_norm = float(nn.utils.clip_grad_norm_(params, 1.0))
         run.before_update()

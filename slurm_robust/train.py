@@ -7,8 +7,12 @@ Usage (see examples/train_gpt.py)::
     run = train.init()                          # torch.distributed from the env, rank layout
     start = run.restore(model, optimizer)       # steps already done (0 on a fresh start)
     for step in range(start, total_steps):
+        if run.should_skip(step + 1):           # the user's NaN policy dropped this batch
+            run.step_end(step + 1, None, None, model, optimizer, data_position=step + 1)
+            continue
         with run.busy():                        # optional: this rank's own compute
             loss = compute_loss(batch(step)); loss.backward()
+        run.local_check(step + 1, loss, model.parameters(), data_position=step)
         average_gradients()
         run.before_update()                     # the previous snapshot's copy is done
         optimizer.step()
@@ -37,9 +41,17 @@ launcher) works too: ``restore`` returns 0 and ``step_end`` only checks values; 
 script then keeps its own checkpoints. ``finish(events_path=...)`` writes a ``run_end``
 event itself in that case.
 
+``local_check`` (optional, before the gradient collective) looks at this rank's own loss
+and grad norm, so a NaN incident names the rank where the value first appeared, not the
+first rank to report it (launcher/node/nan_local.py); without it the origin is unknown
+and the incident blames no node. ``should_skip(step)`` is true for a batch the user's
+``--nan-policy skip`` dropped after a NaN came back on replay.
+
 Fault injection (``slurm-robust inject nan``) sends SIGUSR1: the handler installed by
 ``init`` poisons one parameter with NaN right after the next snapshot's copy finished,
-so the following step really produces a non-finite loss.
+so the following step really produces a non-finite loss. ``inject nan --mode data`` and
+``inject sdc`` write ``<run_dir>/nan/poison.json``/``sdc.json`` first; the same signal
+then makes the worker reload them (``local_check`` corrupts the gradients they name).
 """
 
 from __future__ import annotations
@@ -96,6 +108,11 @@ class RobustRun:
     data_position: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
     _stateful: dict[str, Any] = field(default_factory=dict)
+    #: This rank's last local_check: {"step", "local", ...} (issue 15, NaN origin).
+    _local: dict[str, Any] | None = None
+    _rehearsal: Any = None
+    #: Steps whose batch the NaN policy ``skip`` dropped (read at init).
+    skip_steps: frozenset[int] = frozenset()
 
     @property
     def robust(self) -> bool:
@@ -171,6 +188,33 @@ class RobustRun:
         finally:
             self._busy_s = (self._busy_s or 0.0) + time.monotonic() - start
 
+    def should_skip(self, step: int) -> bool:
+        """Whether the launcher asked to skip the batch of ``step`` (numbered as in
+        ``step_end``): a NaN that came back on replay under ``--nan-policy skip``."""
+        return step in self.skip_steps
+
+    def local_check(self, step: int, loss: Any, params: Any,
+                    data_position: Any = None) -> None:
+        """Before the gradient collective: note whether this rank's own loss or local
+        grad norm is non-finite (the NaN's origin). ``step`` is numbered as in
+        ``step_end``; ``data_position`` (the batch's position) goes into the anomaly."""
+        from slurm_robust.launcher.node import nan_local
+
+        params = list(params)
+        fault = self._rehearsal.corrupts(step, self.attempt) if self._rehearsal else None
+        if fault is not None:
+            nan_local.corrupt_gradients(params)
+            print(f"slurm_robust: rehearsal {fault}: corrupted rank {self.rank}'s gradients "
+                  f"at step {step}", file=sys.stderr, flush=True)
+        if hasattr(loss, "detach"):
+            loss = loss.detach()
+        value = None if loss is None else float(loss)
+        norm = nan_local.local_grad_norm(params)
+        name = nan_local.non_finite(value, norm)
+        self._local = {"step": step, "local": name is not None, "local_name": name,
+                       "local_loss": str(value), "local_grad_norm": str(norm),
+                       "data_position": data_position}
+
     def before_update(self) -> None:
         """Call before the optimizer step: waits until the last snapshot's copy has
         read the state (the only point where training waits for the checkpoint)."""
@@ -194,6 +238,11 @@ class RobustRun:
             if value is not None:
                 history.append(float(value))
                 del history[:-64]
+        local = self._local if self._local and self._local["step"] == step else None
+        if local is not None and local["local"]:
+            # Non-finite here although the reported values are finite (a script that
+            # masks them): still a NaN, and this rank is its origin.
+            self._abort("nan", str(local["local_name"]), step, None)
         if self._mgr is not None and model is not None:
             from slurm_robust import ckpt  # lazy: torch, only in a robust worker
 
@@ -243,8 +292,13 @@ class RobustRun:
     def _abort(self, anomaly: str, name: str, step: int, value: float | None) -> None:
         msg = f"slurm_robust: {anomaly}: {name} is {value} at step {step}"
         print(msg, file=sys.stderr, flush=True)
-        self._report({"kind": "anomaly", "what": anomaly, "name": name, "step": step,
-                      "value": str(value)})
+        item = {"kind": "anomaly", "what": anomaly, "name": name, "step": step,
+                "value": str(value)}
+        local = self._local
+        if local is not None and local["step"] == step:
+            # Origin evidence (issue 15): whether this rank had it before the collective.
+            item.update({k: v for k, v in local.items() if k != "step"})
+        self._report(item)
         if self._mgr is not None:
             # Let the snapshots already taken complete, so the restart finds them.
             self._mgr.flush(timeout=30.0)
@@ -253,7 +307,17 @@ class RobustRun:
     def _apply_poison(self, model: Any) -> None:
         import torch
 
+        from slurm_robust.launcher.node import nan_local
+
         self._poison = False
+        rehearsal = nan_local.load_rehearsal(self.run_dir, self.rank, self.node)
+        if rehearsal.ids != getattr(self._rehearsal, "ids", ()):
+            # `inject nan --mode data` / `inject sdc` wrote its file before signalling:
+            # local_check applies it; the parameters stay clean.
+            self._rehearsal = rehearsal
+            print(f"slurm_robust: rehearsal faults now {rehearsal}", file=sys.stderr,
+                  flush=True)
+            return
         if self._mgr is not None:
             self._mgr.wait()  # the snapshot just taken must not read the poison
         with torch.no_grad():
@@ -294,6 +358,21 @@ def init(backend: str | None = None, timeout_s: float = 1800.0) -> RobustRun:
         run._progress_fd = os.open(progress, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     if run.run_dir:
         install_stack_dump_handler(os.path.join(run.run_dir, DEFAULT_TEMPLATE))
+        from slurm_robust.launcher.node import nan_local
+
+        run.skip_steps = nan_local.skipped_steps(run.run_dir)
+        run._rehearsal = nan_local.load_rehearsal(run.run_dir, rank, run.node)
+        request = nan_local.bitwise_request(run.run_dir, run.attempt)
+        if request is not None:
+            # Every rank of this attempt runs it now, at once (issue 15): the controller
+            # compares the digests bit for bit and evicts a node that differs.
+            from slurm_robust.launcher.node.reference_step import reference_digest
+
+            t0 = time.monotonic()
+            digest = reference_digest(f"cuda:{local_rank}" if backend == "nccl" else "cpu",
+                                      corrupt=run._rehearsal.sdc_bitwise)
+            run._report({"kind": "bitwise", "id": request, "digest": digest,
+                         "seconds": round(time.monotonic() - t0, 4), "t": time.time()})
 
     def _poison(signum: int, frame: Any) -> None:
         run._poison = True

@@ -25,7 +25,7 @@ HELP = "inject faults: node probe values, or real faults in a running robust job
 FAMILIES: dict[str, tuple[str, ...]] = {
     "slurm_robust.rehearsal.inject.probes_cli": ("probe", "clear"),
     "slurm_robust.rehearsal.inject.job_cli": (
-        "kill-worker", "stop-worker", "nan", "kill-node", "slow-worker"),
+        "kill-worker", "stop-worker", "nan", "kill-node", "slow-worker", "sdc"),
     "slurm_robust.rehearsal.inject.network_cli": ("partition", "link-slow"),
 }
 

@@ -83,6 +83,9 @@ class RunConfig:
             run's working directory); None: always from the first restart on.
         auto_steps: run a Python command under ``python -m slurm_robust.autosteps`` (an
             optimizer step hook reports steps; see slurm_robust/autosteps.py).
+        nan_policy: a NaN that comes back at the same step and origin after a replay is
+            the data or the model: ``stop`` the run with a verdict, or ``skip`` that
+            batch and continue (control/nan_ladder.py).
     """
 
     command: tuple[str, ...]
@@ -121,6 +124,7 @@ class RunConfig:
     resume_args: tuple[str, ...] = ()
     resume_if_exists: str | None = None
     auto_steps: bool = False
+    nan_policy: str = "stop"
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -160,6 +164,8 @@ class RunConfig:
         if self.stack_method not in ("auto", "py-spy", "faulthandler"):
             raise UsageError(f"stack_method {self.stack_method!r}: use auto, py-spy "
                              "or faulthandler")
+        if self.nan_policy not in ("stop", "skip"):
+            raise UsageError(f"nan_policy {self.nan_policy!r}: use stop or skip")
         self.fail_slow_options()  # raises UsageError on bad thresholds
 
     def fail_slow_options(self) -> FailSlowOptions:

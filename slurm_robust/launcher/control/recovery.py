@@ -32,11 +32,18 @@ from typing import Any, Protocol
 
 from slurm_robust.ckpt.config import TIERS
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.control import accounting, blame, failslow
+from slurm_robust.launcher.control import accounting, bitwise, blame, failslow
 from slurm_robust.launcher.control import monitor as node_monitor
 from slurm_robust.launcher.control.events import EventLog, last_logged_step, make_incident
 from slurm_robust.launcher.control.failover import StoodDown, Takeover
 from slurm_robust.launcher.control.metrics import RunMetrics
+from slurm_robust.launcher.control.nan_ladder import (
+    NAN_SETTLE_S,
+    NanLadder,
+    NanPolicy,
+    attribute,
+    write_skips,
+)
 from slurm_robust.launcher.control.policy import (
     Decision,
     LadderInput,
@@ -161,6 +168,10 @@ class Generation:
     capture_deadline: float = 0.0
     announced: bool = False
     diagnosis: PendingDiagnosis | None = None
+    #: Each rank's anomaly line (issue 15: where a NaN began).
+    anomalies: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: Each rank's bitwise reference digest, when this attempt was asked for one.
+    bitwise: dict[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.last_progress = self.last_progress or self.started_at
@@ -209,6 +220,8 @@ class Recovery:
         self.term = 0
         self.superseded: Callable[[], bool] = lambda: False
         self.takeover: Takeover | None = None
+        self.nan = NanLadder(NanPolicy(cfg.nan_policy))  # issue 15
+        self.bitwise_req: bitwise.BitwiseRequest | None = None
 
     # ------------------------------------------------------------------ read side
     @property
@@ -315,6 +328,8 @@ class Recovery:
             # The others wait: exits of the stopped generation are not new incidents.
             self._check_diagnosis(gen, now)
             return
+        if self._bitwise_tick(gen, now):  # issue 15: before a NaN of the faulty node
+            return
         active = {r for i in gen.slots for r in self.ranks_of(i)}
         if active and active <= gen.succeeded:
             self.finish(RunStatus.COMPLETED, None)
@@ -371,6 +386,12 @@ class Recovery:
             gen.restored[rank] = (item.step, item.tier)
         elif item.kind is ProgressKind.FINAL:
             gen.finals[rank] = item
+        elif item.kind is ProgressKind.ANOMALY:
+            gen.anomalies[rank] = {**item.extra, "step": item.step}
+        elif item.kind is ProgressKind.BITWISE:
+            req = self.bitwise_req
+            if req is not None and item.extra.get("id") == req.id:
+                gen.bitwise[rank] = str(item.extra.get("digest"))
         elif item.kind is ProgressKind.STEP and item.step is not None:
             step = item.step
             busy = failslow.busy_of({"busy_s": item.busy_s})
@@ -399,6 +420,7 @@ class Recovery:
         loss = sum(losses) / len(losses) if losses else None
         grad_norm = max(norms) if norms else None
         self.state.last_step = step
+        self.nan.on_step(step)
         if self.metrics is not None:
             self.metrics.on_step(step, step_time, t_done)
         opened = self.state.open_incident is not None
@@ -530,6 +552,11 @@ class Recovery:
             return
         else:
             root = min(gen.failures, key=lambda f: f.exit.time)
+        if root.exit.cls == IncidentClass.NAN:  # issue 15: the NaN ladder
+            if self._nan_settling(gen, primary, now):
+                return
+            self._handle_nan(gen, root, first_seen, now)
+            return
         incident = self._incident_from_failure(gen, root, first_seen)
         # --- issue 13 call site: unclear side, nobody blamed -> stop-time diagnosis -----
         if self._wants_diagnosis(root):
@@ -554,9 +581,91 @@ class Recovery:
                              fault_time=ex.time, nodes=[root.node], ranks=[ex.rank],
                              last_step=st.last_step, evidence=evidence)
 
+    # ------------------------------------------------------------------ NaN (issue 15)
+    def _nan_settling(self, gen: Generation, primary: list[Failure], now: float) -> bool:
+        """Wait (up to NAN_SETTLE_S) until every active rank's anomaly line is in: the
+        origin's may come in a later report than the first reporter's."""
+        active = {r for i in gen.slots for r in self.ranks_of(i)}
+        first = min(f.seen for f in primary)
+        return not active <= set(gen.anomalies) and now - first < NAN_SETTLE_S
+
+    def _handle_nan(self, gen: Generation, root: Failure, detected: float,
+                    now: float) -> None:
+        """A NaN: name its origin, not the first reporter, and take the NaN ladder."""
+        rank_nodes = [self.members[i].node for i in gen.slots
+                      for _ in range(self.cfg.workers_per_node)]
+        origin = attribute(gen.anomalies, rank_nodes)
+        step = self.nan.decide(origin, now)
+        prev = self.state.open_incident
+        if prev is not None and prev.get("restored_step") is None:
+            # The replay failed before finishing a step: the restore itself happened.
+            prev["restored_step"], prev["restore_tier"] = restored_of(gen)
+        incident = self._incident_from_failure(gen, root, detected)
+        reporters = sorted(gen.anomalies)
+        incident.update(nodes=sorted(set(origin.nodes)), ranks=list(origin.ranks))
+        incident["evidence"]["nan"] = {**origin.to_json(), "resolution": step.resolution,
+                                       "verdict": step.verdict, "reason": step.reason,
+                                       "replay_s": step.replay_s,
+                                       "first_reporter": {"rank": root.exit.rank,
+                                                          "node": root.node},
+                                       "reporting_ranks": reporters}
+        override = Decision(Rung.STOP if step.resolution == "stop" else Rung.IN_PLACE,
+                            step.reason)
+        if step.skip_step is not None:
+            write_skips(self.cfg.run_dir, self.nan.skipped)
+        if step.verdict != "data_or_model":
+            # The replaying attempt's ranks all run the reference step at their start:
+            # milliseconds, so it is asked with the reattempt rather than after a second
+            # failure; a node that computes it wrongly is faulty whatever the NaN was.
+            self.bitwise_req = bitwise.request(self.cfg.run_dir, self.state.attempt + 1,
+                                               incident, now)
+            incident["evidence"]["nan"]["bitwise"] = {"requested": self.bitwise_req.id}
+        # No node is blamed for a NaN here (nodes=[]): only a failed bitwise test may
+        # evict one; no signature either, the NaN ladder replaces the repeat rule.
+        self._handle(gen, incident, None, [], now, override=override)
+
+    def _bitwise_tick(self, gen: Generation, now: float) -> bool:
+        """Compare the bitwise digests once every active rank sent one (or the wait is
+        over); a node that differs is evicted as the NaN incident's resolution."""
+        req = self.bitwise_req
+        if req is None or self._phase is not Phase.RUNNING or gen.attempt < req.attempt:
+            return False
+        if gen.attempt > req.attempt:
+            self.bitwise_req = None  # that attempt ended before answering
+            return False
+        active = {r for i in gen.slots for r in self.ranks_of(i)}
+        complete = active <= set(gen.bitwise)
+        if not complete and now - req.asked_at < bitwise.BITWISE_WAIT_S:
+            return False
+        self.bitwise_req = None
+        rank_nodes = [self.members[i].node for i in gen.slots
+                      for _ in range(self.cfg.workers_per_node)]
+        result = bitwise.compare({r: d for r, d in gen.bitwise.items() if r in active},
+                                 rank_nodes)
+        incident = req.incident
+        nan_ev = incident["evidence"]["nan"]
+        nan_ev["bitwise"] = {**nan_ev.get("bitwise", {}), **result.evidence,
+                             "complete": complete, "seconds": round(now - req.asked_at, 3)}
+        if result.passed:
+            return False  # all agree: dual-phase replay would come next (not built yet)
+        open_inc = self.state.open_incident
+        if open_inc is not None and open_inc.get("incident") == incident["incident"]:
+            self.state.open_incident = None  # the same incident, now resolved by eviction
+        else:
+            self.state.incidents += 1
+            incident = {**incident, "incident": f"i{self.state.incidents}",
+                        "recovered_at": None, "restored_step": None, "steps_lost": None}
+        incident["evidence"]["nan"]["resolution"] = "evict"
+        incident["localized_at"] = now
+        reason = (f"bitwise reference test: {', '.join(result.differing)} differ(s) from "
+                  f"the other nodes' digest {result.reference and result.reference[:16]}")
+        self._handle(gen, incident, None, list(result.differing), now, evict=reason)
+        return True
+
     def _handle(self, gen: Generation, incident: dict[str, Any], signature: str | None,
                 nodes: list[str], now: float, evict: str | None = None, *,
-                diagnosed_repeat: bool = False, diagnosis_failed: bool = False) -> None:
+                diagnosed_repeat: bool = False, diagnosis_failed: bool = False,
+                override: Decision | None = None) -> None:
         """Run the ladder for one incident and apply the decision. ``evict`` (a monitor's
         fatal finding, issue 14): ``nodes`` are blamed whatever the class, and the text
         (the check and its evidence) goes into the decision's reason and the verdict.
@@ -584,6 +693,8 @@ class Recovery:
             signature_seen=st.signatures.get(signature or "", 0),
             no_progress=st.no_progress, max_no_progress=self.cfg.max_no_progress,
             diagnosed_repeat=diagnosed_repeat))
+        if override is not None and decision.rung is Rung.IN_PLACE:
+            decision = override  # the NaN ladder's call, unless a budget already stops
         if evict:
             decision = dataclasses.replace(decision, reason=f"{decision.reason}; {evict}")
         if signature:

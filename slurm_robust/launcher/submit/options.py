@@ -60,6 +60,9 @@ def add_robust_options(p: argparse.ArgumentParser) -> None:
                         "time (default 1.5)")
     p.add_argument("--no-fail-slow", action="store_true",
                    help="turn fail-slow detection off")
+    p.add_argument("--nan-policy", choices=("stop", "skip"), default=None,
+                   help="a NaN that returns at the same step and rank after a replay is the "
+                        "data or the model: stop with a verdict (default) or skip that batch")
     p.add_argument("--drain", action="store_true",
                    help="also drain blamed nodes directly (Slurm operators only)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -80,7 +83,8 @@ def build_config(args: argparse.Namespace, nodes: int, gpus_per_node: int | None
                       ("heartbeat_timeout", "heartbeat_timeout_s"),
                       ("fail_slow_interval", "fail_slow_interval_s"),
                       ("fail_slow_factor", "fail_slow_factor"),
-                      ("workers_per_node", "workers_per_node")):
+                      ("workers_per_node", "workers_per_node"),
+                      ("nan_policy", "nan_policy")):
         value = getattr(args, flag)
         if value is not None:
             values[key] = value

@@ -14,6 +14,8 @@ slow-worker    SIGSTOP/SIGCONT duty cycle on one worker for ``duration`` seconds
 kill-node      mini-cluster only: SIGKILL the node's slurmd, every process of the job
                on that node (its slurmstepds, the agent, the workers), and wipe the
                node's shared-memory and local checkpoint directories of the job
+sdc            silent data corruption on one node (nan_faults.py); ``nan --mode data``
+               is a poisoned sample that returns on every replay (nan_faults.py)
 =============  ===================================================================
 
 Each injection is recorded in ``<run_dir>/inject/<time>-<fault>.json`` (its time is the
@@ -38,7 +40,7 @@ from slurm_robust.records import write_json_atomic
 from slurm_robust.slurm import Slurm, SlurmCommandError
 from slurm_robust.stacks import procfs
 
-FAULTS = ("kill-worker", "stop-worker", "nan", "kill-node", "slow-worker")
+FAULTS = ("kill-worker", "stop-worker", "nan", "kill-node", "slow-worker", "sdc")
 
 
 def pick_worker(run_dir: str, node: str | None, rank: int | None,
@@ -79,13 +81,28 @@ def check_pid(pid: int, job_id: str) -> None:
 
 def inject(fault: str, job_id: str, node: str | None = None, rank: int | None = None,
            run_dir: str | None = None, duration_s: float = 10.0,
-           period_s: float = 0.2) -> dict[str, Any]:
+           period_s: float = 0.2, mode: str = "param", probability: float = 0.1,
+           bitwise: bool = False) -> dict[str, Any]:
     """Inject ``fault`` into job ``job_id``; returns what was done (also recorded)."""
     if fault not in FAULTS:
         raise InjectionError(f"unknown fault {fault!r}; choose from {', '.join(FAULTS)}")
     run_dir = run_dir or resolve_run_dir(job_id)
     now = time.time()
-    if fault == "kill-node":
+    if fault == "sdc" or (fault == "nan" and mode == "data"):  # issue 15
+        from slurm_robust.rehearsal.inject import nan_faults
+
+        def mine(pid: int) -> bool:
+            return _belongs(pid, job_id)
+
+        if fault == "sdc":
+            if node is None:
+                raise InjectionError("sdc needs --node")
+            extra = nan_faults.inject_sdc(job_id, run_dir, node, probability, bitwise, mine)
+        else:
+            wnode, wrank, _ = pick_worker(run_dir, node, rank, job_id)
+            extra = nan_faults.inject_data_nan(job_id, run_dir, wrank, wnode, mine)
+        record = {"fault": fault, "job_id": job_id, "time": now, **extra}
+    elif fault == "kill-node":
         if node is None:
             node, _, _ = pick_worker(run_dir, None, rank, job_id)
         record = {"fault": fault, "job_id": job_id, "node": node, "time": now,

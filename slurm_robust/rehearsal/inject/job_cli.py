@@ -1,4 +1,4 @@
-"""``slurm-robust inject {kill-worker,stop-worker,nan,kill-node,slow-worker} --job J``.
+"""``slurm-robust inject {kill-worker,stop-worker,nan,kill-node,slow-worker,sdc} --job J``.
 
 Registered by ``slurm_robust.cli.inject`` (``register(subparsers)``); the work is done by
 :mod:`slurm_robust.rehearsal.inject.job`.
@@ -19,6 +19,8 @@ HELPS = {
     "kill-node": "mini-cluster: kill a node's slurmd and the job's processes on it, wipe "
                  "its local checkpoint dirs",
     "slow-worker": "slow one worker down (SIGSTOP/SIGCONT duty cycle) for --duration s",
+    "sdc": "silent data corruption on --node: its gradients go NaN at random steps "
+           "(a new draw per attempt, so the NaN moves between replays)",
 }
 
 
@@ -37,6 +39,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             p.add_argument("--period", type=float, default=0.2,
                            help="seconds per stop/continue cycle; keep it well below a "
                                 "step's compute time so every step is slowed alike")
+        if fault == "nan":
+            p.add_argument("--mode", choices=("param", "data"), default="param",
+                           help="param: poison a parameter once (default); data: a "
+                                "poisoned sample a few steps ahead, back on every replay")
+        if fault == "sdc":
+            p.add_argument("--probability", type=float, default=0.1,
+                           help="chance per step that the node corrupts a gradient")
+            p.add_argument("--bitwise", action="store_true",
+                           help="the node also fails the bitwise reference test")
         p.add_argument("--json", action="store_true")
         p.set_defaults(_inject=_run_fault, _fault=fault)
 
@@ -45,11 +56,14 @@ def _run_fault(args: argparse.Namespace) -> int:
 
     record = inject(args._fault, check_job_id(args.job), node=args.node, rank=args.rank,
                     run_dir=args.run_dir, duration_s=getattr(args, "duration", 10.0),
-                    period_s=getattr(args, "period", 0.2))
+                    period_s=getattr(args, "period", 0.2),
+                    mode=getattr(args, "mode", "param"),
+                    probability=getattr(args, "probability", 0.1),
+                    bitwise=getattr(args, "bitwise", False))
     if args.json:
         print(json.dumps(record, indent=2))
     else:
-        where = f"rank {record['rank']} (pid {record['pid']}) on {record['node']}" \
+        where = f"rank {record['rank']} (pid {record.get('pid')}) on {record['node']}" \
             if "rank" in record else f"node {record['node']}"
         print(f"injected {args._fault} into job {args.job}: {where}")
     return 0

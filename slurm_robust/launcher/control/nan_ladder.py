@@ -1,0 +1,174 @@
+"""The NaN ladder (ByteRobust section 4): where a NaN began, and what to do about it.
+
+Attribution: every rank's ``anomaly`` line says whether the non-finite value was in its
+own loss or local grad norm before the gradient collective (``local``, written by
+``RobustRun.local_check``). The origin is the rank(s) that had it locally at the earliest
+step; no such rank (the script does not call ``local_check``, or the value appeared only
+after the collective) is "origin unknown", and then no node is named.
+
+The ladder, one decision per NaN incident (:meth:`NanLadder.decide`):
+
+1. ``reattempt``: the first NaN restores the last good step and replays the same batches
+   (the data is a function of the step, so the replay is exact).
+2. The NaN returns at the same step with the same origin: the data or the model. The
+   user's policy applies: ``stop`` ends the run with a verdict naming the step and the
+   data position, ``skip`` drops that batch (``<run_dir>/nan/skip.json``, read by the
+   workers) and replays again. No node is blamed either way.
+3. It returns elsewhere (another step or origin): silent data corruption is suspected
+   and the run rolls back again (``rollback``).
+
+The bitwise reference test (control/bitwise.py) runs at the start of every replaying
+attempt (reattempt and rollback: it costs milliseconds, so it is not held back until a
+second failure); a node whose digest differs is evicted (``evict``) whatever the NaN
+was. Dual-phase replay, for corruption the bitwise test does not show, is not built.
+
+A replay that passes the NaN's step closes the episode (:meth:`NanLadder.on_step`).
+Pure but for :func:`write_skips`; recovery.py applies the decisions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from slurm_robust.launcher.node.nan_local import NAN_FILES_VERSION, SKIP_FILE, nan_dir
+from slurm_robust.records import write_json_atomic
+
+#: Longest wait after the first NaN exit for every rank's anomaly line (the origin's may
+#: come in a later agent report than the first reporter's).
+NAN_SETTLE_S = 2.0
+
+
+class NanPolicy(StrEnum):
+    """What to do with a NaN that comes back on replay (the data or the model)."""
+
+    STOP = "stop"
+    SKIP = "skip"
+
+
+class NanResolution(StrEnum):
+    """How one NaN incident was resolved (``evidence.nan.resolution``)."""
+
+    REATTEMPT = "reattempt"  # restore the last good step, replay the same batches
+    STOP = "stop"            # it came back at the same place: stopped (policy stop)
+    SKIP = "skip"            # it came back at the same place: that batch skipped
+    ROLLBACK = "rollback"    # it came back elsewhere (suspected SDC): rolled back again
+    REPLAY = "replay"        # dual-phase replay located a node (not in this build)
+    EVICT = "evict"          # a node failed the bitwise test (not in this build)
+
+
+@dataclass(frozen=True)
+class NanOrigin:
+    """Where a NaN first appeared: the ranks (and their nodes) that had it locally at
+    ``step``; empty ``ranks`` is "origin unknown" with ``reason`` saying why."""
+
+    step: int | None
+    ranks: tuple[int, ...] = ()
+    nodes: tuple[str, ...] = ()
+    data_position: Any = None
+    reason: str = ""
+
+    @property
+    def known(self) -> bool:
+        return bool(self.ranks)
+
+    def describe(self) -> str:
+        if not self.known:
+            return "origin unknown"
+        return ", ".join(f"{n} rank {r}" for r, n in zip(self.ranks, self.nodes, strict=True))
+
+    def same_place(self, other: NanOrigin) -> bool:
+        return self.step == other.step and self.ranks == other.ranks
+
+    def to_json(self) -> dict[str, Any]:
+        return {"origin": self.describe(), "origin_ranks": list(self.ranks),
+                "origin_nodes": sorted(set(self.nodes)), "step": self.step,
+                "data_position": self.data_position, "origin_reason": self.reason}
+
+
+def attribute(anomalies: Mapping[int, Mapping[str, Any]],
+              rank_nodes: Sequence[str]) -> NanOrigin:
+    """The origin from each rank's ``anomaly`` line (rank -> its fields)."""
+    nans = {r: a for r, a in anomalies.items() if a.get("what") == "nan"}
+    steps = [a["step"] for a in nans.values() if isinstance(a.get("step"), int)]
+    first = min(steps) if steps else None
+    local = {r: a for r, a in nans.items() if a.get("local") is True
+             and isinstance(a.get("step"), int)}
+    if not local:
+        checked = bool(nans) and all(a.get("local") is False for a in nans.values())
+        reason = ("every reporting rank was finite before the collective: the value "
+                  "appeared in or after it" if checked else
+                  "no rank checked its own values before the collective "
+                  "(run.local_check not called)" if nans else "no anomaly line arrived")
+        return NanOrigin(first, reason=reason)
+    step = min(a["step"] for a in local.values())
+    ranks = tuple(sorted(r for r, a in local.items() if a["step"] == step))
+    nodes = tuple(rank_nodes[r] if 0 <= r < len(rank_nodes) else "?" for r in ranks)
+    return NanOrigin(step, ranks, nodes, local[ranks[0]].get("data_position"),
+                     f"non-finite {local[ranks[0]].get('local_name')} before the collective")
+
+
+@dataclass(frozen=True)
+class NanStep:
+    """One NaN incident's resolution, its reason, and the batch to skip (if any)."""
+
+    resolution: NanResolution
+    reason: str
+    verdict: str | None = None   # "data_or_model" / "sdc_suspected"
+    skip_step: int | None = None
+    replay_s: float | None = None  # time from the previous NaN incident (one replay)
+
+
+@dataclass
+class NanLadder:
+    """The NaN episode of a run: the previous incident's origin awaiting its replay."""
+
+    policy: NanPolicy = NanPolicy.STOP
+    last: NanOrigin | None = None
+    last_at: float | None = None
+    skipped: list[int] = field(default_factory=list)
+
+    def decide(self, origin: NanOrigin, now: float | None = None) -> NanStep:
+        now = time.time() if now is None else now
+        prev, prev_at = self.last, self.last_at
+        replay_s = None if prev_at is None else round(now - prev_at, 3)
+        self.last, self.last_at = origin, now
+        where = f"step {origin.step} (data position {origin.data_position}), " \
+                f"{origin.describe()}"
+        if prev is None:
+            return NanStep(NanResolution.REATTEMPT, f"NaN at {where}: restoring the last "
+                           "good step and replaying the same batches")
+        if origin.same_place(prev):
+            if self.policy is NanPolicy.SKIP and origin.step is not None:
+                self.skipped.append(origin.step)
+                self.last = self.last_at = None
+                return NanStep(NanResolution.SKIP, f"NaN came back at {where} after a replay: "
+                               "the data or the model; skipping that batch (--nan-policy "
+                               "skip); no node is blamed", "data_or_model", origin.step,
+                               replay_s)
+            return NanStep(NanResolution.STOP, f"NaN came back at {where} after replaying "
+                           "from the last good step: the data or the model, not a machine; "
+                           "inspect or drop that batch (--nan-policy skip) and resubmit",
+                           "data_or_model", None, replay_s)
+        return NanStep(NanResolution.ROLLBACK, f"NaN moved on replay (before: step "
+                       f"{prev.step}, {prev.describe()}; now {where}): suspected silent "
+                       "data corruption; rolling back again", "sdc_suspected", None,
+                       replay_s)
+
+    def on_step(self, step: int) -> None:
+        """A finished step: a replay that passed the NaN's step ends the episode."""
+        if self.last is not None and self.last.step is not None and step >= self.last.step:
+            self.last = self.last_at = None
+
+
+def write_skips(run_dir: str | Path, steps: Sequence[int]) -> Path:
+    """``<run_dir>/nan/skip.json``: the batches the workers skip from their next start."""
+    path = nan_dir(run_dir) / SKIP_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, {"v": NAN_FILES_VERSION, "steps": sorted(set(steps)),
+                             "time": time.time()}, mode=0o664)
+    return path

@@ -1,0 +1,99 @@
+"""The NaN ladder on the real mini-cluster (issue 15): a poisoned sample
+(`inject nan --mode data`) returns on every replay, so after one replay the run stops
+with a verdict naming the step and the data position (policy stop) or skips that batch
+(policy skip); no node is blamed or drained either way. The skip run's final parameters
+equal a fault-free standalone run that skips the same batch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from slurm_robust.slurm import Slurm
+from tests.integration.test_launcher_faults import (  # noqa: F401
+    EXAMPLE,
+    NODES,
+    STEPS,
+    _return_node,
+    runs,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def standalone_sha(*extra: str) -> str:
+    procs = []
+    for rank in range(NODES):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(NODES), LOCAL_RANK="0",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 200))
+        for var in ("SLURM_ROBUST_PROGRESS", "SLURM_ROBUST_RUN_DIR"):
+            env.pop(var, None)
+        procs.append(subprocess.Popen([sys.executable, str(EXAMPLE), "--steps", str(STEPS),
+                                       *extra], env=env, stdout=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    line = next(ln for ln in outs[0].splitlines() if ln.startswith("params_sha256="))
+    return line.split("=")[1].split()[0]
+
+
+def _data_nan(run) -> tuple[int, str, list[dict]]:
+    run.wait_step(8)
+    injected = run.inject("nan", "--mode", "data", "--rank", str(NODES - 1))
+    end = run.wait_end()
+    incidents = run.events("incident")
+    return injected["poison_step"], injected["node"], [end, *incidents]
+
+
+def _no_node_blamed(run, minicluster) -> None:
+    assert not run.paths.verdicts.exists() or not run.paths.verdicts.read_text().strip()
+    slurm: Slurm = minicluster.slurm
+    for node in ("node1", "node2", "node3", "node4"):
+        assert not slurm.node(node).drained, node
+
+
+def test_data_nan_stops_after_one_replay_naming_step_and_position(runs, minicluster):  # noqa: F811
+    run = runs("nan-data-stop")
+    step, node, (end, *incidents) = _data_nan(run)
+    assert end["status"] == "stopped", run.tail()
+    assert f"step {step} (data position {step - 1})" in end["verdict"]
+    assert f"{node} rank {NODES - 1}" in end["verdict"]
+    assert [i["evidence"]["nan"]["resolution"] for i in incidents] == ["reattempt", "stop"]
+    for inc in incidents:
+        assert inc["nodes"] == [node] and inc["ranks"] == [NODES - 1]
+    assert incidents[0]["restored_step"] == step - 1  # replayed from the last good step
+    _no_node_blamed(run, minicluster)
+
+
+def test_data_nan_skip_policy_matches_a_run_that_skips_the_batch(runs, minicluster):  # noqa: F811
+    run = runs("nan-data-skip", extra=["--nan-policy", "skip"])
+    step, _node, (end, *incidents) = _data_nan(run)
+    assert end["status"] == "completed", run.tail()
+    assert [i["evidence"]["nan"]["resolution"] for i in incidents] == ["reattempt", "skip"]
+    _no_node_blamed(run, minicluster)
+    assert end["params_sha256"] == standalone_sha("--skip-steps", str(step))
+    assert end["params_sha256"] != standalone_sha()
+
+
+def test_sdc_node_failing_the_bitwise_test_is_evicted(runs, minicluster):  # noqa: F811
+    run = runs("sdc-bitwise")
+    run.wait_step(8)
+    node = run.controller_node()
+    victim = next(n for n in ("node3", "node2", "node1") if n != node)
+    run.inject("sdc", "--node", victim, "--probability", "0.25", "--bitwise")
+    end = run.wait_end()
+    assert end["status"] == "completed", run.tail()
+    incidents = run.events("incident")
+    resolutions = [i["evidence"]["nan"]["resolution"] for i in incidents]
+    # The replay after the first NaN runs the bitwise test; the node fails it.
+    assert resolutions[-1] == "evict" and set(resolutions) <= {"reattempt", "evict"}
+    evicted = incidents[-1]
+    assert evicted["rung"] == "spare" and victim in evicted["nodes"]
+    bw = evicted["evidence"]["nan"]["bitwise"]
+    assert bw["differing_nodes"] == [victim] and bw["complete"]
+    verdicts = run.paths.verdicts.read_text()
+    assert victim in verdicts and "bitwise reference test" in verdicts
+    assert end["params_sha256"] == standalone_sha()
+    _return_node(minicluster, run, victim)  # the verdict drains it: back for the next test
