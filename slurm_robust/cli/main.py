@@ -29,6 +29,8 @@ SUBCOMMANDS: dict[str, str] = {
     "submit": "slurm_robust.cli.submit",
     "launch": "slurm_robust.cli.launch",
     "status": "slurm_robust.cli.status",
+    "update": "slurm_robust.cli.update",
+    "changes": "slurm_robust.cli.changes",
     "stacks": "slurm_robust.cli.stacks",
     "report": "slurm_robust.cli.report",
     "bench": "slurm_robust.cli.bench",

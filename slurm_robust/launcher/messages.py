@@ -350,6 +350,12 @@ class Plan(Message):
     exit_code: int | None = None
     purge: bool = False
     diagnose: str | None = None  # a diagnosis id: run launcher/diagnose.py on this node
+    # issue 16 (hot update): the code version's worker command and environment (None:
+    # the run config's), its number, and whether it follows a recorded change.
+    command: list[str] | None = None
+    env: dict[str, str] | None = None
+    code_version: int | None = None
+    code_change: bool = False
 
     def validate(self, where: str) -> None:
         if self.role is Role.EXIT:

@@ -35,6 +35,7 @@ from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import failslow
 from slurm_robust.launcher.control import monitor as node_monitor
 from slurm_robust.launcher.control.events import EventLog, make_incident
+from slurm_robust.launcher.control.hot_update import HotUpdate
 from slurm_robust.launcher.control.metrics import RunMetrics
 from slurm_robust.launcher.control.policy import (
     Decision,
@@ -200,6 +201,8 @@ class Recovery:
         #: Slurm actions started by this owner (in flight or finished), oldest first.
         self.actions: list[SlurmAction] = []
         self._requeue_action: SlurmAction | None = None
+        #: issue 16: the code version the workers run, hot updates and rollbacks.
+        self.hot = HotUpdate(cfg, self.events, clock)
 
     # ------------------------------------------------------------------ read side
     @property
@@ -302,6 +305,11 @@ class Recovery:
             # Before a pending capture: a crash or a lost node during the capture is
             # the better-localized fault, and a lost agent cannot restart in place.
             self._maybe_handle_failures(gen, now)
+        elif self._phase is Phase.RUNNING and \
+                self.hot.tick(self.state.last_step, self._reports_steps(gen), now):
+            # --- issue 16 call site: a hot update at a step boundary, in place --------
+            self.hot.apply_due(self.state.last_step, now)
+            self._begin_generation(gen.slots, now)
         elif self._monitor_tick(gen, now):  # monitor (issue 14)
             pass
         elif self._phase is Phase.DUMPING:
@@ -382,6 +390,7 @@ class Recovery:
                          now=t_done)
         if opened:
             self._resolve_open_incident(gen, step, now)
+        self.hot.on_step(step, restored_of(gen)[0], now)  # issue 16: change downtime
         if now - self.last_persist > 1.0:
             self.persist()
 
@@ -393,6 +402,9 @@ class Recovery:
     def _begin_generation(self, slots: list[int], now: float) -> None:
         """Start a new generation of workers on ``slots`` (agent indices, one per slot)."""
         st = self.state
+        if self.gen is not None or st.attempt >= 0:
+            self.hot.on_restart(st.last_step, now)  # issue 16: a staged version goes now
+        code = self.hot.plan_fields()
         st.attempt += 1
         self.events.attempt = st.attempt
         self.gen_count += 1
@@ -411,7 +423,7 @@ class Recovery:
                                 master_addr=self.members[slots[0]].addr, master_port=port,
                                 rank_nodes=rank_nodes, run_id=st.run_id,
                                 max_restarts=self.cfg.max_restarts, slot=slot,
-                                ranks=list(range(slot * g, (slot + 1) * g)))
+                                ranks=list(range(slot * g, (slot + 1) * g)), **code)
         for index, member in self.members.items():
             if index in slots or member.lost:
                 continue
@@ -496,6 +508,13 @@ class Recovery:
             diagnosed_repeat=diagnosed_repeat))
         if evict:
             decision = dataclasses.replace(decision, reason=f"{decision.reason}; {evict}")
+        # --- issue 16 call site: the new version's own failure rolls it back ----------
+        rolled = self.hot.on_failure(incident["class"], st.last_step, now)
+        if rolled is not None:
+            incident["evidence"]["rollback"] = rolled
+            if decision.rung == Rung.STOP:
+                decision = dataclasses.replace(decision, rung=Rung.IN_PLACE, evict=(),
+                                               reason=f"{decision.reason}; {rolled}")
         if signature:
             st.signatures[signature] = st.signatures.get(signature, 0) + 1
         diag_reason = incident["evidence"].get("diagnosis_reason")
