@@ -69,7 +69,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 #: Options whose value usually starts with a dash (``--resume-args '--init_from=resume'``),
 #: which argparse would take for an option: glued as ``--opt=value`` before parsing.
-DASH_VALUE_OPTIONS = ("--resume-args",)
+DASH_VALUE_OPTIONS = ("--resume-args", "--args")
 
 
 def glue_dash_values(argv: list[str]) -> list[str]:

@@ -15,9 +15,12 @@ hooks) and owns which code version the workers run:
   class (or NaN / loss spike, or the classifier's ``code_data_change``) switches back to
   the previous version before the ladder restarts the workers; a ladder ``stop`` (the
   same user error again) becomes an in-place restart on the previous version;
-- every change is a change-log line (versions.py) and a ``code_change`` event in the
-  run's event log (docs/SCHEMAS.md), with its downtime: request to the first finished
-  step on the new version.
+- every change is a change-log line (versions.py); a change that took effect is also an
+  ``incident`` in the run's event log, class ``code_data_change``, category ``manual``
+  (ByteRobust's manual class), rung ``in_place``, from the request (``fault_time``) to
+  the first finished step on the new version (``recovered_at``) with the steps redone,
+  so the post-mortem counts changes and their downtime like any incident. An automatic
+  rollback is recorded by the failure's own incident (``evidence.rollback``) instead.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from typing import Any
 
 from slurm_robust.launcher import versions as vs
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.control.events import EventLog
+from slurm_robust.launcher.control.events import EventLog, make_incident
+from slurm_robust.launcher.enums import Category, Rung
 from slurm_robust.taxonomy import ROWS, FailureClass, Side, canonical
 
 log = logging.getLogger("slurm_robust.launcher.control.hot_update")
@@ -51,8 +55,11 @@ class Effective:
     applied_step: int | None
     rollback_steps: int
     mode: str
+    who: str = ""
+    message: str = ""
     steps: int = 0
     resumed: bool = False
+    automatic: bool = False  # an automatic rollback: the failure's incident records it
 
 
 class HotUpdate:
@@ -171,7 +178,8 @@ class HotUpdate:
         self.version = self._load(int(req.version or 0))
         self.previous.append(old)
         self.effective = Effective(self.version.number, old, req.requested_at, now,
-                                   last_step, req.rollback_steps, how)
+                                   last_step, req.rollback_steps, how, req.who,
+                                   req.message)
         self._save()
         self._change(vs.ChangeEvent.APPLIED, {
             "version": self.version.number, "from_version": old, "how": how,
@@ -186,7 +194,8 @@ class HotUpdate:
         back = self.previous.pop() if self.previous else 0
         self.version = self._load(back)
         self.effective = Effective(back, bad, requested_at or now, now, last_step, 0,
-                                   "rollback")
+                                   "rollback", message=reason,
+                                   automatic=requested_at is None)
         self._save()
         self._change(vs.ChangeEvent.ROLLED_BACK, {
             "version": back, "from_version": bad, "step": last_step, "reason": reason,
@@ -195,7 +204,8 @@ class HotUpdate:
         return back
 
     # ------------------------------------------------------------------ outcomes
-    def on_step(self, step: int, restored: int | None, now: float) -> None:
+    def on_step(self, step: int, restored: tuple[int | None, str | None],
+                now: float) -> None:
         """A step finished: the downtime of the change that just took effect, and the
         rollback window's count."""
         eff = self.effective
@@ -203,15 +213,18 @@ class HotUpdate:
             return
         if not eff.resumed:
             eff.resumed = True
+            step_from, tier = restored
             redone = None
-            if eff.applied_step is not None and restored is not None:
-                redone = max(0, eff.applied_step - restored)
-            self._change(vs.ChangeEvent.RESUMED, {
-                "version": eff.version, "from_version": eff.previous, "how": eff.mode,
-                "step": step, "restored_step": restored, "applied_step": eff.applied_step,
-                "steps_redone": redone,
-                "downtime_s": round(now - eff.requested_at, 3),
-                "restart_s": round(now - eff.applied_at, 3)}, now)
+            if eff.applied_step is not None and step_from is not None:
+                redone = max(0, eff.applied_step - step_from)
+            fields = {"version": eff.version, "from_version": eff.previous, "how": eff.mode,
+                      "step": step, "restored_step": step_from,
+                      "applied_step": eff.applied_step, "steps_redone": redone,
+                      "downtime_s": round(now - eff.requested_at, 3),
+                      "restart_s": round(now - eff.applied_at, 3)}
+            self._change(vs.ChangeEvent.RESUMED, fields, now)
+            if not eff.automatic:
+                self._incident(eff, fields, tier, now)
         eff.steps += 1
 
     def on_failure(self, cls: str, last_step: int | None, now: float) -> str | None:
@@ -240,4 +253,17 @@ class HotUpdate:
             vs.append_change(self.run_dir, event, fields, now)
         except OSError as exc:  # the change log is a record, never a reason to stop
             log.warning("could not append to the change log: %s", exc)
-        self.events.emit("code_change", {"change": event.value, **fields}, now=now)
+
+    def _incident(self, eff: Effective, fields: dict[str, Any], tier: str | None,
+                  now: float) -> None:
+        """The change as a manual ``code_data_change`` incident (see the docstring)."""
+        inc = make_incident(f"change-v{eff.version}-{int(eff.applied_at)}",
+                            FailureClass.CODE_DATA_CHANGE, Category.MANUAL, eff.requested_at,
+                            fault_time=eff.requested_at, nodes=[], ranks=[],
+                            last_step=eff.applied_step,
+                            evidence={**fields, "who": eff.who, "message": eff.message,
+                                      "digest": self.version.digest})
+        inc.update(localized_at=eff.requested_at, recovered_at=now, rung=Rung.IN_PLACE,
+                   restored_step=fields["restored_step"], restore_tier=tier,
+                   steps_lost=fields["steps_redone"])
+        self.events.incident(inc)

@@ -390,7 +390,7 @@ class Recovery:
                          now=t_done)
         if opened:
             self._resolve_open_incident(gen, step, now)
-        self.hot.on_step(step, restored_of(gen)[0], now)  # issue 16: change downtime
+        self.hot.on_step(step, restored_of(gen), now)  # issue 16: change downtime
         if now - self.last_persist > 1.0:
             self.persist()
 
