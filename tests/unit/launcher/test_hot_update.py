@@ -306,3 +306,28 @@ def test_manual_rollback(tmp_path):
     assert h.command()[1] == str(h.v0 / "train.py")
     last = vs.read_changes(h.cfg.run_dir)[-1]
     assert last["event"] == "rolled_back" and "worse loss" in last["reason"]
+
+
+# ---------------------------------------------------------------------- CLI
+def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "slurm_robust.cli.main", *argv],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cli_refuses_in_one_line_and_lists_changes(tmp_path):
+    v1 = code_dir(tmp_path / "v1", "one")
+    run = run_dir_for(tmp_path, [sys.executable, str(v1 / "train.py")])
+    out = cli("update", str(run), "--code", str(tmp_path / "missing"), "--now")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert "not a directory" in out.stderr
+    out = cli("update", str(run), "--code", str(v1), "--deadline", "1h")
+    assert out.returncode == 2 and "--deadline goes with --at-next-restart" in out.stderr
+    assert not (run / "versions").exists() and not vs.read_changes(run)
+    request_update(str(run), code=str(v1), args=["--lr", "1"], message="why",
+                   job_running=always)
+    out = cli("changes", str(run), "--json")
+    assert out.returncode == 0, out.stderr
+    log = json.loads(out.stdout)
+    assert log["current_version"] == 0 and log["changes"][0]["args"] == ["--lr", "1"]
+    out = cli("changes", str(run))
+    assert "requested  v1" in out.stdout and "message=why" in out.stdout
