@@ -331,3 +331,21 @@ def test_cli_refuses_in_one_line_and_lists_changes(tmp_path):
     assert log["current_version"] == 0 and log["changes"][0]["args"] == ["--lr", "1"]
     out = cli("changes", str(run))
     assert "requested  v1" in out.stdout and "message=why" in out.stdout
+
+
+def test_the_report_counts_a_change_as_a_manual_incident_with_its_downtime(tmp_path):
+    from slurm_robust.analysis.pipeline import analyse, load_inputs
+
+    h = CodeHarness(tmp_path)
+    h.start()
+    h.update("v1")
+    h.tick(0.3)
+    h.steps(1)
+    h.tick(0.0)
+    h.restored(4)
+    h.steps(3)
+    h.rec.finish("completed", None)
+    head = analyse(load_inputs([h.cfg.run_dir])).headline()
+    assert head["by_category"]["manual"] == 1 and head["by_class"] == {"code_data_change": 1}
+    assert head["unread"]["total"] == 0 and head["steps_redone"] == 0
+    assert head["mean_time_to_recover_s"] > 0
