@@ -90,11 +90,14 @@ class HotUpdate:
         """What every active plan carries: the version's command and environment
         (version 0: nothing, the agents run the config's), and whether a change is
         recorded for this generation (the classifier's ``change_recorded``)."""
-        if self.version.number == 0 and self.effective is None:
+        eff = self.effective
+        if self.version.number == 0 and eff is None:
             return {}
+        # A change is "recorded" for the generations started within its window only: a
+        # user error many steps later is the code's, not the change's.
+        recent = eff is not None and eff.steps < max(eff.rollback_steps, 1)
         return {"command": list(self.version.command), "env": dict(self.version.env),
-                "code_version": self.version.number,
-                "code_change": self.effective is not None}
+                "code_version": self.version.number, "code_change": recent}
 
     # ------------------------------------------------------------------ input
     def poll(self, last_step: int | None, now: float) -> None:

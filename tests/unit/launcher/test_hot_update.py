@@ -349,3 +349,20 @@ def test_the_report_counts_a_change_as_a_manual_incident_with_its_downtime(tmp_p
     assert head["by_category"]["manual"] == 1 and head["by_class"] == {"code_data_change": 1}
     assert head["unread"]["total"] == 0 and head["steps_redone"] == 0
     assert head["mean_time_to_recover_s"] > 0
+
+
+def test_a_change_is_recorded_for_the_classifier_only_within_its_window(tmp_path):
+    h = CodeHarness(tmp_path)
+    h.start()
+    h.update("v1", rollback_steps=3)
+    h.tick(0.3)
+    h.steps(1)
+    h.tick(0.0)
+    assert h.rec.plan_for(0).code_change
+    h.restored(4)
+    h.steps(3)  # the window closes
+    h.fail(h.members[1], "worker_signal")
+    h.settle()
+    plan = h.rec.plan_for(0)
+    assert plan.code_version == 1 and not plan.code_change
+    assert plan.command[1].endswith("v1/code/train.py")
