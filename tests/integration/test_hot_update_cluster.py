@@ -107,7 +107,9 @@ def test_now_switches_versions_at_a_step_boundary(runs, tmp_path):  # noqa: F811
     assert end["status"] == "completed", run.tail()
     resumed = change(run, "resumed", 5)
     restored = resumed["restored_step"]
-    assert resumed["steps_redone"] == 0 and resumed["applied_step"] == restored
+    # The workers may finish (and snapshot) a step the controller has not yet counted
+    # when they are stopped: restored >= the step the change was applied at.
+    assert resumed["steps_redone"] == 0 and restored >= resumed["applied_step"]
     assert markers(run, "v2") == [f"HOT-UPDATE-MARKER v2 start={restored}"]
     (inc,) = run.events("incident")  # the change: ByteRobust's manual class
     assert inc["class"] == "code_data_change" and inc["category"] == "manual"
