@@ -24,6 +24,7 @@ BENCHMARKS: dict[str, str] = {
     "metrics": "slurm_robust.rehearsal.bench.metrics",
     "ettr": "slurm_robust.rehearsal.bench.ettr",
     "monitor": "slurm_robust.rehearsal.bench.monitor",
+    "update": "slurm_robust.rehearsal.bench.update",
 }
 
 HELP = "run a benchmark and print its numbers as JSON"

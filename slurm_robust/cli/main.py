@@ -29,6 +29,8 @@ SUBCOMMANDS: dict[str, str] = {
     "submit": "slurm_robust.cli.submit",
     "launch": "slurm_robust.cli.launch",
     "status": "slurm_robust.cli.status",
+    "update": "slurm_robust.cli.update",
+    "changes": "slurm_robust.cli.changes",
     "stacks": "slurm_robust.cli.stacks",
     "report": "slurm_robust.cli.report",
     "bench": "slurm_robust.cli.bench",
@@ -67,7 +69,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 #: Options whose value usually starts with a dash (``--resume-args '--init_from=resume'``),
 #: which argparse would take for an option: glued as ``--opt=value`` before parsing.
-DASH_VALUE_OPTIONS = ("--resume-args",)
+DASH_VALUE_OPTIONS = ("--resume-args", "--args")
 
 
 def glue_dash_values(argv: list[str]) -> list[str]:

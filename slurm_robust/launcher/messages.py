@@ -361,6 +361,12 @@ class Plan(Message):
     # The controller term that made this plan (issue 23): an agent ignores a plan from a
     # term older than one it has seen (an old controller that came back).
     term: int | None = None
+    # issue 16 (hot update): the code version's worker command and environment (None:
+    # the run config's), its number, and whether it follows a recorded change.
+    command: list[str] | None = None
+    env: dict[str, str] | None = None
+    code_version: int | None = None
+    code_change: bool = False
 
     def validate(self, where: str) -> None:
         if self.role is Role.EXIT:

@@ -36,6 +36,7 @@ from slurm_robust.launcher.control import accounting, bitwise, blame, failslow
 from slurm_robust.launcher.control import monitor as node_monitor
 from slurm_robust.launcher.control.events import EventLog, last_logged_step, make_incident
 from slurm_robust.launcher.control.failover import StoodDown, Takeover
+from slurm_robust.launcher.control.hot_update import HotUpdate
 from slurm_robust.launcher.control.metrics import RunMetrics
 from slurm_robust.launcher.control.nan_ladder import (
     NAN_SETTLE_S,
@@ -222,6 +223,8 @@ class Recovery:
         self.takeover: Takeover | None = None
         self.nan = NanLadder(NanPolicy(cfg.nan_policy))  # issue 15
         self.bitwise_req: bitwise.BitwiseRequest | None = None
+        #: issue 16: the code version the workers run, hot updates and rollbacks.
+        self.hot = HotUpdate(cfg, self.events, clock)
 
     # ------------------------------------------------------------------ read side
     @property
@@ -337,6 +340,11 @@ class Recovery:
             # Before a pending capture: a crash or a lost node during the capture is
             # the better-localized fault, and a lost agent cannot restart in place.
             self._maybe_handle_failures(gen, now)
+        elif self._phase is Phase.RUNNING and \
+                self.hot.tick(self.state.last_step, self._reports_steps(gen), now):
+            # --- issue 16 call site: a hot update at a step boundary, in place --------
+            self.hot.apply_due(self.state.last_step, now)
+            self._begin_generation(gen.slots, now)
         elif self._monitor_tick(gen, now):  # monitor (issue 14)
             pass
         elif self._phase is Phase.DUMPING:
@@ -428,6 +436,7 @@ class Recovery:
                          now=t_done)
         if opened:
             self._resolve_open_incident(gen, step, now)
+        self.hot.on_step(step, restored_of(gen), now)  # issue 16: change downtime
         if now - self.last_persist > 1.0:
             self.persist()
 
@@ -490,6 +499,8 @@ class Recovery:
     def _begin_generation(self, slots: list[int], now: float) -> None:
         """Start a new generation of workers on ``slots`` (agent indices, one per slot)."""
         st = self.state
+        if self.gen is not None or st.attempt >= 0:
+            self.hot.on_restart(st.last_step, now)  # issue 16: a staged version goes now
         st.attempt += 1
         self.events.attempt = st.attempt
         self.gen_count += 1
@@ -515,6 +526,7 @@ class Recovery:
         st, slots, g = self.state, gen.slots, self.cfg.workers_per_node
         rank_nodes = [self.members[i].node for i in slots for _ in range(g)]
         port = rendezvous_port(self.cfg.master_port, self.ident.job_id, gen.attempt)
+        code = self.hot.plan_fields()  # issue 16: the code version the workers run
         plans: dict[int, Plan] = {}
         for slot, index in enumerate(slots):
             plans[index] = Plan(role=Role.ACTIVE, gen=gen.number, attempt=gen.attempt,
@@ -522,7 +534,7 @@ class Recovery:
                                 master_addr=self.members[slots[0]].addr, master_port=port,
                                 rank_nodes=rank_nodes, run_id=st.run_id,
                                 max_restarts=self.cfg.max_restarts, slot=slot,
-                                ranks=list(range(slot * g, (slot + 1) * g)))
+                                ranks=list(range(slot * g, (slot + 1) * g)), **code)
         for index, member in self.members.items():
             if index in slots or member.lost:
                 continue
@@ -697,6 +709,13 @@ class Recovery:
             decision = override  # the NaN ladder's call, unless a budget already stops
         if evict:
             decision = dataclasses.replace(decision, reason=f"{decision.reason}; {evict}")
+        # --- issue 16 call site: the new version's own failure rolls it back ----------
+        rolled = self.hot.on_failure(incident["class"], st.last_step, now)
+        if rolled is not None:
+            incident["evidence"]["rollback"] = rolled
+            if decision.rung == Rung.STOP:
+                decision = dataclasses.replace(decision, rung=Rung.IN_PLACE, evict=(),
+                                               reason=f"{decision.reason}; {rolled}")
         if signature:
             st.signatures[signature] = st.signatures.get(signature, 0) + 1
         diag_reason = incident["evidence"].get("diagnosis_reason")

@@ -21,6 +21,7 @@ Agent 0 (SLURM_PROCID 0) also runs the controller in a thread. Every agent:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -255,7 +256,10 @@ class Agent:
                                    job_id=self.ident.job_id, pid=w.pid, exit_code=code,
                                    sig=sig, log_tail=wk.log_tail(w.log_path),
                                    since_monotonic=since)
-        c = classify(got.evidence)
+        ev = got.evidence
+        if self.plan is not None and self.plan.code_change:  # issue 16: a recorded change
+            ev = dataclasses.replace(ev, change_recorded=True)
+        c = classify(ev)
         evidence = dict(c.evidence)
         evidence["decided_by"] = c.source
         if got.skipped:
@@ -338,7 +342,10 @@ class Agent:
         if self.role is Role.ACTIVE:
             ckpt = self._ckpt_config()
             attempt = plan.attempt or 0
-            command = worker_command(self.cfg.command, attempt, self.cfg.resume_args,
+            # issue 16: a hot-updated version brings its own command and environment.
+            base = plan.command or self.cfg.command
+            extra_env = plan.env if plan.env is not None else self.cfg.env
+            command = worker_command(base, attempt, self.cfg.resume_args,
                                      self.cfg.resume_if_exists, self.cfg.auto_steps)
             # Under the keyed, private job directory (not the guessable job id), so
             # that no other user can pre-create it or plant links in it.
@@ -351,10 +358,13 @@ class Agent:
                 env = wk.worker_env(os.environ, plan.to_json(), rank, local_rank,
                                     self.ident.node,
                                     self.ident.job_id, self.cfg.run_dir, progress, ckpt,
-                                    self.cfg.env)
+                                    extra_env)
                 log_path = self.paths.worker_log(self.gen, rank, attempt)
+                # A zygote runs the config's interpreter: only for a command that uses it.
+                same = command[0] == worker_command(self.cfg.command, attempt)[0]
                 self.workers.append(wk.spawn(command, env, rank, local_rank, self.gen,
-                                             log_path, progress, self.zygotes.take()))
+                                             log_path, progress,
+                                             self.zygotes.take() if same else None))
         self.publish()
         log.info("agent %s on %s: generation %s, role %s, ranks %s", self.ident.index,
                  self.ident.node, self.gen, self.role, plan.ranks)
