@@ -60,6 +60,11 @@ def add_robust_options(p: argparse.ArgumentParser) -> None:
                         "time (default 1.5)")
     p.add_argument("--no-fail-slow", action="store_true",
                    help="turn fail-slow detection off")
+    p.add_argument("--on-shortfall", choices=("shrink", "stop", "wait"), default=None,
+                   help="a requeue the partition and reserve cannot serve (too few nodes "
+                        "off the blamed ones): shrink = requeue with fewer spares if the "
+                        "world fits, else stop (default); stop = stop with a verdict; "
+                        "wait = pend until nodes return")
     p.add_argument("--drain", action="store_true",
                    help="also drain blamed nodes directly (Slurm operators only)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -80,7 +85,8 @@ def build_config(args: argparse.Namespace, nodes: int, gpus_per_node: int | None
                       ("heartbeat_timeout", "heartbeat_timeout_s"),
                       ("fail_slow_interval", "fail_slow_interval_s"),
                       ("fail_slow_factor", "fail_slow_factor"),
-                      ("workers_per_node", "workers_per_node")):
+                      ("workers_per_node", "workers_per_node"),
+                      ("on_shortfall", "on_shortfall")):
         value = getattr(args, flag)
         if value is not None:
             values[key] = value

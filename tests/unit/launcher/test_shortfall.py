@@ -1,0 +1,102 @@
+"""A requeue the partition and reserve cannot serve (issue 17 item 8): the policy, pure and
+through the recovery owner (Slurm side injected: the count and the requeue recorded)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from slurm_robust.errors import UsageError
+from slurm_robust.launcher.config import RunConfig
+from slurm_robust.launcher.control.shortfall import (
+    Capacity,
+    Choice,
+    ShortfallPolicy,
+    plan_requeue,
+)
+from slurm_robust.launcher.enums import Phase
+from slurm_robust.launcher.submit.status import format_status, run_status
+
+from .test_recovery_owner import Harness
+
+
+def cap(has: int, needs: int = 4) -> Capacity:
+    return Capacity("train", needs, has, 0)
+
+
+@pytest.mark.parametrize(("capacity", "policy", "choice", "nodes"), [
+    (None, ShortfallPolicy.STOP, Choice.REQUEUE, None),       # Slurm could not tell
+    (cap(4), ShortfallPolicy.STOP, Choice.REQUEUE, None),     # enough
+    (cap(3), ShortfallPolicy.SHRINK, Choice.SHRINK, 3),       # a spare fewer, world fits
+    (cap(2), ShortfallPolicy.SHRINK, Choice.STOP, None),      # the world does not fit
+    (cap(3), ShortfallPolicy.STOP, Choice.STOP, None),
+    (cap(0), ShortfallPolicy.WAIT, Choice.REQUEUE, None),
+])
+def test_plan_requeue(capacity, policy, choice, nodes):
+    plan = plan_requeue(capacity, policy, min_nodes=3)
+    assert (plan.choice, plan.nodes) == (choice, nodes)
+    if capacity is not None and capacity.short:
+        assert "reserve shortfall (needs 4, has" in plan.reason
+
+
+def test_unknown_policy_is_refused(tmp_path):
+    with pytest.raises(UsageError, match="on_shortfall"):
+        RunConfig(command=("x",), run_dir=str(tmp_path), on_shortfall="maybe")
+
+
+class Counted(Harness):
+    """The harness with a recorded capacity count and a requeue that takes num_nodes."""
+
+    def __init__(self, tmp_path: Any, has: int, **kw: Any) -> None:
+        super().__init__(tmp_path, **kw)
+        needs = self.cfg.total_nodes
+
+        def requeue(job_id: str, exclude: Any, num_nodes: int | None = None) -> None:
+            self.slurm.calls.append(("requeue", job_id, sorted(exclude), num_nodes))
+
+        self.rec.slurm.requeue = requeue
+        self.rec.slurm.capacity = lambda job_id, exclude: Capacity("train", needs, has, 0)
+
+
+def node_fault_to_requeue(h: Counted) -> None:
+    h.start()
+    h.fail(h.members[0], "gpu_unavailable")  # the controller's node: a requeue
+    h.settle()
+
+
+def test_shrink_requeues_with_fewer_spares(tmp_path):
+    h = Counted(tmp_path, has=2, nodes=2, spares=1)
+    node_fault_to_requeue(h)
+    assert ("requeue", "42", ["n1"], 2) in h.slurm.calls
+    assert h.rec.phase is Phase.REQUEUED
+    short = h.rec.state.open_incident["evidence"]["shortfall"]
+    assert (short["needs"], short["has"], short["choice"]) == (3, 2, "shrink")
+
+
+def test_stop_ends_the_run_with_a_verdict_instead_of_pending(tmp_path):
+    h = Counted(tmp_path, has=1, nodes=2, spares=1)
+    node_fault_to_requeue(h)
+    assert not [c for c in h.slurm.calls if c[0] == "requeue"]
+    assert h.rec.phase is Phase.DONE and h.rec.result["status"] == "stopped"
+    assert "reserve shortfall (needs 3, has 1)" in h.rec.result["verdict"]
+    inc = h.incidents()[-1]
+    assert inc["rung"] == "stop" and inc["evidence"]["shortfall"]["choice"] == "stop"
+    assert h.rec.state.requeues == 0
+
+
+def test_wait_requeues_and_status_says_pending(tmp_path):
+    h = Counted(tmp_path, has=1, nodes=2, spares=1, on_shortfall="wait")
+    node_fault_to_requeue(h)
+    assert ("requeue", "42", ["n1"], None) in h.slurm.calls
+    status = run_status(h.cfg.run_dir)
+    assert status["pending"].startswith("pending: reserve shortfall (needs 3, has 1)")
+    assert "pending: reserve shortfall (needs 3, has 1)" in format_status(status)
+
+
+def test_enough_nodes_requeues_as_asked(tmp_path):
+    h = Counted(tmp_path, has=3, nodes=2, spares=1)
+    node_fault_to_requeue(h)
+    assert ("requeue", "42", ["n1"], None) in h.slurm.calls
+    assert "shortfall" not in h.rec.state.open_incident["evidence"]
+    assert run_status(h.cfg.run_dir)["pending"] is None
