@@ -100,3 +100,45 @@ def test_enough_nodes_requeues_as_asked(tmp_path):
     assert ("requeue", "42", ["n1"], None) in h.slurm.calls
     assert "shortfall" not in h.rec.state.open_incident["evidence"]
     assert run_status(h.cfg.run_dir)["pending"] is None
+
+
+# ------------------------------------------------ the controller's node lost (agent path)
+def controller_lost(tmp_path, monkeypatch, has: int, **cfg_kw: Any) -> tuple[Any, list]:
+    from slurm_robust.launcher.control import requeue as rq
+    from slurm_robust.launcher.identity import Identity
+    from slurm_robust.launcher.paths import RunPaths
+
+    cfg = RunConfig(command=("x",), run_dir=str(tmp_path / "run"), **cfg_kw)
+    RunPaths.of(cfg.run_dir).root.mkdir(parents=True, exist_ok=True)
+    calls: list = []
+    monkeypatch.setattr(rq, "requeue_job", lambda *a, **k: calls.append((a, k)))
+    monkeypatch.setattr(rq, "write_verdict", lambda *a, **k: None)
+    monkeypatch.setattr(rq, "job_capacity", lambda job, exclude, reserve:
+                        Capacity("train", cfg.total_nodes, has, 0))
+    me = Identity(index=1, node="n2", job_id="7", step_key="7.0.0", restart_count=0)
+    assert rq.requeue_after_controller_loss(cfg, me, "n1", "timed out", 1.0) is True
+    return cfg, calls
+
+
+def test_controller_loss_shrinks_the_requeue(tmp_path, monkeypatch):
+    _, calls = controller_lost(tmp_path, monkeypatch, has=2, nodes=2, spares=1)
+    assert calls == [(("7", ["n1"], 0), {"num_nodes": 2})]
+
+
+def test_controller_loss_into_a_shortfall_stops_the_run(tmp_path, monkeypatch):
+    from slurm_robust.launcher.control.state import load_state
+    from slurm_robust.launcher.paths import RunPaths
+    from slurm_robust.records import read_records
+
+    cfg, calls = controller_lost(tmp_path, monkeypatch, has=1, nodes=2, spares=0)
+    assert calls == []
+    paths = RunPaths.of(cfg.run_dir)
+    state = load_state(paths.state)
+    assert state.finished == "stopped" and state.requeues == 0
+    assert "reserve shortfall (needs 2, has 1)" in state.verdict
+    events = read_records(paths.events).records
+    assert [e["event"] for e in events] == ["incident", "run_end"]
+    assert events[0]["rung"] == "stop" and events[1]["status"] == "stopped"
+    status = run_status(cfg.run_dir)
+    assert status["pending"] is None and status["status"] == "stopped"
+    assert "verdict: reserve shortfall (needs 2, has 1)" in format_status(status)
