@@ -56,7 +56,7 @@ def test_shortfall_shrinks_the_requeue_to_the_nodes_left(runs, baseline_sha,  # 
     victim = run.controller_node()
     run.inject("kill-node", "--node", victim)
     runs.killed.append(victim)
-    end = run.wait_end(timeout=300)
+    end = run.wait_end(timeout=180)
     inc = run.events("incident")[-1]
     short = inc["evidence"]["shortfall"]
     assert (short["needs"], short["has"], short["choice"], short["nodes"]) == \

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -31,6 +32,10 @@ from slurm_robust.errors import SlurmRobustError, UsageError
 from slurm_robust.launcher.paths import load_site
 from slurm_robust.reserve.config import reserve_config
 from slurm_robust.slurm import Slurm
+from slurm_robust.slurm.runner import RetryPolicy
+
+#: One try, a short timeout: see job_capacity.
+COUNT_POLICY = RetryPolicy(attempts=1, timeout_s=8.0)
 
 log = logging.getLogger("slurm_robust.launcher.control.shortfall")
 
@@ -106,27 +111,39 @@ def reserve_partition(site_config: str | None) -> str | None:
 
 
 def job_capacity(job_id: str, exclude: Sequence[str], reserve_partition: str | None,
-                 slurm: Slurm | None = None) -> Capacity | None:
+                 slurm: Slurm | None = None,
+                 env: Mapping[str, str] | None = None) -> Capacity | None:
     """Count what a requeue of ``job_id`` off ``exclude`` could get; None when Slurm
-    cannot tell (the requeue then goes ahead as before). One try, no retry budget: the
-    requeue itself waits out a slurmctld outage."""
-    slurm = slurm or Slurm()
+    cannot tell (the requeue then goes ahead as before).
+
+    Fast on purpose: when a node died, Slurm marks it down after about 2 x SlurmdTimeout
+    and then fails (and requeues) the job itself, killing this very process before it
+    has requeued with the exclusion. So the job's partition and size come from its own
+    environment (squeue only outside a job), the nodes from ONE ``sinfo``, one try, a
+    short timeout; the requeue itself waits out a slurmctld outage.
+    """
+    e = os.environ if env is None else env
+    slurm = slurm or Slurm(policy=COUNT_POLICY)
     try:
-        job = slurm.job(job_id)
-        if job is None or not job.partition:
-            return None
-        partition = job.partition.split(",")[0]
+        partition = (e.get("SLURM_JOB_PARTITION") or "").split(",")[0]
+        needs_text = e.get("SLURM_JOB_NUM_NODES") or e.get("SLURM_NNODES") or ""
+        if not partition or not needs_text.isdigit():
+            job = slurm.job(job_id)
+            if job is None or not job.partition:
+                return None
+            partition, needs = job.partition.split(",")[0], job.node_count
+        else:
+            needs = int(needs_text)
         excluded = set(exclude)
-        members = [n for n in slurm.partition_nodes(partition) if n not in excluded]
-        has = sum(1 for n in slurm.nodes(members) if n.usable) if members else 0
+        nodes = [n for n in slurm.nodes() if n.name not in excluded]
+        has = sum(1 for n in nodes if partition in n.partitions and n.usable)
         reserve = 0
         if reserve_partition and reserve_partition != partition:
-            spare_names = [n for n in slurm.partition_nodes(reserve_partition)
-                           if n not in excluded]
-            idle = sum(1 for n in slurm.nodes(spare_names) if n.idle) if spare_names else 0
+            idle = sum(1 for n in nodes if reserve_partition in n.partitions and n.idle
+                       and partition not in n.partitions)
             # The handoff moves at most one spare per node the job lost.
             reserve = min(idle, len(excluded))
-        return Capacity(partition, job.node_count, has + reserve, reserve)
+        return Capacity(partition, needs, has + reserve, reserve)
     except (SlurmRobustError, OSError) as exc:
         log.warning("cannot count the nodes a requeue of %s would get: %s", job_id, exc)
         return None

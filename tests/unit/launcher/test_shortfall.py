@@ -142,3 +142,26 @@ def test_controller_loss_into_a_shortfall_stops_the_run(tmp_path, monkeypatch):
     status = run_status(cfg.run_dir)
     assert status["pending"] is None and status["status"] == "stopped"
     assert "verdict: reserve shortfall (needs 2, has 1)" in format_status(status)
+
+
+def test_job_capacity_counts_one_sinfo_with_the_jobs_own_environment():
+    from slurm_robust.launcher.control.shortfall import job_capacity
+    from slurm_robust.slurm import Node
+
+    def node(name: str, part: str, state: str = "idle", flags: tuple = ()) -> Node:
+        return Node(name, state, frozenset(flags), "", "", 0, (part,), 4, 0)
+
+    class OneSinfo:
+        calls = 0
+
+        def nodes(self) -> list[Node]:
+            self.calls += 1
+            return [node("n1", "train", "allocated"), node("n2", "train", "allocated"),
+                    node("n3", "train", "down"), node("n4", "train", "allocated"),
+                    node("s1", "standby"), node("s2", "standby", flags=("DRAIN",))]
+
+    slurm = OneSinfo()
+    env = {"SLURM_JOB_PARTITION": "train", "SLURM_JOB_NUM_NODES": "4"}
+    got = job_capacity("7", ["n1"], "standby", slurm, env)  # type: ignore[arg-type]
+    # n2 and n4 usable off the exclusion (n3 is down), one idle spare for one lost node.
+    assert got == Capacity("train", 4, 3, 1) and got.short and slurm.calls == 1
