@@ -265,8 +265,10 @@ class RobustRun:
         if self._poison and model is not None:
             self._apply_poison(model)
 
-    def finish(self, params_sha256: str | None = None, events_path: str | None = None) -> None:
-        """End of training: flush the checkpoint pipeline, report the final digest."""
+    def finish(self, params_sha256: str | None = None, events_path: str | None = None,
+               destroy_process_group: bool = True) -> None:
+        """End of training: flush the checkpoint pipeline, report the final digest, and
+        end the process group (unless a framework that owns it says not to)."""
         if self._mgr is not None:
             self._mgr.close()
             self._mgr = None
@@ -277,7 +279,7 @@ class RobustRun:
             _standalone_run_end(events_path, self.job_id, params_sha256, step)
         import torch.distributed as dist
 
-        if dist.is_initialized():
+        if destroy_process_group and dist.is_initialized():
             dist.destroy_process_group()
 
     # ----------------------------------------------------------------- internals

@@ -86,6 +86,10 @@ class RunConfig:
         nan_policy: a NaN that comes back at the same step and origin after a replay is
             the data or the model: ``stop`` the run with a verdict, or ``skip`` that
             batch and continue (control/nan_ladder.py).
+        on_shortfall: a requeue whose exclusions leave the partition and the reserve too
+            few nodes: ``shrink`` (requeue with fewer spares when the world still fits,
+            else stop), ``stop`` (stop with a verdict) or ``wait`` (pend, visibly); see
+            slurm_robust/launcher/control/shortfall.py.
     """
 
     command: tuple[str, ...]
@@ -125,6 +129,7 @@ class RunConfig:
     resume_if_exists: str | None = None
     auto_steps: bool = False
     nan_policy: str = "stop"
+    on_shortfall: str = "shrink"
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -161,6 +166,8 @@ class RunConfig:
             raise UsageError(f"master_port {self.master_port} is outside "
                              f"1024..{65535 - PORT_SPAN} (ports up to base + {PORT_SPAN} "
                              "are used)")
+        if self.on_shortfall not in ("shrink", "stop", "wait"):
+            raise UsageError(f"on_shortfall {self.on_shortfall!r}: use shrink, stop or wait")
         if self.stack_method not in ("auto", "py-spy", "faulthandler"):
             raise UsageError(f"stack_method {self.stack_method!r}: use auto, py-spy "
                              "or faulthandler")

@@ -56,6 +56,16 @@ from slurm_robust.launcher.control.policy import (
     rendezvous_port,
 )
 from slurm_robust.launcher.control.requeue import drain_directly, requeue_job, write_verdict
+from slurm_robust.launcher.control.shortfall import (
+    Capacity,
+    Choice,
+    RequeuePlan,
+    ShortfallPolicy,
+    job_capacity,
+    plan_requeue,
+    reserve_partition,
+)
+from slurm_robust.launcher.control.shortfall import evidence as shortfall_evidence
 from slurm_robust.launcher.control.slurm_actions import ActionState, SlurmAction
 from slurm_robust.launcher.control.state import RunState, load_state, save_state
 from slurm_robust.launcher.enums import (
@@ -116,9 +126,12 @@ class SlurmSide:
     slurm_actions.py), so recovery runs them as :class:`SlurmAction` threads and polls
     them on its tick: the controller's lock is never held across a Slurm command."""
 
-    requeue: Callable[[str, Sequence[str]], None] = requeue_job
+    requeue: Callable[..., None] = requeue_job
     drain: Callable[[Sequence[str], str], object] = drain_directly
     verdict: Callable[..., None] = write_verdict
+    #: Counts what a requeue off the blamed nodes could get (shortfall.py); None: no
+    #: count, the requeue goes ahead as asked. Recovery sets the real one by default.
+    capacity: Callable[[str, Sequence[str]], Capacity | None] | None = None
 
 
 @dataclass
@@ -188,7 +201,7 @@ class Recovery:
         self.ident = ident
         self.members = members
         self.expected = expected
-        self.slurm = slurm or SlurmSide()
+        self.slurm = slurm or SlurmSide(capacity=self._count_capacity)
         self.clock = clock
         self.paths = RunPaths.of(cfg.run_dir)
         self.state: RunState = load_state(self.paths.state)
@@ -225,6 +238,8 @@ class Recovery:
         self.bitwise_req: bitwise.BitwiseRequest | None = None
         #: issue 16: the code version the workers run, hot updates and rollbacks.
         self.hot = HotUpdate(cfg, self.events, clock)
+        #: The count and plan of the requeue in flight, set by its thread (shortfall.py).
+        self._requeue_plan: tuple[Capacity | None, RequeuePlan] | None = None
 
     # ------------------------------------------------------------------ read side
     @property
@@ -781,8 +796,25 @@ class Recovery:
                        for i in self.members}
         self._enter(Phase.REQUEUED)
         job_id, exclude = self.ident.job_id, list(st.blamed)
-        self._requeue_action = self._start_action(
-            "requeue", lambda: self.slurm.requeue(job_id, exclude))
+        count, requeue = self.slurm.capacity, self.slurm.requeue
+        policy, world_nodes = ShortfallPolicy(self.cfg.on_shortfall), self.cfg.nodes
+        self._requeue_plan = None
+
+        def count_then_requeue() -> None:
+            # Counted first: a requeue the partition and reserve cannot serve would pend
+            # with nothing left running to say so.
+            cap = count(job_id, exclude) if count is not None else None
+            plan = plan_requeue(cap, policy, world_nodes)
+            self._requeue_plan = (cap, plan)
+            if plan.choice is Choice.SHRINK:
+                requeue(job_id, exclude, num_nodes=plan.nodes)
+            elif plan.choice is Choice.REQUEUE:
+                requeue(job_id, exclude)
+
+        self._requeue_action = self._start_action("requeue", count_then_requeue)
+
+    def _count_capacity(self, job_id: str, exclude: Sequence[str]) -> Capacity | None:
+        return job_capacity(job_id, exclude, reserve_partition(self.cfg.site_config))
 
     def _start_action(self, name: str, call: Callable[[], object]) -> SlurmAction:
         action = SlurmAction(name, call, self.clock).start()
@@ -801,7 +833,26 @@ class Recovery:
             self.finish(RunStatus.FAILED, f"requeue refused by Slurm: {outcome.error}")
         elif outcome.state is ActionState.DONE:
             self._requeue_action = None
+            cap, plan = self._requeue_plan or (None, RequeuePlan(Choice.REQUEUE))
+            if cap is not None and cap.short:
+                self._note_shortfall(cap, plan)
+            if plan.choice is Choice.STOP:
+                self.state.requeues -= 1  # it never happened
+                self.finish(RunStatus.STOPPED, plan.reason)
+                return
             log.info("job %s requeued; holding until the allocation ends", self.ident.job_id)
+
+    def _note_shortfall(self, cap: Capacity, plan: RequeuePlan) -> None:
+        """The count goes into the open incident (its evidence, and ``status`` reads it
+        while the job pends); a stop makes the incident's rung ``stop``."""
+        log.warning("job %s: %s", self.ident.job_id, plan.reason)
+        incident = self.state.open_incident
+        if incident is None:
+            return
+        incident["evidence"]["shortfall"] = shortfall_evidence(cap, plan)
+        if plan.choice is Choice.STOP:
+            incident["rung"] = Rung.STOP
+        self.persist()
 
     def _handle_fail_slow(self, gen: Generation, decision: FailSlowDecision,
                           now: float) -> None:

@@ -21,7 +21,15 @@ from slurm_robust.errors import UsageError
 from slurm_robust.health.drain import ReasonKind, drain_reason
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control.blame import verdict_reason
-from slurm_robust.launcher.control.events import last_logged_step, make_incident
+from slurm_robust.launcher.control.events import EventLog, last_logged_step, make_incident
+from slurm_robust.launcher.control.shortfall import (
+    Choice,
+    ShortfallPolicy,
+    job_capacity,
+    plan_requeue,
+    reserve_partition,
+)
+from slurm_robust.launcher.control.shortfall import evidence as shortfall_evidence
 from slurm_robust.launcher.control.slurm_actions import retry_transient
 from slurm_robust.launcher.control.state import load_state, save_state
 from slurm_robust.launcher.paths import RunPaths, load_site
@@ -87,7 +95,7 @@ REQUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED
 
 
 def requeue_job(job_id: str, exclude: Sequence[str], restart_count: int | None = None,
-                slurm: Slurm | None = None) -> None:
+                slurm: Slurm | None = None, num_nodes: int | None = None) -> None:
     """Requeue, keep the job off ``exclude``, and start it again as soon as possible.
 
     A slurmctld that is away, busy or answers "Unexpected message received" is retried
@@ -96,7 +104,8 @@ def requeue_job(job_id: str, exclude: Sequence[str], restart_count: int | None =
     this allocation's ``SLURM_RESTART_COUNT``, or the job pending again), so a lost
     answer never becomes a failed run behind a queued job. Raises SlurmCommandError when
     the requeue is refused for good; the follow-up updates are best effort (a job
-    already running again cannot take ExcNodeList). Blocks: run it as a SlurmAction.
+    already running again cannot take ExcNodeList). ``num_nodes`` shrinks the pending
+    job (fewer spares, see shortfall.py). Blocks: run it as a SlurmAction.
     """
     slurm = slurm or Slurm()
     if restart_count is None:
@@ -110,6 +119,10 @@ def requeue_job(job_id: str, exclude: Sequence[str], restart_count: int | None =
     fields: dict[str, str] = {"StartTime": "now"}
     if exclude:
         fields["ExcNodeList"] = ",".join(sorted(set(exclude)))
+    if num_nodes is not None:
+        # One task (agent) per node: the task count shrinks with the nodes, or Slurm
+        # would keep asking for a task per lost node.
+        fields.update(NumNodes=str(num_nodes), NumTasks=str(num_nodes))
     for attempt in range(5):
         try:
             retry_transient(lambda: slurm.update_job(job_id, **fields),
@@ -157,11 +170,37 @@ def requeue_after_controller_loss(cfg: RunConfig, ident: Any, controller_node: s
     state.restarts += 1
     state.requeues += 1
     state.blamed = sorted(set(state.blamed) | {node})
+    # The same count and policy as the controller's requeue (shortfall.py).
+    cap = job_capacity(ident.job_id, state.blamed, reserve_partition(cfg.site_config))
+    plan = plan_requeue(cap, ShortfallPolicy(cfg.on_shortfall), cfg.nodes)
+    if cap is not None and cap.short:
+        log.warning("job %s: %s", ident.job_id, plan.reason)
+        incident["evidence"]["shortfall"] = shortfall_evidence(cap, plan)
     save_state(paths.state, state)
     reason = verdict_reason("node_lost", incident["evidence"])
     write_verdict(paths, ident.job_id, node, reason, "node_lost", incident["evidence"],
                   incident["incident"], cfg.site_config)
     if cfg.drain:
         drain_directly([node], reason)
-    requeue_job(ident.job_id, state.blamed, ident.restart_count)
+    if plan.choice is Choice.STOP:
+        _stop_for_shortfall(paths, cfg, ident.job_id, state, plan.reason)
+        return True
+    requeue_job(ident.job_id, state.blamed, ident.restart_count,
+                num_nodes=plan.nodes if plan.choice is Choice.SHRINK else None)
     return True
+
+
+def _stop_for_shortfall(paths: RunPaths, cfg: RunConfig, job_id: str, state: Any,
+                        verdict: str) -> None:
+    """No requeue: the incident (rung stop) and ``run_end`` go to the event log as the
+    controller would have written them, and the state says the run is over."""
+    incident = state.open_incident
+    incident["rung"] = "stop"
+    state.requeues -= 1
+    state.open_incident = None
+    state.finished, state.verdict = "stopped", verdict
+    save_state(paths.state, state)
+    events = EventLog(paths.events, state.run_id, job_id, max(state.attempt, 0),
+                      cfg.step_events_per_s)
+    events.incident(incident)
+    events.run_end("stopped", incident.get("last_step"), None, verdict)

@@ -46,7 +46,11 @@ def default_run_dir(job_id: str, env: dict[str, str] | None = None) -> str:
 
 
 def srun_argv(cfg: RunConfig, config_path: Path) -> list[str]:
-    return ["srun", f"--nodes={cfg.total_nodes}", f"--ntasks={cfg.total_nodes}",
+    # A requeue into a reserve shortfall may have shrunk the job to fewer spares
+    # (control/shortfall.py): the agents run on the nodes the allocation has.
+    alloc = os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES")
+    nodes = min(cfg.total_nodes, int(alloc)) if alloc and alloc.isdigit() else cfg.total_nodes
+    return ["srun", f"--nodes={nodes}", f"--ntasks={nodes}",
             "--ntasks-per-node=1", "--no-kill", "--kill-on-bad-exit=0", "--unbuffered",
             sys.executable, "-m", "slurm_robust.launcher.node.agent", str(config_path)]
 

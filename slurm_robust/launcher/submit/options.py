@@ -63,6 +63,11 @@ def add_robust_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nan-policy", choices=("stop", "skip"), default=None,
                    help="a NaN that returns at the same step and rank after a replay is the "
                         "data or the model: stop with a verdict (default) or skip that batch")
+    p.add_argument("--on-shortfall", choices=("shrink", "stop", "wait"), default=None,
+                   help="a requeue the partition and reserve cannot serve (too few nodes "
+                        "off the blamed ones): shrink = requeue with fewer spares if the "
+                        "world fits, else stop (default); stop = stop with a verdict; "
+                        "wait = pend until nodes return")
     p.add_argument("--drain", action="store_true",
                    help="also drain blamed nodes directly (Slurm operators only)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -84,7 +89,8 @@ def build_config(args: argparse.Namespace, nodes: int, gpus_per_node: int | None
                       ("fail_slow_interval", "fail_slow_interval_s"),
                       ("fail_slow_factor", "fail_slow_factor"),
                       ("workers_per_node", "workers_per_node"),
-                      ("nan_policy", "nan_policy")):
+                      ("nan_policy", "nan_policy"),
+                      ("on_shortfall", "on_shortfall")):
         value = getattr(args, flag)
         if value is not None:
             values[key] = value

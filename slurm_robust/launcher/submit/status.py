@@ -57,7 +57,18 @@ def run_status(target: str) -> dict[str, Any]:
         "verdicts": [{"node": v["node"], "class": v["class"], "reason": v["reason"]}
                      for v in verdicts],
         "events": len(events), "malformed_lines": read.malformed,
+        "pending": None if ends else _pending(state.open_incident),
     }
+
+
+def _pending(incident: dict[str, Any] | None) -> str | None:
+    """Why a requeued run waits, when the controller counted too few nodes for it
+    (control/shortfall.py, policy ``wait``)."""
+    short = ((incident or {}).get("evidence") or {}).get("shortfall")
+    if not short or short.get("choice") != "requeue":
+        return None
+    return (f"pending: reserve shortfall (needs {short['needs']}, has {short['has']}) in "
+            f"partition {short['partition']}")
 
 
 def _incident_summary(e: dict[str, Any]) -> dict[str, Any]:
@@ -80,6 +91,8 @@ def format_status(s: dict[str, Any]) -> str:
     lines = [f"run {s['run_id']}  job {s['job_id']}  {s['status']}  {where}  "
              f"attempt {s['attempt']}  restarts {s['restarts']}",
              f"  nodes: {', '.join(s['nodes'] or [])}  run dir: {s['run_dir']}"]
+    if s.get("pending"):
+        lines.append(f"  {s['pending']}")
     if s.get("verdict"):
         lines.append(f"  verdict: {s['verdict']}")
     if s.get("params_sha256"):

@@ -1,0 +1,5 @@
+"""Framework integrations of the training API (optional extras; see README).
+
+- ``slurm_robust.integrations.lightning``: a PyTorch Lightning ``Callback``
+  (``pip install slurm-robust[lightning]``).
+"""

@@ -1,0 +1,101 @@
+"""A requeue the partition and the reserve cannot serve (issue 17 item 8), on the mini-cluster.
+
+The reserve (partition ``standby``) is emptied by draining its nodes for the test. Without
+the shortfall check, a requeued job that excludes its blamed node then asks for more
+nodes than ``train`` has left and pends until an admin returns one, with nothing of the
+run alive to say so. Now the launcher counts before it requeues and applies
+``--on-shortfall``: ``shrink`` (default) requeues on fewer nodes when the training world
+still fits, giving up the parked spare; ``stop`` ends the run with a verdict. Either way
+the run ends (resumed or stopped) within minutes, never pending.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from cluster_helpers import wait_until
+from test_launcher_faults import NODES, baseline_sha, runs  # noqa: F401  (fixtures)
+
+from slurm_robust.launcher.control.state import load_state
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+DRAIN_REASON = "slurm_robust test: reserve emptied for the shortfall test"
+
+
+@pytest.fixture
+def drained(minicluster):
+    """Drain nodes for the test (``drain(name)``); resumed at the end if we drained them."""
+    slurm, ours = minicluster.slurm, []
+
+    def drain(name: str) -> None:
+        if not slurm.node(name).drained:
+            slurm.drain(name, DRAIN_REASON)
+            ours.append(name)
+
+    yield drain
+    for name in ours:
+        if slurm.node(name).reason == DRAIN_REASON:
+            slurm.resume(name)
+
+
+def empty_reserve(minicluster, drain) -> None:
+    for name in minicluster.cfg.spare_nodes:
+        drain(name)
+
+
+def test_shortfall_shrinks_the_requeue_to_the_nodes_left(runs, baseline_sha,  # noqa: F811
+                                                         drained, minicluster):
+    # NODES + 1 spare fill `train`; the lost controller node leaves NODES there and the
+    # reserve has none: shrink requeues on NODES nodes (no spare) instead of pending.
+    assert len(minicluster.cfg.train_nodes) == NODES + 1, "sized for a 4-node train"
+    empty_reserve(minicluster, drained)
+    run = runs("shortfall-shrink", spares=1)
+    run.wait_step(10)
+    victim = run.controller_node()
+    run.inject("kill-node", "--node", victim)
+    runs.killed.append(victim)
+    end = run.wait_end(timeout=180)
+    inc = run.events("incident")[-1]
+    short = inc["evidence"]["shortfall"]
+    assert (short["needs"], short["has"], short["choice"], short["nodes"]) == \
+        (NODES + 1, NODES, "shrink", NODES), short
+    assert inc["rung"] == "requeue" and inc["recovered_at"] is not None, inc
+    state = load_state(run.paths.state)
+    assert state.requeues == 1 and victim not in state.slots
+    starts = run.events("attempt_start")
+    assert {e["attempt"] for e in starts} == {0, 1}
+    assert len(starts[-1]["nodes"]) == NODES, starts[-1]
+    assert end["status"] == "completed" and end["params_sha256"] == baseline_sha, end
+
+
+def test_shortfall_that_the_world_cannot_fit_stops_with_a_verdict(runs, drained,  # noqa: F811
+                                                                  minicluster):
+    # No spare; the train node the job does not use is drained too, so the requeue off
+    # a lost node would leave NODES - 1 nodes: the run stops, the job ends.
+    empty_reserve(minicluster, drained)
+    run = runs("shortfall-stop", spares=0)
+    run.wait_step(5)
+    slots = load_state(run.paths.state).slots
+    for name in minicluster.cfg.train_nodes:
+        if name not in slots:
+            drained(name)
+    victim = next(n for n in slots if n != run.controller_node())
+    injected = time.time()
+    run.inject("kill-node", "--node", victim)
+    runs.killed.append(victim)
+    end = run.wait_end(timeout=120)
+    assert end["status"] == "stopped", end
+    assert f"reserve shortfall (needs {NODES}, has {NODES - 1})" in end["verdict"], end
+    inc = run.events("incident")[-1]
+    assert inc["rung"] == "stop" and inc["evidence"]["shortfall"]["choice"] == "stop", inc
+    assert load_state(run.paths.state).requeues == 0
+    # The Slurm job ends instead of pending: well within the issue's 5 minutes.
+    def job_ended() -> bool:
+        job = minicluster.slurm.job(run.job_id)
+        assert job is None or job.state != "PENDING", job  # never requeued
+        return job is None or job.finished
+
+    wait_until("the job to end", job_ended, 180)
+    assert time.time() - injected < 300
