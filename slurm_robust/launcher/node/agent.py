@@ -398,7 +398,7 @@ class Agent:
     def controller_lost(self, why: str, last_ok: float) -> int | None:
         """The controller is silent: follow a newer one or take over (None: go on), or
         requeue / end (the agent's exit code). See control/succession.py."""
-        got = after_controller_loss(self.cfg, self.ident, self.term)
+        got = after_controller_loss(self.cfg, self.ident, self.term, last_heard=last_ok)
         log.warning("agent %s: controller lost (%s): %s", self.ident.index, why,
                     got.outcome)
         if got.outcome is Outcome.FOLLOW:

@@ -103,6 +103,8 @@ def test_frozen_controller_is_replaced_and_stands_down(cfg):
     [inc] = events(cfg, "incident")
     assert (inc["class"], inc["rung"], inc["nodes"]) == ("node_lost", "spare", ["n2"])
     assert inc["evidence"]["controller_lost"] is True
+    # The fault time is when the successor last heard the old controller, not the takeover.
+    assert inc["fault_time"] <= frozen_at + 0.5 < inc["detected_at"]
     attempts = [e["attempt"] for e in events(cfg, "attempt_start")]
     assert attempts == sorted(set(attempts))
     assert len(events(cfg, "run_end")) == 1
