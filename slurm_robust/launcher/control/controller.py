@@ -116,6 +116,8 @@ class Controller:
             view = AgentView(int(key), node, 0, "", now)
             view.connected, view.heard = False, False
             view.lost = int(key) == takeover.lost_agent
+            if view.lost and takeover.last_heard is not None:
+                view.last_seen = takeover.last_heard  # the incident's fault time
             self.agents[int(key)] = view
 
     def superseded(self) -> bool:

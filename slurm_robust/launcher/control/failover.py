@@ -109,6 +109,8 @@ class Takeover:
     lost_agent: int | None
     lost_node: str | None
     evidence: dict[str, Any] = field(default_factory=dict)
+    #: When the successor last heard from the old controller (the fault time's bound).
+    last_heard: float | None = None
 
 
 class StoodDown(Exception):

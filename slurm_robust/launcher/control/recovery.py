@@ -505,6 +505,10 @@ class Recovery:
                 self.on_agent_lost(member, False, now)
         for failure in gen.failures:
             failure.exit.evidence.update(takeover.evidence)
+            if takeover.last_heard is not None and failure.agent == takeover.lost_agent:
+                # Its fault time: the successor's last contact (it may have reported
+                # again since, a frozen process resumed).
+                failure.exit = dataclasses.replace(failure.exit, time=takeover.last_heard)
         self.persist()
         log.warning("took over generation %s (attempt %s, term %s) on %s; lost %s",
                     gen.number, gen.attempt, self.term, st.slots,

@@ -83,8 +83,8 @@ def slurm_node_state(node: str | None) -> str | None:
 def after_controller_loss(cfg: RunConfig, ident: Identity, known_term: int,
                           clock: Callable[[], float] = time.time,
                           sleep: Callable[[float], None] = time.sleep,
-                          node_state: Callable[[str | None], str | None] = slurm_node_state
-                          ) -> Succession:
+                          node_state: Callable[[str | None], str | None] = slurm_node_state,
+                          last_heard: float | None = None) -> Succession:
     """Decide (and, for TAKE_OVER, win the claim); see the module docstring."""
     paths = RunPaths.of(cfg.run_dir)
     start = clock()
@@ -127,7 +127,7 @@ def after_controller_loss(cfg: RunConfig, ident: Identity, known_term: int,
                             lost_agent, lost_node)
                 return Succession(Outcome.TAKE_OVER, failover.Takeover(
                     term + 1, lost_agent if isinstance(lost_agent, int) else None,
-                    lost_node, evidence))
+                    lost_node, evidence, last_heard))
             # Someone else won this term: wait for its controller.json.
         if now - start > FAILOVER_BUDGET_S:
             log.warning("no successor controller within %.0f s; requeueing",

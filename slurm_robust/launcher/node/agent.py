@@ -419,7 +419,7 @@ class Agent:
         if chan is not None:
             chan.close()
             return None
-        got = after_controller_loss(self.cfg, self.ident, self.term)
+        got = after_controller_loss(self.cfg, self.ident, self.term, last_heard=last_ok)
         log.warning("agent %s: controller lost (%s): %s", self.ident.index, why,
                     got.outcome)
         if got.outcome is Outcome.FOLLOW:

@@ -103,6 +103,8 @@ def test_frozen_controller_is_replaced_and_stands_down(cfg):
     [inc] = events(cfg, "incident")
     assert (inc["class"], inc["rung"], inc["nodes"]) == ("node_lost", "spare", ["n2"])
     assert inc["evidence"]["controller_lost"] is True
+    # The fault time is when the successor last heard the old controller, not the takeover.
+    assert inc["fault_time"] <= frozen_at + 0.5 < inc["detected_at"]
     attempts = [e["attempt"] for e in events(cfg, "attempt_start")]
     assert attempts == sorted(set(attempts))
     assert len(events(cfg, "run_end")) == 1
@@ -120,3 +122,17 @@ def test_an_agent_frozen_through_a_takeover_follows_and_never_requeues(cfg):
                                             "node": "n1", "host": "127.0.0.1", "port": 1}))
     got = after_controller_loss(cfg, ident(1), 1, node_state=lambda n: None)
     assert got.outcome is Outcome.FOLLOW
+
+
+def test_losing_the_batch_node_requeues_other_faults_there_take_the_spare():
+    from slurm_robust.launcher.control.policy import LadderInput, decide
+    from slurm_robust.launcher.enums import Rung
+
+    def rung(cls: str) -> str:
+        return decide(LadderInput(cls=cls, blamed=("n1",), controller_node="n2",
+                                  spares_left=1, restarts=0, max_restarts=5,
+                                  signature=None, signature_seen=0, no_progress=0,
+                                  max_no_progress=3, batch_node="n1")).rung
+
+    assert rung("node_lost") == Rung.REQUEUE      # the batch step died with the node
+    assert rung("gpu_unavailable") == Rung.SPARE  # the batch step still runs there
