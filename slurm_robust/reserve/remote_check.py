@@ -167,7 +167,9 @@ class SlurmNodeGate:
 
     def _settle(self, node: str, timeout_s: float = SETTLE_S) -> None:
         """Wait (bounded) until the node reads idle in the view the reserve plans from
-        (``sinfo --json``), so the next snapshot sees the node its check returned."""
+        (``sinfo --json``), so the next snapshot sees the node its check returned: Slurm
+        22.05 shows a just-resumed node NOT_RESPONDING for about a second (seen on the
+        mini-cluster), which made reconcile pass over the node it had just checked."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             found = self.slurm.nodes([node])
