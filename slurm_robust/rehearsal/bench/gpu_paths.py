@@ -183,7 +183,20 @@ def reference_determinism(repeats: int = 3) -> dict[str, Any]:
         out[label] = {"digests": digests,
                       "identical": len(set(digests)) == 1
                       and not digests[0].startswith("error")}
-    out["ok"] = out["deterministic"]["identical"]
+    # The bitwise SDC test's own reference step (launcher/node/reference_step.py), as the
+    # workers run it at the start of a replaying attempt, on the GPU.
+    code = ("from slurm_robust.launcher.node.reference_step import reference_digest; "
+            "print(reference_digest('cuda'))")
+    digests = []
+    for _ in range(repeats):
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=300, check=False)
+        digests.append(proc.stdout.strip() if proc.returncode == 0
+                       else f"error: {proc.stderr.strip().splitlines()[-1:]}")
+    out["bitwise_reference_step"] = {"digests": digests, "identical": len(set(digests)) == 1
+                                     and not digests[0].startswith("error")}
+    out["ok"] = out["deterministic"]["identical"] and \
+        out["bitwise_reference_step"]["identical"]
     return out
 
 
