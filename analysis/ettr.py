@@ -123,7 +123,11 @@ def rollbacks(log: RunLog) -> pd.DataFrame:
         "cutoff": np.concatenate([later["time"].to_numpy(dtype=np.float64),
                                   inc["detected_at"].to_numpy(dtype=np.float64)]),
         "restored": np.concatenate([later["restored_step"].fillna(-1).to_numpy(dtype=np.int64),
-                                    inc["restored_step"].to_numpy(dtype=np.int64)])})
+                                    inc["restored_step"].to_numpy(dtype=np.int64)]),
+        # The attempt the rollback starts (an incident is logged in it): a step record of
+        # an earlier attempt stamped at the very cutoff time still comes before it.
+        "attempt": np.concatenate([later["attempt"].to_numpy(dtype=np.int64),
+                                   inc["attempt"].to_numpy(dtype=np.int64)])})
 
 
 def cover_steps(steps: pd.DataFrame, attempts: pd.DataFrame) -> pd.DataFrame:
@@ -179,10 +183,21 @@ def kept_steps(steps: pd.DataFrame, points: pd.DataFrame) -> np.ndarray:
     runs = run_codes(steps)
     pos = np.flatnonzero(np.isin(runs, pts["run"].unique()))  # runs without one keep all
     left = pd.DataFrame({"run": runs[pos], "time": steps["time"].to_numpy()[pos],
+                         "attempt": steps["attempt"].to_numpy(dtype=np.int64)[pos],
                          "pos": pos}).sort_values("time", kind="stable")
-    hit = pd.merge_asof(left, pts[["run", "cutoff", "later_min"]], left_on="time",
-                        right_on="cutoff", by="run", direction="forward",
-                        allow_exact_matches=False)
+    right = pts[["run", "cutoff", "later_min"]]
+    # A record at a cutoff's exact time belongs before the rollback when its attempt is
+    # older than the one the rollback starts (zero-length detection and restart), after
+    # it otherwise: exact matches first, then the strict search for the rest.
+    hit = pd.merge_asof(left, pts[["run", "cutoff", "later_min", "attempt"]].rename(
+        columns={"attempt": "cut_attempt"}), left_on="time", right_on="cutoff", by="run",
+        direction="forward", allow_exact_matches=True)
+    tie = (hit["cutoff"].to_numpy() == hit["time"].to_numpy()) & \
+        (hit["attempt"].to_numpy() >= hit["cut_attempt"].fillna(-1).to_numpy())
+    if tie.any():
+        strict = pd.merge_asof(left[tie], right, left_on="time", right_on="cutoff", by="run",
+                               direction="forward", allow_exact_matches=False)
+        hit.loc[tie, "later_min"] = strict["later_min"].to_numpy()
     later_min = np.full(len(steps), np.nan)
     later_min[hit["pos"].to_numpy()] = hit["later_min"].to_numpy(dtype=np.float64)
     prev = steps["prev_step"].to_numpy(dtype=np.float64)

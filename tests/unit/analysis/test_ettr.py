@@ -274,3 +274,14 @@ def test_grid_is_bounded_and_chunking_does_not_change_it(monkeypatch):
     monkeypatch.setattr(ettr, "MAX_GRID_POINTS", 500)
     bounded = analyse(inputs).sliding
     assert len(bounded) <= 500 + 300  # the budget plus one end sample per run
+
+
+def test_a_step_stamped_at_the_next_attempts_start_is_still_rolled_back():
+    # Zero-length detection and restart: step 2 of attempt 0 and attempt 1's start share a
+    # timestamp; step 2 is redone, so it is not productive (found by the property above).
+    run = synth_run(steps=10, step_time_s=1.0, faults=[Fault(
+        2, "cuda_error", "in_place", into_step_s=0.0, detect_s=0.0, localize_s=None,
+        restart_s=0.0, restore_back=1)])
+    an = analysed(run.events, window_s=600.0)
+    assert an.per_run.iloc[0]["ettr"] == pytest.approx(run.truth.ettr)
+    assert int((~an.steps["kept"]).sum()) == run.truth.steps_redone == 1
