@@ -40,6 +40,26 @@ def minicluster() -> Iterator[RunningCluster]:
         mc.down()
 
 
+@pytest.fixture(autouse=True)
+def _our_drains_resumed(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each cluster test starts with every node slurm_robust drained back in service.
+
+    Tests blame nodes on purpose; a verdict applied at a job's end (EpilogSlurmctld, after
+    the test's own teardown), a deep check still pending, or the repeat-offender rule
+    (the same node blamed twice within hours, which a test suite does by design) would
+    otherwise leave the next test's allocation pending. An admin's drain (another reason)
+    is left alone: the tests that set one clean up themselves.
+    """
+    if "minicluster" not in request.fixturenames:
+        yield
+        return
+    cluster: RunningCluster = request.getfixturevalue("minicluster")
+    for node in cluster.slurm.nodes():
+        if node.drained and (node.reason or "").startswith("slurm_robust:"):
+            cluster.slurm.resume(node.name)
+    yield
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test that uses the mini-cluster is an integration test, marked or not: the
     quick subset (``-m "not integration"``) must never start a cluster."""
