@@ -280,6 +280,14 @@ class RobustRun:
         import torch.distributed as dist
 
         if destroy_process_group and dist.is_initialized():
+            # Every rank finished its last collective; meet once more so rank 0, which
+            # hosts the rendezvous store, does not leave while others still tear down
+            # (a rank then aborted at exit: "terminate called without an active
+            # exception", seen in the DDP example's standalone run).
+            try:
+                dist.barrier()
+            except RuntimeError:
+                pass  # a peer is gone already: nothing left to wait for
             dist.destroy_process_group()
 
     # ----------------------------------------------------------------- internals
