@@ -83,9 +83,10 @@ def test_partition_evicts_and_fences_the_node_and_keeps_the_params(runs, baselin
     run.wait_step(10)
     ctl = json.loads(run.paths.controller.read_text())
     assert ctl["host"] == cfg.node_addr(ctl["node"])  # a real per-node address
-    slots = load_state(run.paths.state).slots
-    victim = "node2" if "node2" in slots and ctl["node"] != "node2" else \
-        next(n for n in slots if n != ctl["node"])
+    state = load_state(run.paths.state)
+    # Neither the controller's node (failover) nor the batch node (agent 0's: losing it
+    # ends the job in Slurm's eyes, the requeue rung): the in-job spare's case.
+    victim = next(n for n in state.slots if n not in (ctl["node"], state.members.get("0")))
     old = run.paths.read_agents()[victim]
     old_pids = [int(old["agent_pid"]), *map(int, old["workers"].values())]
     assert old_pids[1:] and all(_alive(p) for p in old_pids)

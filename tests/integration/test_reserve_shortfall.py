@@ -47,13 +47,15 @@ def empty_reserve(minicluster, drain) -> None:
 
 def test_shortfall_shrinks_the_requeue_to_the_nodes_left(runs, baseline_sha,  # noqa: F811
                                                          drained, minicluster):
-    # NODES + 1 spare fill `train`; the lost controller node leaves NODES there and the
-    # reserve has none: shrink requeues on NODES nodes (no spare) instead of pending.
+    # NODES + 1 spare fill `train`; the lost batch node (agent 0's: losing it ends the
+    # job in Slurm's eyes, so the requeue rung even with the spare parked) leaves NODES
+    # there and the reserve has none: shrink requeues on NODES nodes (no spare) instead
+    # of pending.
     assert len(minicluster.cfg.train_nodes) == NODES + 1, "sized for a 4-node train"
     empty_reserve(minicluster, drained)
     run = runs("shortfall-shrink", spares=1)
     run.wait_step(10)
-    victim = run.controller_node()
+    victim = load_state(run.paths.state).members["0"]
     run.inject("kill-node", "--node", victim)
     runs.killed.append(victim)
     end = run.wait_end(timeout=180)

@@ -63,8 +63,10 @@ def test_two_nodes_lost_45_s_apart_resume_on_the_reserve(runs, minicluster):  # 
     run = runs("two-lost", spares=1, train_args=ARGS)
     run.wait_step(10)
     ctl = run.controller_node()
-    slots = load_state(run.paths.state).slots
-    first = next(n for n in slots if n != ctl)
+    state = load_state(run.paths.state)
+    # Neither the controller's node (failover) nor the batch node (agent 0's: losing it
+    # ends the job in Slurm's eyes, the requeue rung): the in-job spare's case.
+    first = next(n for n in state.slots if n not in (ctl, state.members.get("0")))
     run.inject("kill-node", "--node", first)
     runs.killed.append(first)
     time.sleep(45)
@@ -107,7 +109,8 @@ def test_two_nodes_lost_45_s_apart_resume_on_the_reserve(runs, minicluster):  # 
 
 def test_both_spares_failing_their_prolog_stop_the_job_with_a_verdict(runs,  # noqa: F811
                                                                       minicluster):
-    """The controller's node dies: the job is requeued and handed a spare, whose prolog
+    """The batch node dies (its loss ends the job in Slurm's eyes, whatever the in-job
+    spares): the job is requeued and handed a spare, whose prolog
     fails; it is replaced by the second spare, whose prolog fails too. With no spare left
     and too few usable nodes, the job is stopped with a verdict in bounded time, never
     left pending behind drained nodes."""
@@ -124,9 +127,9 @@ def test_both_spares_failing_their_prolog_stop_the_job_with_a_verdict(runs,  # n
                       "xid_events", "--value", '[{"gpu": 0, "xid": 79}]')
             assert out.returncode == 0, out.stderr
         run.wait_step(5)
-        ctl = run.controller_node()
-        run.inject("kill-node", "--node", ctl)
-        runs.killed.append(ctl)
+        batch = load_state(run.paths.state).members["0"]
+        run.inject("kill-node", "--node", batch)
+        runs.killed.append(batch)
         t0 = time.monotonic()
         job = None
         while time.monotonic() - t0 < 240:

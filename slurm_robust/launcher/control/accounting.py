@@ -43,11 +43,14 @@ def settle(incident: dict[str, Any]) -> list[dict[str, Any]]:
     restored = incident.get("restored_step")
     lost = incident.get("steps_lost")
     for c in cut:
-        c.update(recovered_at=incident.get("recovered_at"), restored_step=restored,
-                 restore_tier=incident.get("restore_tier"))
+        c["recovered_at"] = incident.get("recovered_at")
+        if restored is not None or c.get("restored_step") is None:
+            c.update(restored_step=restored, restore_tier=incident.get("restore_tier"))
+        # else: the later incident never restored (it stopped the run); the earlier one's
+        # own restore, recorded when it was cut short, is what happened.
         c["rung"] = c.get("rung") or incident.get("rung")
         c["steps_lost"] = None if lost is None else max(
-            0, (c.get("last_step") or 0) - (restored or 0))
+            0, (c.get("last_step") or 0) - (c.get("restored_step") or 0))
     if lost is not None:
         before = max([(c.get("last_step") or 0) for c in cut] + [restored or 0])
         incident["steps_lost"] = max(0, (incident.get("last_step") or 0) - before)

@@ -26,6 +26,7 @@ import threading
 import time
 from typing import Any
 
+from slurm_robust.errors import SlurmRobustError
 from slurm_robust.launcher.auth import AuthError, ensure_run_secret, server_handshake
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import failover
@@ -185,9 +186,19 @@ class Controller:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
-        if self.recovery.metrics is not None:
-            self.recovery.metrics.close()  # stop serving, withdraw the discovery target
-        return dict(self.recovery.result)
+        rec = self.recovery
+        if rec.metrics is not None:
+            rec.metrics.close()  # stop serving, withdraw the discovery target
+        if rec.phase is Phase.DONE and rec.batch_lost:
+            # Last, once every agent has had its exit plan: this ends the job, and this
+            # process with it.
+            log.warning("job %s: the batch node was lost and the run has ended; cancelling "
+                        "the job (Slurm would keep it running)", self.ident.job_id)
+            try:
+                rec.slurm.cancel(self.ident.job_id)
+            except SlurmRobustError as exc:
+                log.error("could not cancel job %s: %s; scancel it", self.ident.job_id, exc)
+        return dict(rec.result)
 
     def alive(self) -> bool:
         """Whether the tick loop still runs (agent 0 waits for a live, slow controller)."""

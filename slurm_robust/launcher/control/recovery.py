@@ -55,7 +55,12 @@ from slurm_robust.launcher.control.policy import (
     made_progress,
     rendezvous_port,
 )
-from slurm_robust.launcher.control.requeue import drain_directly, requeue_job, write_verdict
+from slurm_robust.launcher.control.requeue import (
+    cancel_job,
+    drain_directly,
+    requeue_job,
+    write_verdict,
+)
 from slurm_robust.launcher.control.shortfall import (
     Capacity,
     Choice,
@@ -132,6 +137,7 @@ class SlurmSide:
     #: Counts what a requeue off the blamed nodes could get (shortfall.py); None: no
     #: count, the requeue goes ahead as asked. Recovery sets the real one by default.
     capacity: Callable[[str, Sequence[str]], Capacity | None] | None = None
+    cancel: Callable[[str], None] = cancel_job
 
 
 @dataclass
@@ -222,6 +228,10 @@ class Recovery:
         self.last_persist = 0.0
         self.result: dict[str, Any] = {}
         self.done_at: float | None = None
+        #: The batch step's node was lost: Slurm (22.05, ``--no-kill``) then keeps the job
+        #: RUNNING after everything else ended ("batch step received ... This should
+        #: never happen"), so a run that ends this way cancels its own job.
+        self.batch_lost = False
         self.started_at = clock()
         # Live metrics (docs/METRICS.md), set by the controller once it serves them;
         # fed here because this owner is where steps, incidents and recoveries happen.
@@ -724,6 +734,10 @@ class Recovery:
             signature_seen=st.signatures.get(signature or "", 0),
             no_progress=st.no_progress, max_no_progress=self.cfg.max_no_progress,
             diagnosed_repeat=diagnosed_repeat))
+        batch = self._batch_node()
+        if incident["class"] == IncidentClass.NODE_LOST and batch is not None and \
+                batch in blamed:
+            self.batch_lost = True
         if override is not None and decision.rung is Rung.IN_PLACE:
             decision = override  # the NaN ladder's call, unless a budget already stops
         if evict:

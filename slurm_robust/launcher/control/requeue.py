@@ -133,6 +133,16 @@ def requeue_job(job_id: str, exclude: Sequence[str], restart_count: int | None =
             time.sleep(0.5)
 
 
+def cancel_job(job_id: str, slurm: Slurm | None = None) -> None:
+    """``scancel`` the job, waiting out a slurmctld outage (slurm_actions' budget).
+
+    For a run that ended after losing its batch node: Slurm 22.05 keeps such a job
+    RUNNING under ``--no-kill`` (the batch step cannot report from a dead node), holding
+    the nodes left until the time limit. Blocks."""
+    slurm = slurm or Slurm()
+    retry_transient(lambda: slurm.cancel(job_id), f"cancel {job_id}")
+
+
 def requeue_after_controller_loss(cfg: RunConfig, ident: Any, controller_node: str | None,
                                   why: str, last_heard: float | None = None) -> bool:
     """Called by an agent that lost the controller: exactly one agent (an O_EXCL lock

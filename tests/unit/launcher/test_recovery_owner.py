@@ -316,3 +316,24 @@ def test_a_requeue_in_flight_never_blocks_the_tick(tmp_path):
     release.set()
     h.wait_slurm()
     assert h.rec.phase is Phase.DONE and "denied" in h.rec.result["verdict"]
+
+
+def test_losing_the_batch_node_marks_the_job_for_cancelling_at_its_end(tmp_path):
+    # Slurm keeps a --no-kill job whose batch node died RUNNING: the run's end cancels it.
+    h = Harness(tmp_path, spares=1)
+    h.slurm.refuse_requeue = True  # so the run ends here, as a stop for shortfall would
+    h.start()
+    h.members[0].lost = True
+    h.rec.on_agent_lost(h.members[0], closed=True, now=h.clock())
+    h.settle()
+    assert h.rec.state.blamed == ["n1"] and h.rec.batch_lost
+    assert h.rec.phase is Phase.DONE
+
+
+def test_losing_another_node_does_not(tmp_path):
+    h = Harness(tmp_path, spares=1)
+    h.start()
+    h.members[1].lost = True
+    h.rec.on_agent_lost(h.members[1], closed=True, now=h.clock())
+    h.settle()
+    assert h.rec.gen.slots == [0, 2] and not h.rec.batch_lost
