@@ -10,6 +10,7 @@ marked ``integration``; run only unit tests with ``-m "not integration"``.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -54,6 +55,12 @@ def _our_drains_resumed(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
         return
     cluster: RunningCluster = request.getfixturevalue("minicluster")
+    # The previous test's jobs first: EpilogSlurmctld applies their verdicts while they
+    # complete, after that test's teardown (a resume before would be undone).
+    deadline = time.monotonic() + 90.0
+    while time.monotonic() < deadline and any(not j.finished
+                                              for j in cluster.slurm.jobs()):
+        time.sleep(1.0)
     for node in cluster.slurm.nodes():
         if node.drained and (node.reason or "").startswith("slurm_robust:"):
             cluster.slurm.resume(node.name)

@@ -169,11 +169,17 @@ def kill_node(job_id: str, node: str) -> dict[str, Any]:
     # sees the batch script die it sends srun SIGCONT+SIGTERM, and srun forwards
     # SIGKILL. No SIGSTOP either: stopped members of a process group orphaned by the
     # kill get SIGHUP+SIGCONT from the kernel, with the same effect.
+    # Before srun, the batch step's slurmstepd: alive, it sees the batch script exit once
+    # srun is gone and reports the batch step complete, and slurmctld then ends the whole
+    # job, killing every other node's tasks (a dead node reports nothing).
     victims = job_processes(job_id, node)
+    batch = [p for p in victims if procfs.cmdline(p).startswith("slurmstepd")
+             and ".batch]" in procfs.cmdline(p)]
     sruns = [p for p in victims if procfs.cmdline(p).startswith("srun")]
+    _signal_all(batch, signal.SIGKILL)
     _signal_all(sruns, signal.SIGKILL)
     os.kill(slurmd, signal.SIGKILL)
-    _signal_all([p for p in victims if p not in sruns], signal.SIGKILL)
+    _signal_all([p for p in victims if p not in sruns and p not in batch], signal.SIGKILL)
     wiped = wipe_node_dirs(job_id, node)
     return {"slurmd_pid": slurmd, "killed": victims, "wiped": wiped}
 
