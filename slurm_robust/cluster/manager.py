@@ -284,6 +284,14 @@ class MiniCluster:
                 (nd / sub).mkdir(parents=True, exist_ok=True)
             for sub in ("shm", "local", "tmp"):
                 (nd / sub).chmod(0o1777)
+            # The checkpoint's node-local shared level (<local_root>/<node>), made by root
+            # as a site would: left to the first comer, another user could own it and
+            # every robust job would refuse the node. A squatter's copy is moved aside.
+            level = nd / "local" / node
+            if level.is_symlink() or (level.exists() and level.stat().st_uid != 0):
+                level.rename(level.with_name(f".{node}.squatted-{int(time.time())}"))
+            level.mkdir(exist_ok=True)
+            level.chmod(0o1777)
         programs = {k: p for k, p in NODE_PROGRAMS.items() if p.exists()}
         plugin = SPANK_PLUGIN if SPANK_PLUGIN.exists() else None
         changed = False

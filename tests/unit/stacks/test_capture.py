@@ -132,5 +132,11 @@ def test_descendants_include_grandchildren():
     assert procfs.descendants([10], parents) == {10: [(11, 10), (13, 10), (12, 11)]}
     me = os.getpid()
     assert procfs.read_ppid(me) == os.getppid()
-    assert procfs.catches_signal(me, signal.SIGINT)  # Python installs a SIGINT handler
+    # Python installs a SIGINT handler, unless started with SIGINT ignored (a background
+    # job of a non-interactive shell): install one for the check either way.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert procfs.catches_signal(me, signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert Path(procfs.PROC / str(me)).exists()
