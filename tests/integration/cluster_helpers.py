@@ -7,6 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
+
 T = TypeVar("T")
 
 
@@ -28,3 +30,13 @@ def shared_out_dir(cluster: Any, name: str) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     path.chmod(0o1777)
     return path
+
+
+#: Rehearsals that kill the batch node get one rerun (pytest-rerunfailures). In about 1 of
+#: 5 such kills on this one-host cluster, every other node's tasks end ~5 s later with
+#: nothing in slurmctld's or the agents' logs (the surviving slurmstepds log only "Failed
+#: to send MESSAGE_TASK_EXIT"), and the run never records the incident. Not explained yet
+#: (node processes die one by one here; a real node vanishes at once): a rerun hides only
+#: that, a product failure fails both tries.
+BATCH_NODE_KILL = pytest.mark.flaky(reruns=1)
+

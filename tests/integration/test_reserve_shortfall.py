@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from cluster_helpers import wait_until
+from cluster_helpers import BATCH_NODE_KILL, wait_until
 from test_launcher_faults import NODES, baseline_sha, runs  # noqa: F401  (fixtures)
 
 from slurm_robust.launcher.control.state import load_state
@@ -45,6 +45,7 @@ def empty_reserve(minicluster, drain) -> None:
         drain(name)
 
 
+@BATCH_NODE_KILL
 def test_shortfall_shrinks_the_requeue_to_the_nodes_left(runs, baseline_sha,  # noqa: F811
                                                          drained, minicluster):
     # NODES + 1 spare fill `train`; the lost batch node (agent 0's: losing it ends the
@@ -103,3 +104,33 @@ def test_shortfall_that_the_world_cannot_fit_stops_with_a_verdict(runs, drained,
 
     wait_until("the job to end", job_ended, 180)
     assert time.time() - injected < 300
+
+
+@BATCH_NODE_KILL
+def test_a_stop_after_losing_the_batch_node_ends_the_job(runs, drained,  # noqa: F811
+                                                          minicluster):
+    # As above, but the lost node is the batch node: Slurm would keep the job RUNNING on
+    # the nodes left (its batch step cannot report from a dead node); the run cancels it.
+    empty_reserve(minicluster, drained)
+    run = runs("shortfall-stop-batch", spares=0)
+    run.wait_step(5)
+    state = load_state(run.paths.state)
+    for name in minicluster.cfg.train_nodes:
+        if name not in state.slots:
+            drained(name)
+    victim = state.members["0"]
+    injected = time.time()
+    run.inject("kill-node", "--node", victim)
+    runs.killed.append(victim)
+    end = run.wait_end(timeout=120)
+    assert end["status"] == "stopped", end
+    assert f"reserve shortfall (needs {NODES}, has {NODES - 1})" in end["verdict"], end
+
+    def job_ended() -> bool:
+        job = minicluster.slurm.job(run.job_id)
+        return job is None or job.finished
+
+    wait_until("the job to end", job_ended, 120)
+    job = minicluster.slurm.job(run.job_id)
+    assert job is None or job.state == "CANCELLED", job
+    assert time.time() - injected < 240
