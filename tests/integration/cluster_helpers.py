@@ -32,6 +32,13 @@ def shared_out_dir(cluster: Any, name: str) -> Path:
     return path
 
 
+def spare_path_victim(state: Any, controller: str) -> str:
+    """An active node whose loss the in-job spare takes: neither the controller's node
+    (failover) nor the batch node (agent 0's: losing it ends the job in Slurm's eyes, the
+    requeue rung). ``state``: the run's state.json as loaded by load_state."""
+    return next(n for n in state.slots if n not in (controller, state.members.get("0")))
+
+
 #: Rehearsals that kill the batch node get one rerun (pytest-rerunfailures). In about 1 of
 #: 5 such kills on this one-host cluster, every other node's tasks end ~5 s later with
 #: nothing in slurmctld's or the agents' logs (the surviving slurmstepds log only "Failed

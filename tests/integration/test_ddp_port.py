@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster_helpers import wait_until
+from cluster_helpers import spare_path_victim, wait_until
 
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.paths import RunPaths
@@ -130,10 +130,7 @@ def test_ddp_port_kill_node_is_bit_identical(ddp_run, baseline_sha):
     run = ddp_run("killnode")
     run.wait_step(16)
     controller = json.loads(run.paths.controller.read_text())["node"]
-    state = load_state(run.paths.state)
-    # Neither the controller's node (failover) nor the batch node (agent 0's: losing it
-    # ends the job in Slurm's eyes, the requeue rung): the in-job spare's case.
-    victim = next(n for n in state.slots if n not in (controller, state.members.get("0")))
+    victim = spare_path_victim(load_state(run.paths.state), controller)
     run.inject("kill-node", "--node", victim)
     ddp_run.killed.append(victim)
     end = run.wait_end()

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cluster_helpers import spare_path_victim
 
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.paths import RunPaths
@@ -213,11 +214,7 @@ def test_nan_is_caught_at_its_step_and_rolled_back(runs, baseline_sha):
 def test_kill_node_activates_spare_from_peer_backup(runs, baseline_sha):
     run = runs("killnode")
     run.wait_step(10)
-    state = load_state(run.paths.state)
-    # Neither the controller's node (its own test: failover) nor the batch node (agent
-    # 0's: losing it ends the job, the requeue rung).
-    victim = next(n for n in state.slots
-                  if n not in (run.controller_node(), state.members.get("0")))
+    victim = spare_path_victim(load_state(run.paths.state), run.controller_node())
     injected = run.inject("kill-node", "--node", victim)
     runs.killed.append(victim)
     end = run.wait_end()

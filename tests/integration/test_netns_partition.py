@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from cluster_helpers import wait_until
+from cluster_helpers import spare_path_victim, wait_until
 from test_launcher_faults import CLI, Run, baseline_sha, runs  # noqa: F401
 
 from slurm_robust.cluster import netns
@@ -83,10 +83,7 @@ def test_partition_evicts_and_fences_the_node_and_keeps_the_params(runs, baselin
     run.wait_step(10)
     ctl = json.loads(run.paths.controller.read_text())
     assert ctl["host"] == cfg.node_addr(ctl["node"])  # a real per-node address
-    state = load_state(run.paths.state)
-    # Neither the controller's node (failover) nor the batch node (agent 0's: losing it
-    # ends the job in Slurm's eyes, the requeue rung): the in-job spare's case.
-    victim = next(n for n in state.slots if n not in (ctl["node"], state.members.get("0")))
+    victim = spare_path_victim(load_state(run.paths.state), ctl["node"])
     old = run.paths.read_agents()[victim]
     old_pids = [int(old["agent_pid"]), *map(int, old["workers"].values())]
     assert old_pids[1:] and all(_alive(p) for p in old_pids)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from cluster_helpers import BATCH_NODE_KILL, wait_until
+from cluster_helpers import BATCH_NODE_KILL, spare_path_victim, wait_until
 from test_launcher_faults import NODES, baseline_sha, runs  # noqa: F401  (fixtures)
 
 from slurm_robust.launcher.control.state import load_state
@@ -73,26 +73,37 @@ def test_shortfall_shrinks_the_requeue_to_the_nodes_left(runs, baseline_sha,  # 
     assert end["status"] == "completed" and end["params_sha256"] == baseline_sha, end
 
 
-def test_shortfall_that_the_world_cannot_fit_stops_with_a_verdict(runs, drained,  # noqa: F811
-                                                                  minicluster):
-    # No spare; the train node the job does not use is drained too, so the requeue off
-    # a lost node would leave NODES - 1 nodes: the run stops, the job ends.
+def _one_node_short(runs, drained, minicluster, name: str):  # noqa: F811
+    """A run on NODES nodes (no spare) at step 5, with the reserve and the train node it
+    does not use drained: losing any of its nodes leaves NODES - 1."""
     empty_reserve(minicluster, drained)
-    run = runs("shortfall-stop", spares=0)
+    run = runs(name, spares=0)
     run.wait_step(5)
-    slots = load_state(run.paths.state).slots
-    for name in minicluster.cfg.train_nodes:
-        if name not in slots:
-            drained(name)
-    # Off the batch node (its loss is the shrink test's path) and the controller's.
-    members = load_state(run.paths.state).members
-    victim = next(n for n in slots if n not in (run.controller_node(), members.get("0")))
+    state = load_state(run.paths.state)
+    for node in minicluster.cfg.train_nodes:
+        if node not in state.slots:
+            drained(node)
+    return run, state
+
+
+def _lose_and_stop(run, runs, victim: str) -> tuple[float, dict]:  # noqa: F811
+    """Kill ``victim``; the run must stop on the shortfall. Returns (injected, run_end)."""
     injected = time.time()
     run.inject("kill-node", "--node", victim)
     runs.killed.append(victim)
     end = run.wait_end(timeout=120)
     assert end["status"] == "stopped", end
     assert f"reserve shortfall (needs {NODES}, has {NODES - 1})" in end["verdict"], end
+    return injected, end
+
+
+def test_shortfall_that_the_world_cannot_fit_stops_with_a_verdict(runs, drained,  # noqa: F811
+                                                                  minicluster):
+    # No spare; the train node the job does not use is drained too, so the requeue off
+    # a lost node would leave NODES - 1 nodes: the run stops, the job ends. The lost node
+    # is off the batch node (its loss is the next test's) and the controller's.
+    run, state = _one_node_short(runs, drained, minicluster, "shortfall-stop")
+    injected, _ = _lose_and_stop(run, runs, spare_path_victim(state, run.controller_node()))
     inc = run.events("incident")[-1]
     assert inc["rung"] == "stop" and inc["evidence"]["shortfall"]["choice"] == "stop", inc
     assert load_state(run.paths.state).requeues == 0
@@ -111,20 +122,8 @@ def test_a_stop_after_losing_the_batch_node_ends_the_job(runs, drained,  # noqa:
                                                           minicluster):
     # As above, but the lost node is the batch node: Slurm would keep the job RUNNING on
     # the nodes left (its batch step cannot report from a dead node); the run cancels it.
-    empty_reserve(minicluster, drained)
-    run = runs("shortfall-stop-batch", spares=0)
-    run.wait_step(5)
-    state = load_state(run.paths.state)
-    for name in minicluster.cfg.train_nodes:
-        if name not in state.slots:
-            drained(name)
-    victim = state.members["0"]
-    injected = time.time()
-    run.inject("kill-node", "--node", victim)
-    runs.killed.append(victim)
-    end = run.wait_end(timeout=120)
-    assert end["status"] == "stopped", end
-    assert f"reserve shortfall (needs {NODES}, has {NODES - 1})" in end["verdict"], end
+    run, state = _one_node_short(runs, drained, minicluster, "shortfall-stop-batch")
+    injected, _ = _lose_and_stop(run, runs, state.members["0"])
 
     def job_ended() -> bool:
         job = minicluster.slurm.job(run.job_id)

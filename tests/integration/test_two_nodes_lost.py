@@ -18,7 +18,7 @@ import sys
 import time
 
 import pytest
-from cluster_helpers import BATCH_NODE_KILL
+from cluster_helpers import BATCH_NODE_KILL, spare_path_victim
 from test_launcher_faults import CLI, EXAMPLE, NODES, REPO, runs  # noqa: F401
 
 from slurm_robust.cluster.manager import MiniCluster
@@ -64,10 +64,7 @@ def test_two_nodes_lost_45_s_apart_resume_on_the_reserve(runs, minicluster):  # 
     run = runs("two-lost", spares=1, train_args=ARGS)
     run.wait_step(10)
     ctl = run.controller_node()
-    state = load_state(run.paths.state)
-    # Neither the controller's node (failover) nor the batch node (agent 0's: losing it
-    # ends the job in Slurm's eyes, the requeue rung): the in-job spare's case.
-    first = next(n for n in state.slots if n not in (ctl, state.members.get("0")))
+    first = spare_path_victim(load_state(run.paths.state), ctl)
     run.inject("kill-node", "--node", first)
     runs.killed.append(first)
     time.sleep(45)
