@@ -37,8 +37,10 @@ Contract for training code (one ``CheckpointManager`` per rank)::
 - ``restore()`` is collective: ranks exchange what copies they see, agree on the newest
   step valid for every rank (:func:`choose_restore_step`), walk tiers in the order
   memory, peer, local, durable, verify checksums, fall back past corrupt or torn copies,
-  and log which tier served each rank. No copies anywhere: a fresh start (step None).
-  Copies exist but no common valid step: :class:`NoValidCheckpointError`.
+  and log which tier served each rank. No copies anywhere: a fresh start (step None);
+  so is a set whose missing ranks can only have had volatile copies, lost with their
+  nodes before the first durable save was due. Otherwise, copies exist but no common
+  valid step: :class:`NoValidCheckpointError`.
 
 Construction and ``restore()`` are collective over all ranks (``torch.distributed`` must
 be initialised when world_size > 1); every rank must call ``snapshot`` for the same steps.

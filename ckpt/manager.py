@@ -233,13 +233,14 @@ class CheckpointManager:
         """Agree on the newest step valid for every rank and load this rank's copy.
 
         Collective. See the package docstring; raises NoValidCheckpointError when
-        copies exist but no step is complete for every rank.
+        copies exist but no step is complete for every rank, unless the missing ranks'
+        copies can only have been volatile ones lost with their nodes (a fresh start).
         """
         self._check_open()
         self.flush()
         return restore_mod.restore(self.paths, self.world_size, self.layout.as_dict(),
                                    self.config.peer_slots, self._ctl, self._transport,
-                                   self._global)
+                                   self._global, durable_every=self.config.durable_every)
 
     def host_bytes(self) -> int:
         """Host memory held for checkpoints: own slots plus backup buffers."""

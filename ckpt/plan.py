@@ -76,16 +76,22 @@ def _preference(copy: CopyInfo) -> tuple[int, int, int]:
 
 
 def choose_restore_step(copies: Iterable[CopyInfo], world_size: int,
-                        exclude: Collection[CopyInfo] = ()) -> RestorePlan | None:
+                        exclude: Collection[CopyInfo] = (),
+                        durable_every: int | None = None) -> RestorePlan | None:
     """Pick the newest step that every rank has a copy of, and the best copy for each.
 
     ``copies`` lists what every rank found, invalid ones included; ``exclude`` removes
-    copies that failed to load. Returns None only when nothing was found at all (a fresh
-    start): damaged copies alone are an error, never a silent restart from scratch.
+    copies that failed to load. Returns None for a fresh start: when nothing was found at
+    all, or (``durable_every`` given: the run's durable cadence, 0 for none) when the only
+    copies are undamaged volatile ones of some ranks, all older than the first durable
+    save -- the other ranks' copies went with lost nodes and nothing durable was due yet,
+    so there is nothing else to restore. Damaged copies are an error, never a silent
+    restart from scratch.
 
     Raises:
         NoValidCheckpointError: copies exist, but no step is covered for every rank.
     """
+    copies = list(copies)
     excluded = set(exclude)
     by_step: dict[int, dict[int, CopyInfo]] = {}
     seen_any = False
@@ -104,7 +110,17 @@ def choose_restore_step(copies: Iterable[CopyInfo], world_size: int,
     for step in sorted(by_step, reverse=True):
         if len(by_step[step]) == world_size:
             return RestorePlan(step=step, sources=dict(sorted(by_step[step].items())))
+    if durable_every is not None and _lost_before_first_durable(copies, excluded,
+                                                                durable_every):
+        return None
     raise NoValidCheckpointError(_explain(by_step, world_size, len(excluded)))
+
+
+def _lost_before_first_durable(copies: list[CopyInfo], excluded: set[CopyInfo],
+                               durable_every: int) -> bool:
+    if excluded or any(not c.valid or c.tier == "durable" for c in copies):
+        return False
+    return durable_every <= 0 or max(c.step for c in copies) < durable_every
 
 
 def _explain(by_step: dict[int, dict[int, CopyInfo]], world_size: int, n_excluded: int) -> str:

@@ -37,17 +37,21 @@ MAX_ATTEMPTS = 8
 
 def restore(paths: CkptPaths, world_size: int, layout: dict[str, Any], backup_slots: int,
             ctl: dist.ProcessGroup | None, transport: Transport | None,
-            global_ranks: list[int]) -> RestoreResult:
-    """Run the restore protocol for rank ``paths.rank`` (collective when ctl is set)."""
+            global_ranks: list[int], durable_every: int | None = None) -> RestoreResult:
+    """Run the restore protocol for rank ``paths.rank`` (collective when ctl is set);
+    ``durable_every``: see :func:`~slurm_robust.ckpt.plan.choose_restore_step`."""
     t0 = time.perf_counter()
     me = paths.rank
     mine = scan_copies(paths, world_size, layout, backup_slots)
     copies = [c for part in _gather(mine, ctl, world_size) for c in part]
     excluded: list[CopyInfo] = []
     for attempt in range(1, MAX_ATTEMPTS + 1):
-        plan = choose_restore_step(copies, world_size, excluded)
+        plan = choose_restore_step(copies, world_size, excluded, durable_every)
         if plan is None:
-            log.info("rank %d: no checkpoint copies found: fresh start", me)
+            log.warning("rank %d: fresh start: %s", me,
+                        "only some ranks' volatile copies are left (the others went with "
+                        "their nodes) and no durable save was due yet" if copies else
+                        "no checkpoint copies found")
             return RestoreResult(step=None, seconds=time.perf_counter() - t0,
                                  attempts=attempt)
         failed: CopyInfo | None = None

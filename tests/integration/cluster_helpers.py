@@ -7,8 +7,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import pytest
-
 T = TypeVar("T")
 
 
@@ -37,13 +35,3 @@ def spare_path_victim(state: Any, controller: str) -> str:
     (failover) nor the batch node (agent 0's: losing it ends the job in Slurm's eyes, the
     requeue rung). ``state``: the run's state.json as loaded by load_state."""
     return next(n for n in state.slots if n not in (controller, state.members.get("0")))
-
-
-#: Rehearsals that kill the batch node get one rerun (pytest-rerunfailures). In about 1 of
-#: 5 such kills on this one-host cluster, every other node's tasks end ~5 s later with
-#: nothing in slurmctld's or the agents' logs (the surviving slurmstepds log only "Failed
-#: to send MESSAGE_TASK_EXIT"), and the run never records the incident. Not explained yet
-#: (node processes die one by one here; a real node vanishes at once): a rerun hides only
-#: that, a product failure fails both tries.
-BATCH_NODE_KILL = pytest.mark.flaky(reruns=1)
-

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from slurm_robust.launcher import versions as vs
+from slurm_robust.launcher.control.state import load_state
 from tests.integration.cluster_helpers import wait_until
 from tests.integration.test_launcher_faults import (  # noqa: F401 - fixtures
     CLI,
@@ -172,3 +173,26 @@ def test_a_new_version_raising_typeerror_rolls_back(runs, tmp_path, baseline_sha
     # The broken version finished no step: the pre-change snapshot was restored, and the
     # run ends as if nothing had changed.
     assert end["params_sha256"] == baseline_sha
+
+
+def test_a_requeue_after_an_update_keeps_the_new_version(runs, tmp_path):  # noqa: F811
+    v2 = new_version(tmp_path, "v2")
+    run = runs("hot-requeue", spares=0)
+    run.wait_step(8)
+    update(run, "--code", str(v2), "--now", "--args", NEW_ARGS)
+    switched = change(run, "resumed", 60)["restored_step"]
+    run.wait_step(switched + 3)
+    # The batch node (agent 0's): without a spare its loss takes the requeue rung, and the
+    # next allocation's batch script starts the run again from its own config.
+    victim = load_state(run.paths.state).members["0"]
+    run.inject("kill-node", "--node", victim)
+    runs.killed.append(victim)
+    end = run.wait_end(timeout=300)
+    assert end["status"] == "completed", run.tail()
+    lost = [i for i in run.events("incident") if i["class"] == "node_lost"]
+    assert [i["rung"] for i in lost] == ["requeue"], run.events("incident")
+    assert load_state(run.paths.state).requeues == 1
+    # v2 ran after the switch and again after the requeue, never the old version after it.
+    assert len(markers(run, "v2")) == 2, markers(run, "v2")
+    assert vs.read_current(run.run_dir)["version"] == 1
+    assert end["params_sha256"] == reference_sha(tmp_path, switched)

@@ -86,6 +86,8 @@ def test_sdc_node_failing_the_bitwise_test_is_evicted(runs, minicluster):  # noq
     end = run.wait_end()
     assert end["status"] == "completed", run.tail()
     incidents = run.events("incident")
+    seen = [(i["class"], i.get("rung"), i["nodes"], sorted(i["evidence"])) for i in incidents]
+    assert incidents and all("nan" in i["evidence"] for i in incidents), (seen, run.tail())
     resolutions = [i["evidence"]["nan"]["resolution"] for i in incidents]
     # The replay after the first NaN runs the bitwise test; the node fails it.
     assert resolutions[-1] == "evict" and set(resolutions) <= {"reattempt", "evict"}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from cluster_helpers import BATCH_NODE_KILL, spare_path_victim, wait_until
+from cluster_helpers import spare_path_victim, wait_until
 from test_launcher_faults import NODES, baseline_sha, runs  # noqa: F401  (fixtures)
 
 from slurm_robust.launcher.control.state import load_state
@@ -45,7 +45,6 @@ def empty_reserve(minicluster, drain) -> None:
         drain(name)
 
 
-@BATCH_NODE_KILL
 def test_shortfall_shrinks_the_requeue_to_the_nodes_left(runs, baseline_sha,  # noqa: F811
                                                          drained, minicluster):
     # NODES + 1 spare fill `train`; the lost batch node (agent 0's: losing it ends the
@@ -117,7 +116,6 @@ def test_shortfall_that_the_world_cannot_fit_stops_with_a_verdict(runs, drained,
     assert time.time() - injected < 300
 
 
-@BATCH_NODE_KILL
 def test_a_stop_after_losing_the_batch_node_ends_the_job(runs, drained,  # noqa: F811
                                                           minicluster):
     # As above, but the lost node is the batch node: Slurm would keep the job RUNNING on

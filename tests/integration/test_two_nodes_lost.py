@@ -18,7 +18,7 @@ import sys
 import time
 
 import pytest
-from cluster_helpers import BATCH_NODE_KILL, spare_path_victim
+from cluster_helpers import spare_path_victim
 from test_launcher_faults import CLI, EXAMPLE, NODES, REPO, runs  # noqa: F401
 
 from slurm_robust.cluster.manager import MiniCluster
@@ -105,7 +105,6 @@ def test_two_nodes_lost_45_s_apart_resume_on_the_reserve(runs, minicluster):  # 
                       "steps_redone": head["steps_redone"]}))
 
 
-@BATCH_NODE_KILL
 def test_both_spares_failing_their_prolog_stop_the_job_with_a_verdict(runs,  # noqa: F811
                                                                       minicluster):
     """The batch node dies (its loss ends the job in Slurm's eyes, whatever the in-job

@@ -176,8 +176,14 @@ def kill_node(job_id: str, node: str) -> dict[str, Any]:
     batch = [p for p in victims if procfs.cmdline(p).startswith("slurmstepd")
              and ".batch]" in procfs.cmdline(p)]
     sruns = [p for p in victims if procfs.cmdline(p).startswith("srun")]
+    # srun forks a "shepherd" child that waits on a pipe from its parent and, when the
+    # parent dies (EOF), kills the step with SIGKILL on every node (Slurm's srun_job.c,
+    # _shepherd_spawn). On a real node both vanish together; here the shepherd goes
+    # first, or it cancels the step everywhere when it outlives its parent by a moment.
+    shepherds = [p for p in sruns if procfs.read_ppid(p) in sruns]
     _signal_all(batch, signal.SIGKILL)
-    _signal_all(sruns, signal.SIGKILL)
+    _signal_all(shepherds, signal.SIGKILL)
+    _signal_all([p for p in sruns if p not in shepherds], signal.SIGKILL)
     os.kill(slurmd, signal.SIGKILL)
     _signal_all([p for p in victims if p not in sruns and p not in batch], signal.SIGKILL)
     wiped = wipe_node_dirs(job_id, node)

@@ -49,6 +49,24 @@ def test_nothing_anywhere_is_a_fresh_start_but_damage_is_an_error():
         choose_restore_step([copy(0, -1, valid=False)], 1)
 
 
+def test_volatile_copies_lost_with_nodes_before_the_first_durable_save_start_fresh():
+    # A requeue that lost rank 0's node and its peer's: rank 1 still has its memory copy
+    # of step 12, and the first durable save (every 20 steps) was not due yet.
+    some = [copy(1, 12), copy(1, 11, "peer", holder=2)]
+    assert choose_restore_step(some, 2, durable_every=20) is None
+    assert choose_restore_step(some, 2, durable_every=0) is None  # durable tier off
+    with pytest.raises(ckpt.NoValidCheckpointError):  # the caller did not say: as before
+        choose_restore_step(some, 2)
+    with pytest.raises(ckpt.NoValidCheckpointError):  # a durable save was due: missing
+        choose_restore_step([copy(1, 25)], 2, durable_every=20)
+    with pytest.raises(ckpt.NoValidCheckpointError):  # a durable copy of some ranks only
+        choose_restore_step([copy(1, 12), copy(1, 10, "durable")], 2, durable_every=10)
+    with pytest.raises(ckpt.NoValidCheckpointError):  # damage is never a fresh start
+        choose_restore_step([copy(1, 12), copy(0, 12, valid=False)], 2, durable_every=20)
+    with pytest.raises(ckpt.NoValidCheckpointError):
+        choose_restore_step(some, 2, exclude=[some[1]], durable_every=20)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 6),
                           st.sampled_from(ckpt.TIERS)), max_size=30))
