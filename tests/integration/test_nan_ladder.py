@@ -12,7 +12,9 @@ import sys
 
 import pytest
 
+from slurm_robust.launcher.control.state import load_state
 from slurm_robust.slurm import Slurm
+from tests.integration.cluster_helpers import spare_path_victim
 from tests.integration.test_launcher_faults import (  # noqa: F401
     EXAMPLE,
     NODES,
@@ -80,8 +82,9 @@ def test_data_nan_skip_policy_matches_a_run_that_skips_the_batch(runs, miniclust
 def test_sdc_node_failing_the_bitwise_test_is_evicted(runs, minicluster):  # noqa: F811
     run = runs("sdc-bitwise")
     run.wait_step(8)
-    node = run.controller_node()
-    victim = next(n for n in ("node3", "node2", "node1") if n != node)
+    # The eviction takes the in-job spare: a node that is neither the controller's nor
+    # the batch node, as in every spare test.
+    victim = spare_path_victim(load_state(run.paths.state), run.controller_node())
     run.inject("sdc", "--node", victim, "--probability", "0.25", "--bitwise")
     end = run.wait_end()
     assert end["status"] == "completed", run.tail()
