@@ -194,9 +194,12 @@ def _resubmit(slurm: Any, cfg: Any, args: argparse.Namespace, train: list[str],
         slurm.cancel(job)
         wait_for(lambda: (j := slurm.job(job)) is None or j.finished, args.timeout,
                  "the cancelled job to end")
+        # The cancelled job may finish a step after the request: only lines written
+        # after it ended count (the resubmitted job's).
+        t_sub = time.time()
         job2 = submit(code / EXAMPLE.name, "bench-update-new")
         jobs.append(job2)
-        nxt = wait_for(lambda: _first_after(progress, t_req), args.timeout,
+        nxt = wait_for(lambda: _first_after(progress, t_sub), args.timeout,
                        "the resubmitted run's first step")
         wait_for(lambda: (j := slurm.job(job2)) is not None and j.finished, args.timeout,
                  "the resubmitted run to end")
