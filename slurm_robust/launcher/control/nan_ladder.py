@@ -22,7 +22,9 @@ attempt (reattempt and rollback: it costs milliseconds, so it is not held back u
 second failure); a node whose digest differs is evicted (``evict``) whatever the NaN
 was. Dual-phase replay, for corruption the bitwise test does not show, is not built.
 
-A replay that passes the NaN's step closes the episode (:meth:`NanLadder.on_step`).
+A replay that passes the NaN's step closes the episode (:meth:`NanLadder.on_step`). The
+open episode and the skipped batches are part of ``state.json``, so a requeued
+allocation's controller (or a failover successor) goes on from the same rung.
 Pure but for :func:`write_skips`; recovery.py applies the decisions.
 """
 
@@ -88,6 +90,21 @@ class NanOrigin:
         return {"origin": self.describe(), "origin_ranks": list(self.ranks),
                 "origin_nodes": sorted(set(self.nodes)), "step": self.step,
                 "data_position": self.data_position, "origin_reason": self.reason}
+
+    def to_state(self) -> dict[str, Any]:
+        return {"step": self.step, "ranks": list(self.ranks), "nodes": list(self.nodes),
+                "data_position": self.data_position, "reason": self.reason}
+
+    @classmethod
+    def from_state(cls, raw: Mapping[str, Any]) -> NanOrigin:
+        step, ranks, nodes = raw.get("step"), raw.get("ranks", []), raw.get("nodes", [])
+        if not (step is None or type(step) is int) or not isinstance(ranks, list) \
+                or not isinstance(nodes, list) or len(ranks) != len(nodes) \
+                or not all(type(r) is int for r in ranks) \
+                or not all(isinstance(n, str) for n in nodes):
+            raise ValueError(f"NaN origin {dict(raw)!r}: step, ranks and nodes do not fit")
+        return cls(step, tuple(ranks), tuple(nodes), raw.get("data_position"),
+                   str(raw.get("reason", "")))
 
 
 def attribute(anomalies: Mapping[int, Mapping[str, Any]],
@@ -163,6 +180,27 @@ class NanLadder:
         """A finished step: a replay that passed the NaN's step ends the episode."""
         if self.last is not None and self.last.step is not None and step >= self.last.step:
             self.last = self.last_at = None
+
+    def to_state(self) -> dict[str, Any]:
+        """What a requeued or successor controller needs (``state.json``'s
+        ``nan_ladder``): the episode awaiting its replay and the batches skipped so far."""
+        return {"last": None if self.last is None else self.last.to_state(),
+                "last_at": self.last_at, "skipped": list(self.skipped)}
+
+    @classmethod
+    def from_state(cls, policy: NanPolicy, raw: Mapping[str, Any] | None) -> NanLadder:
+        """The ladder as persisted by :meth:`to_state` (a fresh one for None); raises
+        ValueError for a record that does not fit (never silently reset: a reset would
+        replay a data NaN once more and forget which batches were skipped)."""
+        if raw is None:
+            return cls(policy)
+        last, last_at, skipped = raw.get("last"), raw.get("last_at"), raw.get("skipped", [])
+        if not (last is None or isinstance(last, Mapping)) \
+                or not (last_at is None or isinstance(last_at, int | float)) \
+                or not isinstance(skipped, list) or not all(type(s) is int for s in skipped):
+            raise ValueError(f"NaN ladder state {dict(raw)!r} does not fit")
+        return cls(policy, None if last is None else NanOrigin.from_state(last),
+                   None if last_at is None else float(last_at), list(skipped))
 
 
 def write_skips(run_dir: str | Path, steps: Sequence[int]) -> Path:

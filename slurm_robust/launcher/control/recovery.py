@@ -244,7 +244,7 @@ class Recovery:
         self.term = 0
         self.superseded: Callable[[], bool] = lambda: False
         self.takeover: Takeover | None = None
-        self.nan = NanLadder(NanPolicy(cfg.nan_policy))  # issue 15
+        self.nan = NanLadder.from_state(NanPolicy(cfg.nan_policy), self.state.nan_ladder)
         self.bitwise_req: bitwise.BitwiseRequest | None = None
         #: issue 16: the code version the workers run, hot updates and rollbacks.
         self.hot = HotUpdate(cfg, self.events, clock)
@@ -472,6 +472,7 @@ class Recovery:
             raise StoodDown(f"term {self.term} superseded")
         self.last_persist = self.clock()
         self.state.term = max(self.state.term, self.term)
+        self.state.nan_ladder = self.nan.to_state()
         save_state(self.paths.state, self.state)
 
     # ------------------------------------------------------------------ takeover

@@ -51,6 +51,9 @@ class RunState:
     gen: int = 0
     members: dict[str, str] = field(default_factory=dict)
     spares: list[str] = field(default_factory=list)
+    # The NaN ladder (issue 15, nan_ladder.NanLadder.to_state): an open episode and the
+    # skipped batches, so a requeue does not replay a data NaN once more.
+    nan_ladder: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"v": STATE_VERSION, **asdict(self)}

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from slurm_robust.launcher.control.nan_ladder import (
     NanLadder,
     NanOrigin,
@@ -14,6 +16,7 @@ from slurm_robust.launcher.control.nan_ladder import (
     attribute,
     write_skips,
 )
+from slurm_robust.launcher.control.state import RunState
 from slurm_robust.launcher.node.nan_local import skipped_steps
 
 NODES = ["node1", "node2", "node3"]
@@ -93,3 +96,21 @@ def test_a_nan_that_moves_is_suspected_sdc():
     ladder.decide(_origin(31, 2), 0.0)
     step = ladder.decide(_origin(33, 1), 1.0)
     assert step.resolution is NanResolution.ROLLBACK and step.verdict == "sdc_suspected"
+
+
+def test_the_ladder_round_trips_through_the_run_state():
+    ladder = NanLadder(NanPolicy.SKIP, skipped=[3])
+    ladder.decide(NanOrigin(7, (2,), ("n3",), {"epoch": 0, "index": 6}, "local loss"), 100.0)
+    raw = json.loads(json.dumps(RunState(nan_ladder=ladder.to_state()).to_dict()))
+    back = NanLadder.from_state(NanPolicy.SKIP, RunState.from_dict(raw).nan_ladder)
+    assert back == ladder
+    assert NanLadder.from_state(NanPolicy.STOP, None) == NanLadder(NanPolicy.STOP)
+
+
+def test_a_ladder_record_that_does_not_fit_is_an_error_not_a_reset():
+    for bad in ({"last": {"step": "7", "ranks": [], "nodes": []}},
+                {"last": {"step": 7, "ranks": [1, 2], "nodes": ["n1"]}},
+                {"last": None, "skipped": ["4"]}, {"last": [], "skipped": []},
+                {"last": None, "last_at": "yesterday"}):
+        with pytest.raises(ValueError, match="do(es)? not fit"):
+            NanLadder.from_state(NanPolicy.STOP, bad)
