@@ -93,17 +93,12 @@ def test_data_nan_is_skipped_under_the_skip_policy(tmp_path):
     assert h.rec.gen.slots == [0, 1, 2]  # same nodes: nobody evicted
 
 
-def _requeued(tmp_path, **kw) -> Harness:
-    """The next allocation's controller: a new recovery owner on the same run dir."""
-    return _three(tmp_path, **kw)
-
-
 def test_a_requeue_between_the_nan_and_its_replay_keeps_the_ladder(tmp_path):
     h = _three(tmp_path)
     _nan_everywhere(h, 4)
     assert h.rec.state.open_incident["evidence"]["nan"]["resolution"] == "reattempt"
     h.rec.persist()  # e.g. a node lost before the replay: the job is requeued
-    h2 = _requeued(tmp_path)
+    h2 = _three(tmp_path)  # the next allocation's controller, on the same run dir
     h2.restored(3)
     _nan_everywhere(h2, 4)  # the replay on the new allocation: the same place again
     assert h2.rec.phase is Phase.DONE and h2.rec.result["status"] == "stopped"
@@ -116,7 +111,7 @@ def test_batches_skipped_before_a_requeue_stay_skipped(tmp_path):
     h.restored(3)
     _nan_everywhere(h, 4)  # skipped
     h.rec.persist()
-    h2 = _requeued(tmp_path, nan_policy="skip")
+    h2 = _three(tmp_path, nan_policy="skip")  # the next allocation's controller
     _nan_everywhere(h2, 9)
     h2.restored(8)
     _nan_everywhere(h2, 9)
