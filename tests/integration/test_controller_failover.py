@@ -6,8 +6,8 @@ goes through the spare rung like any other. A controller frozen by SIGSTOP and r
 later stands down: exactly one controller acts at a time. Both runs must end with the
 params_sha256 of the fault-free standalone run.
 
-Run: /work/bin/with-cluster .venv/bin/pytest tests/integration/test_controller_failover.py -q -s
-(-s prints the measured recovery as one JSON line per test.)
+Run: .venv/bin/pytest tests/integration/test_controller_failover.py -q -s (the session
+fixture starts the mini-cluster; -s prints the measured recovery as one JSON line per test).
 """
 
 from __future__ import annotations
