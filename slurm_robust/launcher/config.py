@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.errors import UsageError
-from slurm_robust.launcher.control.policy import PORT_SPAN
+from slurm_robust.launcher.control.policy import EPHEMERAL_FIRST, PORT_BUCKET, port_span
 from slurm_robust.scriptenv import is_python
 from slurm_robust.stacks.failslow import FailSlowOptions
 
@@ -61,7 +61,7 @@ class RunConfig:
             flight still leaves the previous one; 1 halves that memory but opens the window).
         master_port: base TCP port of the workers' rendezvous; each job uses its own
             block of ports above it and each attempt a fresh one (see
-            policy.rendezvous_port), so jobs sharing a host and restarts never collide.
+            policy.rendezvous_port), kept below the ephemeral port range (32768 on).
         controller_port: TCP port of the controller (0: any free port).
         site_config: path of the site config (node-local roots); None: the default lookup.
         env: extra environment for the workers.
@@ -162,10 +162,10 @@ class RunConfig:
                              f"heartbeat_timeout_s ({self.heartbeat_timeout_s})")
         if self.spike_factor <= 1:
             raise UsageError(f"spike_factor is {self.spike_factor}; use > 1")
-        if not 1024 <= self.master_port <= 65535 - PORT_SPAN:
-            raise UsageError(f"master_port {self.master_port} is outside "
-                             f"1024..{65535 - PORT_SPAN} (ports up to base + {PORT_SPAN} "
-                             "are used)")
+        if self.master_port < 1024 or port_span(self.master_port) < PORT_BUCKET:
+            raise UsageError(f"master_port {self.master_port} is outside 1024.."
+                             f"{65536 - PORT_BUCKET} (a base below {EPHEMERAL_FIRST} keeps "
+                             "the rendezvous out of the ephemeral port range)")
         if self.on_shortfall not in ("shrink", "stop", "wait"):
             raise UsageError(f"on_shortfall {self.on_shortfall!r}: use shrink, stop or wait")
         if self.stack_method not in ("auto", "py-spy", "faulthandler"):

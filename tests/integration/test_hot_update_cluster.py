@@ -112,7 +112,14 @@ def test_now_switches_versions_at_a_step_boundary(runs, tmp_path):  # noqa: F811
     # when they are stopped: restored >= the step the change was applied at.
     assert resumed["steps_redone"] == 0 and restored >= resumed["applied_step"]
     assert markers(run, "v2") == [f"HOT-UPDATE-MARKER v2 start={restored}"]
-    (inc,) = run.events("incident")  # the change: ByteRobust's manual class
+    incidents = run.events("incident")
+    # The change is ByteRobust's manual class. A rendezvous that failed on a busy host
+    # (a restart is then the ladder's job, not the change's) may add an in-place incident
+    # that lost nothing; anything else fails here, with the evidence.
+    (inc,) = [i for i in incidents if i["class"] == "code_data_change"]
+    others = [(i["class"], i["rung"], i["steps_lost"], i.get("evidence"))
+              for i in incidents if i is not inc]
+    assert all(rung == "in_place" and lost == 0 for _, rung, lost, _ in others), others
     assert inc["class"] == "code_data_change" and inc["category"] == "manual"
     assert inc["steps_lost"] == 0 and inc["restored_step"] == restored
     assert end["params_sha256"] == reference_sha(tmp_path, restored)

@@ -32,6 +32,7 @@ from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import failover
 from slurm_robust.launcher.control.failover import StoodDown, Takeover
 from slurm_robust.launcher.control.metrics import start_for_controller
+from slurm_robust.launcher.control.policy import port_span
 from slurm_robust.launcher.control.recovery import Recovery, SlurmSide
 from slurm_robust.launcher.enums import Phase, Role
 from slurm_robust.launcher.identity import Identity
@@ -55,6 +56,24 @@ TICK_S = 0.05
 RECONNECT_GRACE_S = 0.5
 #: Seconds a new connection has to pass the handshake.
 HANDSHAKE_S = 5.0
+
+
+def ephemeral_overlap(base: int,
+                     path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> str | None:
+    """A warning when this node's ephemeral port range (a site may have widened it)
+    overlaps the rendezvous ports above ``base``: outgoing connections can then hold a
+    rendezvous port and a restart's rendezvous fails now and then (EADDRINUSE)."""
+    try:
+        with open(path) as f:
+            low, high = (int(v) for v in f.read().split()[:2])
+    except (OSError, ValueError):
+        return None
+    top = base + port_span(base) - 1
+    if top < low or base > high:
+        return None
+    return (f"the rendezvous ports {base}-{top} overlap this node's ephemeral port range "
+            f"{low}-{high} (net.ipv4.ip_local_port_range): a restart may fail to bind its "
+            "port; set master_port below the range")
 
 
 class AgentView:
@@ -179,6 +198,9 @@ class Controller:
                                         name="robust-controller")
         self._thread.start()
         log.info("controller for %s listening on port %s", self.ident.step_key, port)
+        overlap = ephemeral_overlap(self.cfg.master_port)
+        if overlap:
+            log.warning("%s", overlap)
 
     def join(self) -> dict[str, Any]:
         if self._thread is not None:

@@ -110,3 +110,29 @@ def test_rendezvous_ports_differ_between_jobs_and_attempts():
     assert len(ports) == 6
     assert all(29500 <= p < 29500 + PORT_SPAN for p in ports)
     assert rendezvous_port(29500, "101", 1) == rendezvous_port(29500, "101", 1)
+
+
+def test_rendezvous_ports_stay_below_the_ephemeral_range():
+    """Outgoing connections hold ports from 32768 on (Linux's default range); a listener
+    cannot bind one of them, so no job's rendezvous port may lie there."""
+    from slurm_robust.launcher.control.policy import EPHEMERAL_FIRST, rendezvous_port
+
+    ports = {rendezvous_port(29500, str(job), a) for job in range(2000) for a in range(40)}
+    assert max(ports) < EPHEMERAL_FIRST and min(ports) >= 29500
+    assert len({rendezvous_port(29500, str(job), 0) for job in range(2000)}) == 102
+    assert rendezvous_port(61000, "7", 3) >= 61000  # a base above the range is kept
+
+
+def test_a_base_without_room_is_refused_and_an_overlap_is_named(tmp_path):
+    from slurm_robust.errors import UsageError
+    from slurm_robust.launcher.config import RunConfig
+    from slurm_robust.launcher.control.controller import ephemeral_overlap
+
+    with pytest.raises(UsageError, match="master_port 65530"):
+        RunConfig(command=("true",), run_dir=str(tmp_path / "run"), master_port=65530)
+    rng = tmp_path / "range"
+    rng.write_text("32768\t60999\n")
+    assert ephemeral_overlap(29500, str(rng)) is None
+    rng.write_text("10000 65535\n")  # a site that widened it
+    assert "29500-32763 overlap this node's ephemeral port range 10000-65535" in \
+        ephemeral_overlap(29500, str(rng))
