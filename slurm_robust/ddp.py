@@ -33,14 +33,19 @@ def wrap_ddp(model: Any, **kwargs: Any) -> Any:
     module docstring). Call it in every process, fresh start and restart alike."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    ddp = DDP(model, **kwargs)
-    if kwargs.get("find_unused_parameters"):
+    return fix_buckets(DDP(model, **kwargs))
+
+
+def fix_buckets(ddp: Any) -> Any:
+    """Fix the bucket layout of a DistributedDataParallel module someone else built (a
+    framework's strategy), before its first forward; returns it."""
+    if getattr(ddp, "find_unused_parameters", False):
         return ddp
     push = getattr(ddp.reducer, "_push_all_rebuilt_params", None)
     if push is None:
         warnings.warn("this torch has no Reducer._push_all_rebuilt_params: DDP will "
                       "rebuild its buckets after the first step of each process, and a "
-                      "restart may not be bit-identical", RuntimeWarning, stacklevel=2)
+                      "restart may not be bit-identical", RuntimeWarning, stacklevel=3)
         return ddp
     push()
     return ddp

@@ -22,14 +22,19 @@ What it does, through :mod:`slurm_robust.train` (a no-op outside the launcher):
   loop's state as extras (memory every step, peer backup, disk tiers).
 - ``on_fit_end``: reports the final step and the parameters' digest.
 
+- With the ``ddp`` strategy, ``on_fit_start`` also fixes the bucket layout of
+  Lightning's DistributedDataParallel (:func:`slurm_robust.ddp.fix_buckets`): DDP would
+  otherwise rebuild its buckets after the first step of every process, and a restarted
+  process would sum that step in another order (three or more ranks).
+
 Under the launcher Lightning picks its ``TorchElasticEnvironment`` (the workers get
 torchrun's variables, which Lightning ranks above Slurm's), so ranks and world size are
-the launcher's. Limits, as for Lightning's own checkpoints: a restore mid-epoch replays
-the same data only with a resumable dataloader (``state_dict``/``load_state_dict``, e.g.
-torchdata's StatefulDataLoader); one optimizer and at most one LR scheduler; with
-several ranks, Lightning's own DistributedDataParallel rebuilds its gradient buckets
-after the first step of every process, so a restart is bit-identical only where that
-order does not matter (two ranks; see slurm_robust/ddp.py).
+the launcher's, not srun's (whose task count includes the spares); the Trainer needs
+``num_nodes * devices`` equal to ``WORLD_SIZE`` (examples/train_lightning.py reads both
+from the environment). Limits, as for Lightning's own checkpoints: a restore mid-epoch
+replays the same data only with a resumable dataloader (``state_dict``/
+``load_state_dict``, e.g. torchdata's StatefulDataLoader); one optimizer and at most one
+LR scheduler.
 """
 
 from __future__ import annotations
@@ -45,7 +50,10 @@ except ImportError:  # pragma: no cover - depends on what is installed
         raise ImportError("slurm_robust.integrations.lightning needs PyTorch Lightning: "
                           "pip install 'slurm-robust[lightning]'") from exc
 
+from torch.nn.parallel import DistributedDataParallel
+
 from slurm_robust import train
+from slurm_robust.ddp import fix_buckets
 
 #: Where the fit loop's state travels in a snapshot's extras.
 FIT_LOOP_KEY = "lightning_fit_loop"
@@ -69,6 +77,11 @@ class RobustCallback(pl.Callback):
         if self.run.restored_step is not None and loop_state is not None:
             trainer.fit_loop.load_state_dict(loop_state)
         self._reported = trainer.global_step
+        wrapped = getattr(trainer.strategy, "model", None)
+        if isinstance(wrapped, DistributedDataParallel):
+            # Lightning's DDP would rebuild its buckets after the first step of every
+            # process: a restart would sum one step in another order (slurm_robust/ddp.py).
+            fix_buckets(wrapped)
 
     # ----------------------------------------------------------------- per step
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,

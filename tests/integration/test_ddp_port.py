@@ -54,12 +54,15 @@ def baseline_sha() -> str:
 
 
 class DdpRun:
-    def __init__(self, cluster, name: str) -> None:
+    """A run of ``command`` (default: the DDP example) on NODES nodes and one spare."""
+
+    def __init__(self, cluster, name: str, command: list[str] | None = None) -> None:
         self.env = cluster.env
         self.run_dir = str(cluster.cfg.shared_dir / f"test-ddp-{name}-{int(time.time() * 1e3)}")
+        command = command or [sys.executable, str(EXAMPLE), *TRAIN, "--min_step_time",
+                              "0.25"]
         argv = [*CLI, "submit", "--nodes", str(NODES), "--spares", "1", "--time", "15",
-                "--folder", self.run_dir, "--json", "--hang-timeout", "8", "--",
-                sys.executable, str(EXAMPLE), *TRAIN, "--min_step_time", "0.25"]
+                "--folder", self.run_dir, "--json", "--hang-timeout", "8", "--", *command]
         out = subprocess.run(argv, env=self.env, capture_output=True, text=True,
                              timeout=120, cwd=REPO)
         assert out.returncode == 0, out.stderr
@@ -91,8 +94,8 @@ def ddp_run(minicluster):
     started: list[DdpRun] = []
     killed: list[str] = []
 
-    def submit(name: str) -> DdpRun:
-        run = DdpRun(minicluster, name)
+    def submit(name: str, command: list[str] | None = None) -> DdpRun:
+        run = DdpRun(minicluster, name, command)
         started.append(run)
         return run
 

@@ -1,0 +1,84 @@
+"""A PyTorch Lightning DDP fit with the RobustCallback, several ranks, on the mini-cluster.
+
+examples/train_lightning.py is a Lightning user's script (LightningModule, its own
+sharded resumable dataloader, ``strategy="ddp"``) with ``callbacks=[RobustCallback()]``.
+Three ranks, one per node (gloo), and one spare, so srun's task count (4) is not the
+world size: Lightning must take its ranks from the launcher's torchrun variables. The
+model's gradients become ready out of declaration order, where Lightning's own DDP would
+rebuild its buckets in a restarted process. After a killed worker (in place, memory) and
+a killed node (spare, peer backup), each mid-epoch, the final params_sha256 must equal
+the fault-free fit's, run standalone torchrun-style without Slurm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_robust.launcher.control.state import load_state
+from tests.integration.cluster_helpers import spare_path_victim
+from tests.integration.test_ddp_port import NODES, ddp_run, the_incident  # noqa: F401
+
+pytest.importorskip("pytorch_lightning", reason="PyTorch Lightning is not installed "
+                    "(optional extra: pip install 'slurm-robust[lightning]')")
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "train_lightning.py"
+# 288 samples / 3 ranks / batch 8: 12 batches an epoch; step 16 is batch 4 of epoch 1.
+TRAIN = ["--steps", "48"]
+COMMAND = [sys.executable, str(EXAMPLE), *TRAIN, "--min-step-time", "0.25"]
+
+
+@pytest.fixture(scope="module")
+def lightning_baseline() -> str:
+    """The fault-free digest: the fit run standalone with torchrun's variables."""
+    port = str(29600 + os.getpid() % 200)
+    procs = []
+    for rank in range(NODES):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(NODES), LOCAL_RANK="0",
+                   LOCAL_WORLD_SIZE="1", GROUP_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=port)
+        for var in ("SLURM_ROBUST_PROGRESS", "SLURM_ROBUST_RUN_DIR", "SLURM_ROBUST_CKPT"):
+            env.pop(var, None)
+        procs.append(subprocess.Popen([sys.executable, str(EXAMPLE), *TRAIN], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    line = next(ln for ln in outs[0].splitlines() if ln.startswith("params_sha256="))
+    return line.split("=")[1].split()[0]
+
+
+def test_lightning_kill_worker_is_bit_identical(ddp_run, lightning_baseline):  # noqa: F811
+    run = ddp_run("lightning-killworker", COMMAND)
+    run.wait_step(16)
+    run.inject("kill-worker", "--rank", str(NODES - 1))
+    end = run.wait_end()
+    inc = the_incident(run)
+    assert (inc["class"], inc["rung"], inc["restore_tier"]) == \
+        ("worker_signal", "in_place", "memory"), inc
+    assert inc["steps_lost"] <= 1, inc
+    assert end["status"] == "completed", end
+    assert end["step"] == 48 and end["params_sha256"] == lightning_baseline, end
+
+
+def test_lightning_kill_node_is_bit_identical(ddp_run, lightning_baseline):  # noqa: F811
+    run = ddp_run("lightning-killnode", COMMAND)
+    run.wait_step(16)
+    controller = json.loads(run.paths.controller.read_text())["node"]
+    victim = spare_path_victim(load_state(run.paths.state), controller)
+    run.inject("kill-node", "--node", victim)
+    ddp_run.killed.append(victim)
+    end = run.wait_end()
+    inc = the_incident(run)
+    assert (inc["class"], inc["rung"], inc["restore_tier"]) == \
+        ("node_lost", "spare", "peer"), inc
+    assert end["status"] == "completed", end
+    assert end["step"] == 48 and end["params_sha256"] == lightning_baseline, end
