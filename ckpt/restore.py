@@ -77,6 +77,36 @@ def restore(paths: CkptPaths, world_size: int, layout: dict[str, Any], backup_sl
                           f"{excluded}")
 
 
+def restore_own(paths: CkptPaths, world_size: int, layout: dict[str, Any],
+                backup_slots: int, step: int) -> RestoreResult:
+    """Load this rank's own copy of ``step`` (memory, then local, then durable) with no
+    collective: a dual-phase replay's groups are worlds of their own, and the step is
+    the controller's (the last one every rank snapshotted). Raises CheckpointError when
+    no copy of that step loads."""
+    t0 = time.perf_counter()
+    me = paths.rank
+    order = {tier: i for i, tier in enumerate(("memory", "local", "durable"))}
+    mine = sorted((c for c in scan_copies(paths, world_size, layout, backup_slots)
+                   if c.rank == me and c.holder == me and c.step == step and c.valid
+                   and c.tier in order), key=lambda c: order[c.tier])
+    errors = []
+    for copy in mine:
+        try:
+            base = Path(copy.path)
+            header, skeleton = read_meta(base)
+            buf = np.empty(int(header["nbytes"]), dtype=np.uint8)
+            read_data_into(base, header, buf)
+            state = _build(header, skeleton, torch.from_numpy(buf), step, me)
+        except (CorruptCopyError, OSError, ValueError, CheckpointError, KeyError,
+                TypeError, IndexError) as exc:
+            errors.append(f"{copy.tier}: {exc}")
+            continue
+        return RestoreResult(step=step, tiers={me: copy.tier}, state=state,
+                             seconds=time.perf_counter() - t0, attempts=1)
+    raise CheckpointError(f"rank {me} has no loadable copy of step {step} "
+                          f"({'; '.join(errors) or 'none found'})")
+
+
 def _summary(tiers: dict[int, str]) -> str:
     counts: dict[str, list[int]] = {}
     for rank, tier in tiers.items():

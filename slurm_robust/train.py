@@ -113,6 +113,11 @@ class RobustRun:
     _rehearsal: Any = None
     #: Steps whose batch the NaN policy ``skip`` dropped (read at init).
     skip_steps: frozenset[int] = frozenset()
+    #: A dual-phase replay's worker (issue 15; ``SLURM_ROBUST_REPLAY``): its group is
+    #: the whole world it sees; it restores its own snapshot as ``global_rank``,
+    #: snapshots nothing and ends at the replay's last step.
+    replay: Any = None
+    global_rank: int | None = None
 
     @property
     def robust(self) -> bool:
@@ -148,6 +153,9 @@ class RobustRun:
             return 0
         from slurm_robust import ckpt  # lazy: torch, only in a robust worker
 
+        if self.replay is not None:
+            return self._restore_for_replay(model, optimizer, scheduler)
+
         cfg = ckpt.CheckpointConfig.from_env(peer_backup=self.world_size > 1)
         rank_nodes = json.loads(os.environ.get("SLURM_ROBUST_RANK_NODES") or "null")
         # job_key: the job id plus a keyed hash of the run secret (the agent derives
@@ -173,6 +181,39 @@ class RobustRun:
         if isinstance(position, int):
             return position
         return res.step or 0
+
+    def _restore_for_replay(self, model: Any, optimizer: Any, scheduler: Any) -> int:
+        """A replay's restore: this rank's own copy of the controller's step, no
+        collective (the group is not the world the snapshot was taken in)."""
+        from slurm_robust import ckpt
+        from slurm_robust.ckpt.config import CkptPaths
+        from slurm_robust.ckpt.layout import ParallelLayout
+        from slurm_robust.ckpt.restore import restore_own
+
+        spec, t0 = self.replay, time.monotonic()
+        position: Any = 0
+        if spec.restore_step is not None:
+            cfg = ckpt.CheckpointConfig.from_env(peer_backup=False)
+            paths = CkptPaths(cfg, cfg.job_key or self.job_id, self.node, self.global_rank)
+            res = restore_own(paths, spec.global_world,
+                              ParallelLayout.data_parallel(spec.global_world).as_dict(),
+                              cfg.peer_slots, spec.restore_step)
+            position = ckpt.apply_state(res.state, model, optimizer, scheduler)
+            self.restore_tier = res.tiers.get(self.global_rank)
+            self.data_position = position
+            extras = dict(res.state.get("extras") or {})
+            saved = extras.pop(STATEFUL_KEY, None) or {}
+            for name, obj in self._stateful.items():
+                if name in saved:
+                    obj.load_state_dict(saved[name])
+            self.extras = extras
+        self.restored_step = spec.restore_step
+        self._report({"kind": "restored", "step": spec.restore_step,
+                      "tier": self.restore_tier,
+                      "seconds": round(time.monotonic() - t0, 4)})
+        if isinstance(position, int):
+            return position
+        return spec.restore_step or 0
 
     # ----------------------------------------------------------------- per step
     @contextlib.contextmanager
@@ -264,6 +305,24 @@ class RobustRun:
         self._report(item)
         if self._poison and model is not None:
             self._apply_poison(model)
+        if self.replay is not None and step >= self.replay.until_step:
+            self._end_replay(step)
+
+    def _end_replay(self, step: int) -> None:
+        """The replay's window is done without a NaN: meet the group, exit 0 (the
+        script's own loop must not go on: this group is not the run)."""
+        import torch.distributed as dist
+
+        self._report({"kind": "final", "step": step, "params_sha256": None,
+                      "t": time.time()})
+        if dist.is_initialized():
+            try:
+                dist.barrier()  # the group's store lives in its rank 0's process
+            except RuntimeError:
+                pass
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
     def finish(self, params_sha256: str | None = None, events_path: str | None = None,
                destroy_process_group: bool = True) -> None:
@@ -366,6 +425,12 @@ def init(backend: str | None = None, timeout_s: float = 1800.0) -> RobustRun:
     progress = os.environ.get("SLURM_ROBUST_PROGRESS")
     if progress:
         run._progress_fd = os.open(progress, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    replay_env = os.environ.get("SLURM_ROBUST_REPLAY")
+    if replay_env and progress:
+        from slurm_robust.launcher.control.replay import ReplaySpec
+
+        run.replay = ReplaySpec.from_env(replay_env)
+        run.global_rank = run.replay.global_rank(local_rank)
     if run.run_dir:
         install_stack_dump_handler(os.path.join(run.run_dir, DEFAULT_TEMPLATE))
         from slurm_robust.launcher.node import nan_local
@@ -373,7 +438,7 @@ def init(backend: str | None = None, timeout_s: float = 1800.0) -> RobustRun:
         run.skip_steps = nan_local.skipped_steps(run.run_dir)
         run._rehearsal = nan_local.load_rehearsal(run.run_dir, rank, run.node)
         request = nan_local.bitwise_request(run.run_dir, run.attempt)
-        if request is not None:
+        if request is not None and run.replay is None:
             # Every rank of this attempt runs it now, at once (issue 15): the controller
             # compares the digests bit for bit and evicts a node that differs.
             from slurm_robust.launcher.node.reference_step import reference_digest

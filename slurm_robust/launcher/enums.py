@@ -27,6 +27,7 @@ class Phase(StrEnum):
     RUNNING = "running"    # a generation of workers runs (or is being started)
     DUMPING = "dumping"    # a hang: stacks are being captured before anything is killed
     DIAGNOSING = "diagnosing"  # an unclear crash: the suspected node runs its self-test
+    REPLAYING = "replaying"  # dual-phase replay: reduced-DP groups replay a moving NaN
     REQUEUED = "requeued"  # Slurm was asked to requeue; waiting for this allocation to end
     DONE = "done"          # run_end written, every agent told to exit
 
@@ -36,9 +37,10 @@ class Phase(StrEnum):
 PHASE_TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     Phase.GATHER: frozenset({Phase.RUNNING, Phase.DONE}),
     Phase.RUNNING: frozenset({Phase.RUNNING, Phase.DUMPING, Phase.DIAGNOSING, Phase.REQUEUED,
-                              Phase.DONE}),
+                              Phase.REPLAYING, Phase.DONE}),
     Phase.DUMPING: frozenset({Phase.RUNNING, Phase.REQUEUED, Phase.DONE}),
     Phase.DIAGNOSING: frozenset({Phase.RUNNING, Phase.REQUEUED, Phase.DONE}),
+    Phase.REPLAYING: frozenset({Phase.REPLAYING, Phase.RUNNING, Phase.REQUEUED, Phase.DONE}),
     Phase.REQUEUED: frozenset({Phase.DONE}),
     Phase.DONE: frozenset(),
 }

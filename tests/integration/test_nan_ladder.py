@@ -16,6 +16,7 @@ from slurm_robust.launcher.control.state import load_state
 from slurm_robust.slurm import Slurm
 from tests.integration.cluster_helpers import spare_path_victim
 from tests.integration.test_launcher_faults import (  # noqa: F401
+    CLI,
     EXAMPLE,
     NODES,
     STEPS,
@@ -26,10 +27,10 @@ from tests.integration.test_launcher_faults import (  # noqa: F401
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def standalone_sha(*extra: str) -> str:
+def standalone_sha(*extra: str, world: int = NODES) -> str:
     procs = []
-    for rank in range(NODES):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(NODES), LOCAL_RANK="0",
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 200))
         for var in ("SLURM_ROBUST_PROGRESS", "SLURM_ROBUST_RUN_DIR"):
             env.pop(var, None)
@@ -102,3 +103,40 @@ def test_sdc_node_failing_the_bitwise_test_is_evicted(runs, minicluster):  # noq
     assert victim in verdicts and "bitwise reference test" in verdicts
     assert end["params_sha256"] == standalone_sha()
     _return_node(minicluster, run, victim)  # the verdict drains it: back for the next test
+
+
+def test_sdc_the_bitwise_test_misses_is_found_by_dual_phase_replay(runs, minicluster):  # noqa: F811
+    """Four nodes of two ranks (DP 8, a 2 x 2 grid), no in-job spare: the corrupt node
+    passes the bitwise test, so its NaN moves from replay to replay; after the rollback
+    the rows, then the columns, replay the failing steps and cross at it. It is evicted
+    (requeued onto the reserve) and the run ends with the fault-free parameters."""
+    reset = _cli(minicluster, "reserve", "reset")
+    assert reset.returncode == 0, reset.stderr
+    fresh = _cli(minicluster, "reserve", "reconcile", "--json")  # deep-check the spares
+    assert fresh.returncode == 0, fresh.stderr
+    steps = ["--steps", "60", "--min-step-time", "0.2"]
+    run = runs("sdc-replay", spares=0, train_args=steps,
+               extra=["--nodes", "4", "--workers-per-node", "2"])
+    run.wait_step(8)
+    victim = spare_path_victim(load_state(run.paths.state), run.controller_node())
+    run.inject("sdc", "--node", victim, "--probability", "0.5")
+    end = run.wait_end(timeout=600)
+    incidents = run.events("incident")
+    seen = [(i["class"], i.get("rung"), i["nodes"],
+             i["evidence"].get("nan", {}).get("resolution")) for i in incidents]
+    assert end["status"] == "completed", (seen, run.tail())
+    assert [r for *_, r in seen] == ["reattempt", "rollback", "replay"], seen
+    located = incidents[-1]
+    assert located["rung"] == "requeue" and victim in located["nodes"], seen
+    rp = located["evidence"]["nan"]["replay"]
+    assert rp["located"] == victim and rp["grid"] == [2, 2], rp
+    assert sorted(rp["groups"]["horizontal"].values()) == ["nan", "passed"], rp
+    assert sorted(rp["groups"]["vertical"].values()) == ["nan", "passed"], rp
+    assert "dual-phase replay" in run.paths.verdicts.read_text()
+    assert end["params_sha256"] == standalone_sha(*steps[:2], world=8)
+    _return_node(minicluster, run, victim)
+
+
+def _cli(cluster, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], env=cluster.env, capture_output=True, text=True,
+                          timeout=300)

@@ -356,7 +356,8 @@ class Controller:
 
     # ------------------------------------------------------------------ the tick
     def tick(self, now: float) -> None:
-        if self.recovery.phase in (Phase.RUNNING, Phase.DUMPING, Phase.DIAGNOSING):
+        if self.recovery.phase in (Phase.RUNNING, Phase.DUMPING, Phase.DIAGNOSING,
+                                   Phase.REPLAYING):
             self._check_agents(now)
         self.recovery.tick(now)
 

@@ -16,11 +16,13 @@ The ladder, one decision per NaN incident (:meth:`NanLadder.decide`):
    workers) and replays again. No node is blamed either way.
 3. It returns elsewhere (another step or origin): silent data corruption is suspected
    and the run rolls back again (``rollback``).
+4. It moves again after that rollback: dual-phase replay (``replay``, control/replay.py)
+   replays the failing steps on reduced data-parallel groups to find the machine.
 
 The bitwise reference test (control/bitwise.py) runs at the start of every replaying
 attempt (reattempt and rollback: it costs milliseconds, so it is not held back until a
 second failure); a node whose digest differs is evicted (``evict``) whatever the NaN
-was. Dual-phase replay, for corruption the bitwise test does not show, is not built.
+was; dual-phase replay (rung 4) is for corruption the bitwise test does not show.
 
 A replay that passes the NaN's step closes the episode (:meth:`NanLadder.on_step`). The
 open episode and the skipped batches are part of ``state.json``, so a requeued
@@ -59,8 +61,8 @@ class NanResolution(StrEnum):
     STOP = "stop"            # it came back at the same place: stopped (policy stop)
     SKIP = "skip"            # it came back at the same place: that batch skipped
     ROLLBACK = "rollback"    # it came back elsewhere (suspected SDC): rolled back again
-    REPLAY = "replay"        # dual-phase replay located a node (not in this build)
-    EVICT = "evict"          # a node failed the bitwise test (not in this build)
+    REPLAY = "replay"        # it moved again: dual-phase replay to find the machine
+    EVICT = "evict"          # a node failed the bitwise test
 
 
 @dataclass(frozen=True)
@@ -148,12 +150,18 @@ class NanLadder:
     last: NanOrigin | None = None
     last_at: float | None = None
     skipped: list[int] = field(default_factory=list)
+    #: Times the NaN moved in this episode (the second move asks for dual-phase replay).
+    moves: int = 0
+    #: The steps the NaN appeared at in this episode (a replay's window covers them).
+    steps: list[int] = field(default_factory=list)
 
     def decide(self, origin: NanOrigin, now: float | None = None) -> NanStep:
         now = time.time() if now is None else now
         prev, prev_at = self.last, self.last_at
         replay_s = None if prev_at is None else round(now - prev_at, 3)
         self.last, self.last_at = origin, now
+        if origin.step is not None:
+            self.steps.append(origin.step)
         where = f"step {origin.step} (data position {origin.data_position}), " \
                 f"{origin.describe()}"
         if prev is None:
@@ -162,7 +170,7 @@ class NanLadder:
         if origin.same_place(prev):
             if self.policy is NanPolicy.SKIP and origin.step is not None:
                 self.skipped.append(origin.step)
-                self.last = self.last_at = None
+                self._close()
                 return NanStep(NanResolution.SKIP, f"NaN came back at {where} after a replay: "
                                "the data or the model; skipping that batch (--nan-policy "
                                "skip); no node is blamed", "data_or_model", origin.step,
@@ -171,21 +179,36 @@ class NanLadder:
                            "from the last good step: the data or the model, not a machine; "
                            "inspect or drop that batch (--nan-policy skip) and resubmit",
                            "data_or_model", None, replay_s)
-        return NanStep(NanResolution.ROLLBACK, f"NaN moved on replay (before: step "
-                       f"{prev.step}, {prev.describe()}; now {where}): suspected silent "
-                       "data corruption; rolling back again", "sdc_suspected", None,
-                       replay_s)
+        self.moves += 1
+        moved = f"NaN moved on replay (before: step {prev.step}, {prev.describe()}; " \
+                f"now {where})"
+        if self.moves >= 2:
+            return NanStep(NanResolution.REPLAY, f"{moved}, again after a rollback: "
+                           "suspected silent data corruption the bitwise test did not "
+                           "show; dual-phase replay to find the machine", "sdc_suspected",
+                           None, replay_s)
+        return NanStep(NanResolution.ROLLBACK, f"{moved}: suspected silent data "
+                       "corruption; rolling back again", "sdc_suspected", None, replay_s)
 
     def on_step(self, step: int) -> None:
         """A finished step: a replay that passed the NaN's step ends the episode."""
         if self.last is not None and self.last.step is not None and step >= self.last.step:
-            self.last = self.last_at = None
+            self._close()
+
+    def on_evicted(self) -> None:
+        """The episode's machine was found and evicted: the next NaN is a new episode."""
+        self._close()
+
+    def _close(self) -> None:
+        self.last = self.last_at = None
+        self.moves, self.steps = 0, []
 
     def to_state(self) -> dict[str, Any]:
         """What a requeued or successor controller needs (``state.json``'s
         ``nan_ladder``): the episode awaiting its replay and the batches skipped so far."""
         return {"last": None if self.last is None else self.last.to_state(),
-                "last_at": self.last_at, "skipped": list(self.skipped)}
+                "last_at": self.last_at, "skipped": list(self.skipped),
+                "moves": self.moves, "steps": list(self.steps)}
 
     @classmethod
     def from_state(cls, policy: NanPolicy, raw: Mapping[str, Any] | None) -> NanLadder:
@@ -195,12 +218,16 @@ class NanLadder:
         if raw is None:
             return cls(policy)
         last, last_at, skipped = raw.get("last"), raw.get("last_at"), raw.get("skipped", [])
+        moves, steps = raw.get("moves", 0), raw.get("steps", [])
         if not (last is None or isinstance(last, Mapping)) \
                 or not (last_at is None or isinstance(last_at, int | float)) \
-                or not isinstance(skipped, list) or not all(type(s) is int for s in skipped):
+                or not isinstance(skipped, list) or not all(type(s) is int for s in skipped) \
+                or type(moves) is not int or moves < 0 \
+                or not isinstance(steps, list) or not all(type(s) is int for s in steps):
             raise ValueError(f"NaN ladder state {dict(raw)!r} does not fit")
         return cls(policy, None if last is None else NanOrigin.from_state(last),
-                   None if last_at is None else float(last_at), list(skipped))
+                   None if last_at is None else float(last_at), list(skipped), moves,
+                   list(steps))
 
 
 def write_skips(run_dir: str | Path, steps: Sequence[int]) -> Path:

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from slurm_robust.ckpt.config import TIERS
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.control import accounting, bitwise, blame, failslow
+from slurm_robust.launcher.control import accounting, bitwise, blame, failslow, replay
 from slurm_robust.launcher.control import monitor as node_monitor
 from slurm_robust.launcher.control.events import EventLog, last_logged_step, make_incident
 from slurm_robust.launcher.control.failover import StoodDown, Takeover
@@ -42,6 +42,7 @@ from slurm_robust.launcher.control.nan_ladder import (
     NAN_SETTLE_S,
     NanLadder,
     NanPolicy,
+    NanResolution,
     attribute,
     write_skips,
 )
@@ -246,6 +247,7 @@ class Recovery:
         self.takeover: Takeover | None = None
         self.nan = NanLadder.from_state(NanPolicy(cfg.nan_policy), self.state.nan_ladder)
         self.bitwise_req: bitwise.BitwiseRequest | None = None
+        self.replay: replay.ReplayRun | None = None  # issue 15: dual-phase replay
         #: issue 16: the code version the workers run, hot updates and rollbacks.
         self.hot = HotUpdate(cfg, self.events, clock)
         #: The count and plan of the requeue in flight, set by its thread (shortfall.py).
@@ -295,6 +297,9 @@ class Recovery:
                 self.diagnoses.setdefault((member.index, d.id), d)
         gen = self.gen
         if gen is None or gen_number != gen.number:
+            return
+        if self._phase is Phase.REPLAYING:
+            self._on_replay_report(member, gen, progress, exits)
             return
         for item in progress:
             self._on_progress(gen, item, now)
@@ -347,10 +352,14 @@ class Recovery:
         if self._phase is Phase.REQUEUED:
             self._poll_requeue()
             return
-        if self._phase not in (Phase.RUNNING, Phase.DUMPING, Phase.DIAGNOSING):
+        if self._phase not in (Phase.RUNNING, Phase.DUMPING, Phase.DIAGNOSING,
+                               Phase.REPLAYING):
             return
         gen = self.gen
         if gen is None:
+            return
+        if self._phase is Phase.REPLAYING:
+            self._replay_tick(gen, now)
             return
         if self._phase is Phase.DIAGNOSING:
             # The others wait: exits of the stopped generation are not new incidents.
@@ -655,6 +664,9 @@ class Recovery:
                             step.reason)
         if step.skip_step is not None:
             write_skips(self.cfg.run_dir, self.nan.skipped)
+        if step.resolution is NanResolution.REPLAY:
+            self._start_replay(gen, incident, now)
+            return
         if step.verdict != "data_or_model":
             # The replaying attempt's ranks all run the reference step at their start:
             # milliseconds, so it is asked with the reattempt rather than after a second
@@ -703,6 +715,162 @@ class Recovery:
                   f"the other nodes' digest {result.reference and result.reference[:16]}")
         self._handle(gen, incident, None, list(result.differing), now, evict=reason)
         return True
+
+    # ------------------------------------------------------------------ replay (issue 15)
+    def _start_replay(self, gen: Generation, incident: dict[str, Any], now: float) -> None:
+        """The NaN moved again after a rollback: dual-phase replay (control/replay.py)
+        from the last step every rank snapshotted, over the steps the NaN appeared at."""
+        st = self.state
+        self.events.flush_step()
+        if st.open_incident is not None:  # the rollback's incident did not recover
+            accounting.cut_short(st.open_incident, incident, now)
+            st.open_incident = None
+        grid = replay.Grid.of(len(gen.slots))
+        # Every rank finished (and snapshotted) the step before the NaN's: the memory
+        # tier holds the last two, and the controller's count may lag behind them.
+        nan_step = incident["evidence"]["nan"].get("step")
+        restore = nan_step - 1 if isinstance(nan_step, int) and nan_step > 0 else \
+            st.last_step
+        until = replay.window(restore, self.nan.steps)
+        rp = replay.ReplayRun(f"replay-{incident['incident']}", grid, incident, gen,
+                              restore, until, now)
+        incident["evidence"]["nan"]["replay"] = {"restore_step": restore,
+                                                 "until_step": until,
+                                                 "grid": [grid.m, grid.n]}
+        self.replay = rp
+        log.warning("incident %s: dual-phase replay of steps %s..%s on a %sx%s grid",
+                    incident["incident"], (restore or 0) + 1, until, grid.m, grid.n)
+        if grid.m == 1:  # one row is the whole job: it failed already, go by columns
+            rp.outcomes[replay.ReplayPhase.HORIZONTAL.value] = {0: "implied"}
+            self._begin_replay_phase(replay.ReplayPhase.VERTICAL, now)
+        else:
+            self._begin_replay_phase(replay.ReplayPhase.HORIZONTAL, now)
+
+    def _begin_replay_phase(self, phase: replay.ReplayPhase, now: float) -> None:
+        rp, st = self.replay, self.state
+        assert rp is not None
+        groups = rp.grid.groups(phase)
+        rp.phase, rp.phase_started_at, rp.done = phase, now, {}
+        rp.outcomes[phase.value] = {}
+        first = st.attempt + 1
+        st.attempt += len(groups)  # an attempt per group: its own port and draws
+        self.gen_count += 1
+        gen = Generation(self.gen_count, first, list(rp.origin_gen.slots), now)
+        self.gen = gen
+        self._plans = self._replay_plans(gen, groups, rp)
+        self._enter(Phase.REPLAYING)
+        self.persist()
+        log.info("replay %s: %s phase, groups %s", rp.id, phase.value,
+                 [[self.members[gen.slots[m]].node for m in grp] for grp in groups])
+
+    def _replay_plans(self, gen: Generation, groups: list[list[int]],
+                      rp: replay.ReplayRun) -> dict[int, Plan]:
+        """Each group a world of its own: its ranks renumbered from 0, its own master
+        and port; each worker told its rank in the run (for its own snapshot)."""
+        g, slots = self.cfg.workers_per_node, gen.slots
+        code = self.hot.plan_fields()
+        env = dict(code.get("env") if code.get("env") is not None else self.cfg.env)
+        plans: dict[int, Plan] = {}
+        for number, members in enumerate(groups):
+            attempt = gen.attempt + number
+            port = rendezvous_port(self.cfg.master_port, self.ident.job_id, attempt)
+            rank_nodes = [self.members[slots[m]].node for m in members for _ in range(g)]
+            for pos, m in enumerate(members):
+                spec = replay.ReplaySpec(rp.id, rp.phase.value, number,
+                                         tuple(range(m * g, (m + 1) * g)),
+                                         self.cfg.world_size, rp.restore_step,
+                                         rp.until_step)
+                plans[slots[m]] = Plan(
+                    role=Role.ACTIVE, gen=gen.number, attempt=attempt,
+                    world_size=len(members) * g,
+                    master_addr=self.members[slots[members[0]]].addr, master_port=port,
+                    rank_nodes=rank_nodes, run_id=self.state.run_id, max_restarts=0,
+                    slot=pos, ranks=list(range(pos * g, (pos + 1) * g)),
+                    **{**code, "env": {**env, replay.REPLAY_ENV: spec.to_env()}})
+        for index, member in self.members.items():
+            if index not in slots and not member.lost:
+                role = Role.SPARE if index in self.spares else Role.EVICTED
+                plans[index] = Plan(role=role, gen=gen.number, attempt=gen.attempt)
+        return plans
+
+    def _on_replay_report(self, member: Member, gen: Generation,
+                          progress: Sequence[Progress], exits: Sequence[WorkerExit]) -> None:
+        """A replay's reports: a NaN fails the agent's group; steps are not the run's."""
+        rp = self.replay
+        if rp is None or member.index not in gen.slots:
+            return
+        group = rp.group_of(gen.slots.index(member.index))
+        out = rp.outcomes[rp.phase.value]
+        for item in progress:
+            if item.kind is ProgressKind.ANOMALY and item.extra.get("what") == "nan":
+                out[group] = "nan"
+        for ex in exits:
+            seen = (member.index, ex.rank)
+            if ex.gen != gen.number or seen in gen.exits_seen:
+                continue
+            gen.exits_seen.add(seen)
+            if ex.exit_code == 0:
+                rp.done[member.index] = rp.done.get(member.index, 0) + 1
+            elif ex.cls == IncidentClass.NAN:
+                out[group] = "nan"
+            elif out.get(group) != "nan":
+                out[group] = "error"
+                rp.details.append(f"{member.node} rank {ex.rank}: {ex.cls} ({ex.line})")
+
+    def _replay_tick(self, gen: Generation, now: float) -> None:
+        rp = self.replay
+        assert rp is not None
+        if gen.failures:  # a lost agent: the ladder handles it, the replay is over
+            self._end_replay(None, "an agent was lost during the replay", now, lost=gen)
+            return
+        if not rp.settle(gen.slots, self.cfg.workers_per_node, now):
+            return
+        why = rp.inconclusive()
+        if why is not None:
+            self._end_replay(None, why, now)
+        elif rp.phase is replay.ReplayPhase.HORIZONTAL:
+            self._begin_replay_phase(replay.ReplayPhase.VERTICAL, now)
+        else:
+            h, v = replay.ReplayPhase.HORIZONTAL, replay.ReplayPhase.VERTICAL
+            slot = rp.grid.locate(rp.failed(h), rp.failed(v))
+            node = None if slot is None else self.members[rp.origin_gen.slots[slot]].node
+            self._end_replay(node, f"row {rp.failed(h)} and column {rp.failed(v)} "
+                                   f"reproduced the NaN", now)
+
+    def _end_replay(self, node: str | None, why: str, now: float,
+                    lost: Generation | None = None) -> None:
+        """Evict the located node (spare or requeue), or roll back in place."""
+        rp = self.replay
+        assert rp is not None
+        self.replay = None
+        incident = rp.incident
+        nan_ev = incident["evidence"]["nan"]
+        nan_ev["replay"] = {**nan_ev.get("replay", {}),
+                            **replay.evidence(rp.grid, rp.outcomes, node),
+                            "reason": why, "errors": rp.details,
+                            "seconds": round(now - rp.started_at, 3)}
+        log.warning("replay %s: %s -> %s", rp.id, why,
+                    f"evicting {node}" if node else "inconclusive")
+        if lost is not None:
+            # The lost agent's failure is the next incident; this one stays open until
+            # the ladder's next generation recovers (it is then written, cut short).
+            nan_ev["resolution"] = NanResolution.ROLLBACK
+            incident["rung"] = Rung.IN_PLACE
+            self.state.open_incident = incident
+            self._enter(Phase.RUNNING)
+            return
+        self.gen = rp.origin_gen
+        if node is None:
+            nan_ev["resolution"] = NanResolution.ROLLBACK
+            self._handle(rp.origin_gen, incident, None, [], now, override=Decision(
+                Rung.IN_PLACE, f"dual-phase replay inconclusive ({why}): rolling back "
+                               "again"))
+            return
+        nan_ev["resolution"] = NanResolution.REPLAY
+        incident["localized_at"] = now
+        self.nan.on_evicted()
+        self._handle(rp.origin_gen, incident, None, [node], now,
+                     evict=f"dual-phase replay: {why}, crossing at {node}")
 
     def _handle(self, gen: Generation, incident: dict[str, Any], signature: str | None,
                 nodes: list[str], now: float, evict: str | None = None, *,

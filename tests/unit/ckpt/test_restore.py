@@ -180,3 +180,22 @@ def test_fresh_start_and_buffers_are_reused(tmp_path):
     state_bytes = mgr.stats.state_bytes
     assert mgr.host_bytes() == 2 * state_bytes
     mgr.close()
+
+
+def test_restore_own_loads_this_ranks_copy_of_a_given_step_without_a_collective(tmp_path):
+    """A dual-phase replay's restore: the controller names the step; the rank reads its
+    own copy (memory first), with no process group; a step it has no copy of is an
+    error that says so."""
+    from slurm_robust.ckpt.config import CkptPaths
+    from slurm_robust.ckpt.restore import restore_own
+    from slurm_robust.layout import ParallelLayout
+
+    cfg = config(tmp_path)
+    run_until(cfg, 6)
+    paths = CkptPaths(cfg, "job7", "nodeA", RANK)
+    layout = ParallelLayout.data_parallel(1).as_dict()
+    res = restore_own(paths, 1, layout, cfg.peer_slots, 5)  # the older memory slot
+    assert res.step == 5 and res.tiers == {RANK: "memory"}
+    assert res.state["data_position"] is not None
+    with pytest.raises(ckpt.CheckpointError, match="no loadable copy of step 2"):
+        restore_own(paths, 1, layout, cfg.peer_slots, 2)
