@@ -1,6 +1,7 @@
 """NaN incidents by how the NaN ladder resolved them (issue 15), with the time of each
 stage: detection, localisation (origin named; for an eviction, the bitwise test's
-answer), recovery, the replay that told data from hardware, the bitwise test.
+answer), recovery, the replay that told data from hardware, the bitwise test, and the
+dual-phase replay that located a machine (``dual_replay_s``).
 
 Reads the incident records' ``evidence.nan`` (docs/SCHEMAS.md); NaN incidents written
 before the ladder existed have no resolution and count as ``unknown``.
@@ -15,7 +16,7 @@ import pandas as pd
 #: The NaN ladder's resolutions, in ladder order (launcher/control/nan_ladder.py).
 RESOLUTIONS = ("reattempt", "rollback", "skip", "stop", "replay", "evict")
 STAGE_COLUMNS = ("time_to_detect", "time_to_localize", "time_to_recover", "replay_s",
-                 "bitwise_s")
+                 "bitwise_s", "dual_replay_s")
 
 
 def _nan_evidence(evidence: Any) -> dict[str, Any]:
@@ -35,6 +36,9 @@ def nan_incidents(incidents: pd.DataFrame) -> pd.DataFrame:
                                               index=nan.index, dtype=object), errors="coerce")
     nan["bitwise_s"] = pd.to_numeric(pd.Series(
         [(e.get("bitwise") or {}).get("seconds") if isinstance(e.get("bitwise"), dict)
+         else None for e in ev], index=nan.index, dtype=object), errors="coerce")
+    nan["dual_replay_s"] = pd.to_numeric(pd.Series(
+        [(e.get("replay") or {}).get("seconds") if isinstance(e.get("replay"), dict)
          else None for e in ev], index=nan.index, dtype=object), errors="coerce")
     return nan
 

@@ -20,6 +20,7 @@ def test_counts_every_resolution_and_stage_times():
         _inc("nan", {"resolution": "stop", "replay_s": 6.0}),
         _inc("nan", {"resolution": "evict", "replay_s": 8.0,
                      "bitwise": {"seconds": 0.5}}, recover=9.0),
+        _inc("nan", {"resolution": "replay", "replay": {"seconds": 31.5, "located": "n3"}}),
         _inc("nan"),  # before the ladder: no resolution
         _inc("worker_signal"),
     ])
@@ -27,7 +28,8 @@ def test_counts_every_resolution_and_stage_times():
     assert list(table.index[:len(RESOLUTIONS)]) == list(RESOLUTIONS)
     assert table.loc["reattempt", "count"] == 1 and table.loc["skip", "count"] == 0
     assert table.loc["unknown", "count"] == 1
-    assert table["count"].sum() == 4  # the worker_signal incident is not a NaN
+    assert table["count"].sum() == 5  # the worker_signal incident is not a NaN
+    assert table.loc["replay", "mean_dual_replay_s"] == pytest.approx(31.5)
     assert table.loc["stop", "mean_replay_s"] == pytest.approx(6.0)
     assert table.loc["evict", "mean_bitwise_s"] == pytest.approx(0.5)
     assert table.loc["evict", "mean_time_to_recover"] == pytest.approx(9.0)
