@@ -859,7 +859,8 @@ class Recovery:
             self.state.open_incident = incident
             self._enter(Phase.RUNNING)
             return
-        self.gen = rp.origin_gen
+        # The ladder goes on from the generation the NaN ended (its slots, its progress);
+        # self.gen stays the replay's, so the next plans' numbers keep increasing.
         if node is None:
             nan_ev["resolution"] = NanResolution.ROLLBACK
             self._handle(rp.origin_gen, incident, None, [], now, override=Decision(
