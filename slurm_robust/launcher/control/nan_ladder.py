@@ -24,7 +24,8 @@ attempt (reattempt and rollback: it costs milliseconds, so it is not held back u
 second failure); a node whose digest differs is evicted (``evict``) whatever the NaN
 was; dual-phase replay (rung 4) is for corruption the bitwise test does not show.
 
-A replay that passes the NaN's step closes the episode (:meth:`NanLadder.on_step`). The
+A replay that gets CLEAN_STEPS past the NaN's step closes the episode
+(:meth:`NanLadder.on_step`); a NaN before that, elsewhere, is the same one moving. The
 open episode and the skipped batches are part of ``state.json``, so a requeued
 allocation's controller (or a failover successor) goes on from the same rung.
 Pure but for :func:`write_skips`; recovery.py applies the decisions.
@@ -41,6 +42,12 @@ from typing import Any
 
 from slurm_robust.launcher.node.nan_local import NAN_FILES_VERSION, SKIP_FILE, nan_dir
 from slurm_robust.records import write_json_atomic
+
+#: Clean steps past a NaN's step that end its episode. Corruption at random steps
+#: shows again a few steps further on each replay; counted as a new episode each time,
+#: it would be reattempted for ever and never reach the bitwise test's verdict or the
+#: dual-phase replay.
+CLEAN_STEPS = 16
 
 #: Longest wait after the first NaN exit for every rank's anomaly line (the origin's may
 #: come in a later agent report than the first reporter's).
@@ -191,8 +198,10 @@ class NanLadder:
                        "corruption; rolling back again", "sdc_suspected", None, replay_s)
 
     def on_step(self, step: int) -> None:
-        """A finished step: a replay that passed the NaN's step ends the episode."""
-        if self.last is not None and self.last.step is not None and step >= self.last.step:
+        """A finished step: a replay that got CLEAN_STEPS past the NaN's step ends the
+        episode (a NaN soon after it, at another step, is the same one moving)."""
+        if self.last is not None and self.last.step is not None and \
+                step >= self.last.step + CLEAN_STEPS:
             self._close()
 
     def on_evicted(self) -> None:

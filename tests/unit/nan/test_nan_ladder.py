@@ -9,6 +9,7 @@ import json
 import pytest
 
 from slurm_robust.launcher.control.nan_ladder import (
+    CLEAN_STEPS,
     NanLadder,
     NanOrigin,
     NanPolicy,
@@ -66,8 +67,21 @@ def _origin(step, rank):
 def test_first_nan_reattempts_and_a_passed_replay_ends_the_episode():
     ladder = NanLadder()
     assert ladder.decide(_origin(31, 2), 0.0).resolution is NanResolution.REATTEMPT
-    ladder.on_step(31)
+    ladder.on_step(31 + CLEAN_STEPS)
     assert ladder.decide(_origin(31, 2), 5.0).resolution is NanResolution.REATTEMPT
+
+
+def test_a_nan_soon_after_the_replay_passed_is_the_same_one_moving():
+    """Corruption at random steps: the replay passes step 31, the NaN shows at 35, then
+    at 33 after the rollback. Counted as new episodes it would be reattempted for ever."""
+    ladder = NanLadder()
+    ladder.decide(_origin(31, 2), 0.0)
+    ladder.on_step(34)
+    assert ladder.decide(_origin(35, 2), 3.0).resolution is NanResolution.ROLLBACK
+    ladder.on_step(32)
+    step = ladder.decide(_origin(33, 2), 6.0)
+    assert step.resolution is NanResolution.REPLAY and step.verdict == "sdc_suspected"
+    assert ladder.steps == [31, 35, 33]
 
 
 def test_same_place_again_stops_with_step_and_data_position():
