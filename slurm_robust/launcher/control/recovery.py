@@ -701,7 +701,7 @@ class Recovery:
         nan_ev["bitwise"] = {**nan_ev.get("bitwise", {}), **result.evidence,
                              "complete": complete, "seconds": round(now - req.asked_at, 3)}
         if result.passed:
-            return False  # all agree: dual-phase replay would come next (not built yet)
+            return False  # all agree: if the NaN moves again, dual-phase replay is next
         open_inc = self.state.open_incident
         if open_inc is not None and open_inc.get("incident") == incident["incident"]:
             self.state.open_incident = None  # the same incident, now resolved by eviction
