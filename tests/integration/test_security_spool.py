@@ -82,10 +82,21 @@ def test_spool_refuses_mallory_and_slurm_user_reads_the_verdicts(minicluster: An
              "--wrap", "sleep 60"], capture_output=True, text=True, timeout=30,
             cwd="/tmp", check=True).stdout.strip().split(";")[0]
         wait_until("robust's job running", lambda: (x := slurm.job(job)) and x.running, 60)
-        # The root prolog moved the squatter aside and made robust's spool.
-        st = own.stat()
-        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == \
-            (robust.pw_uid, slurm_gid, 0o2770)
+
+        # The root prolog moved the squatter aside and made robust's spool. slurmctld
+        # says RUNNING as soon as the job is launched, while the node's prolog may still
+        # run (the batch script starts only after it): wait for its result, not the state.
+        def made() -> tuple[int, int, int] | None:
+            st = own.stat()
+            got = (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode))
+            return got if got == (robust.pw_uid, slurm_gid, 0o2770) else None
+
+        try:
+            wait_until("the prolog to make robust's spool", made, 60)
+        except AssertionError:
+            st = own.stat()
+            raise AssertionError(f"spool after 60 s: uid {st.st_uid} gid {st.st_gid} "
+                                 f"mode {oct(stat.S_IMODE(st.st_mode))}") from None
         squatted = [p for p in root.iterdir() if p.name.startswith(f".squatted.{cfg.user}.")]
         assert squatted and squatted[0].stat().st_uid == mallory.pw_uid
 
