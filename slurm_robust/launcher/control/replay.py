@@ -14,7 +14,7 @@ square root. Four nodes make a 2 x 2 grid (two replays of two groups of two node
 a prime count makes one row (the whole job, a plain replay) and single-node columns.
 
 Pure: recovery.py runs the replays (each one a generation whose plans give every group
-its own world, see :func:`group_plans`) and hands the outcomes back here.
+its own world, ``Recovery._replay_plans``) and hands the outcomes back here.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ class ReplayPhase(StrEnum):
 
 @dataclass(frozen=True)
 class Grid:
-    """``rows`` (horizontal groups) and ``cols`` (vertical groups) of slot indices."""
+    """An m x n grid of slot indices (slot = row * n + column): its rows are the
+    horizontal groups, its columns the vertical ones."""
 
     m: int
     n: int
@@ -155,7 +156,7 @@ class ReplayRun:
     id: str
     grid: Grid
     incident: dict[str, Any]
-    origin_gen: Any
+    origin_gen: Any  # recovery.Generation (typed loosely: recovery imports this module)
     restore_step: int | None
     until_step: int
     started_at: float
@@ -170,8 +171,9 @@ class ReplayRun:
         return seats(self.grid, self.phase)[slot].group
 
     def settle(self, done: Sequence[int], workers: int, now: float) -> bool:
-        """Mark groups whose every slot in ``done`` order finished; the phase's timeout
-        marks the rest. Returns whether every group of the phase has an outcome."""
+        """Mark ``passed`` the groups whose every slot's agent (``done``: the agent
+        index of each slot) had all its ``workers`` finish; the phase's timeout marks the
+        rest. Returns whether every group of the phase has an outcome."""
         out = self.outcomes[self.phase.value]
         for g, members in enumerate(self.grid.groups(self.phase)):
             if g not in out and all(self.done.get(done[m], 0) >= workers for m in members):
