@@ -164,23 +164,33 @@ class RobustRun:
                                            cfg.job_key or self.job_id,
                                            rank_nodes=rank_nodes)
         res = self._mgr.restore()
+        return self._apply_restored(res.step, res.state, res.tiers.get(self.rank),
+                                    res.seconds, model, optimizer, scheduler)
+
+    def _apply_restored(self, step: int | None, state: Any, tier: str | None,
+                        seconds: float, model: Any, optimizer: Any, scheduler: Any) -> int:
+        """Load a restored snapshot (``step`` None: a fresh start) into the model, the
+        optimizer, the scheduler and the registered Stateful objects; report it; return
+        the steps done (the data position when it is an int)."""
+        from slurm_robust import ckpt
+
         position: Any = 0
-        if res.step is not None:
-            position = ckpt.apply_state(res.state, model, optimizer, scheduler)
-            self.restore_tier = res.tiers.get(self.rank)
+        if step is not None:
+            position = ckpt.apply_state(state, model, optimizer, scheduler)
+            self.restore_tier = tier
             self.data_position = position
-            extras = dict(res.state.get("extras") or {})
+            extras = dict(state.get("extras") or {})
             saved = extras.pop(STATEFUL_KEY, None) or {}
             for name, obj in self._stateful.items():
                 if name in saved:
                     obj.load_state_dict(saved[name])
             self.extras = extras
-        self.restored_step = res.step
-        self._report({"kind": "restored", "step": res.step, "tier": self.restore_tier,
-                      "seconds": round(res.seconds, 4)})
+        self.restored_step = step
+        self._report({"kind": "restored", "step": step, "tier": self.restore_tier,
+                      "seconds": round(seconds, 4)})
         if isinstance(position, int):
             return position
-        return res.step or 0
+        return step or 0
 
     def _restore_for_replay(self, model: Any, optimizer: Any, scheduler: Any) -> int:
         """A replay's restore: this rank's own copy of the controller's step, no
@@ -191,29 +201,15 @@ class RobustRun:
         from slurm_robust.ckpt.restore import restore_own
 
         spec, t0 = self.replay, time.monotonic()
-        position: Any = 0
-        if spec.restore_step is not None:
-            cfg = ckpt.CheckpointConfig.from_env(peer_backup=False)
-            paths = CkptPaths(cfg, cfg.job_key or self.job_id, self.node, self.global_rank)
-            res = restore_own(paths, spec.global_world,
-                              ParallelLayout.data_parallel(spec.global_world).as_dict(),
-                              cfg.peer_slots, spec.restore_step)
-            position = ckpt.apply_state(res.state, model, optimizer, scheduler)
-            self.restore_tier = res.tiers.get(self.global_rank)
-            self.data_position = position
-            extras = dict(res.state.get("extras") or {})
-            saved = extras.pop(STATEFUL_KEY, None) or {}
-            for name, obj in self._stateful.items():
-                if name in saved:
-                    obj.load_state_dict(saved[name])
-            self.extras = extras
-        self.restored_step = spec.restore_step
-        self._report({"kind": "restored", "step": spec.restore_step,
-                      "tier": self.restore_tier,
-                      "seconds": round(time.monotonic() - t0, 4)})
-        if isinstance(position, int):
-            return position
-        return spec.restore_step or 0
+        if spec.restore_step is None:
+            return self._apply_restored(None, None, None, 0.0, model, optimizer, scheduler)
+        cfg = ckpt.CheckpointConfig.from_env(peer_backup=False)
+        paths = CkptPaths(cfg, cfg.job_key or self.job_id, self.node, self.global_rank)
+        res = restore_own(paths, spec.global_world,
+                          ParallelLayout.data_parallel(spec.global_world).as_dict(),
+                          cfg.peer_slots, spec.restore_step)
+        return self._apply_restored(res.step, res.state, res.tiers.get(self.global_rank),
+                                    time.monotonic() - t0, model, optimizer, scheduler)
 
     # ----------------------------------------------------------------- per step
     @contextlib.contextmanager

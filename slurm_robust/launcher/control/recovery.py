@@ -198,6 +198,19 @@ class Generation:
         self.last_progress = self.last_progress or self.started_at
 
 
+def _new_exits(gen: Generation, member: Member,
+               exits: Sequence[WorkerExit]) -> list[WorkerExit]:
+    """The exits of ``gen`` in an agent's report not seen before (agents repeat them
+    until acknowledged); marks them seen."""
+    fresh = []
+    for ex in exits:
+        seen = (member.index, ex.rank)
+        if ex.gen == gen.number and seen not in gen.exits_seen:
+            gen.exits_seen.add(seen)
+            fresh.append(ex)
+    return fresh
+
+
 class Recovery:
     """See the module docstring. All methods run under the controller's lock."""
 
@@ -303,11 +316,7 @@ class Recovery:
             return
         for item in progress:
             self._on_progress(gen, item, now)
-        for ex in exits:
-            seen = (member.index, ex.rank)
-            if ex.gen != gen.number or seen in gen.exits_seen:
-                continue
-            gen.exits_seen.add(seen)
+        for ex in _new_exits(gen, member, exits):
             if ex.exit_code == 0:
                 gen.succeeded.add(ex.rank)
             else:
@@ -804,11 +813,7 @@ class Recovery:
         for item in progress:
             if item.kind is ProgressKind.ANOMALY and item.extra.get("what") == "nan":
                 out[group] = "nan"
-        for ex in exits:
-            seen = (member.index, ex.rank)
-            if ex.gen != gen.number or seen in gen.exits_seen:
-                continue
-            gen.exits_seen.add(seen)
+        for ex in _new_exits(gen, member, exits):
             if ex.exit_code == 0:
                 rp.done[member.index] = rp.done.get(member.index, 0) + 1
             elif ex.cls == IncidentClass.NAN:
