@@ -39,21 +39,26 @@ TRAIN_ARGS = ["--steps", str(STEPS), "--min-step-time", "0.2"]
 CLI = [sys.executable, "-m", "slurm_robust.cli.main"]
 
 
-@pytest.fixture(scope="module")
-def baseline_sha() -> str:
-    """The fault-free digest: the example run standalone (torchrun-style env, no Slurm)."""
+def standalone_sha(steps: int) -> str:
+    """The fault-free digest of ``steps`` steps: the example run standalone (torchrun-style
+    env, no Slurm)."""
     procs = []
     for rank in range(NODES):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(NODES), LOCAL_RANK="0",
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29700 + os.getpid() % 200))
         for var in ("SLURM_ROBUST_PROGRESS", "SLURM_ROBUST_RUN_DIR"):
             env.pop(var, None)
-        procs.append(subprocess.Popen([sys.executable, str(EXAMPLE), *TRAIN_ARGS[:2]],
+        procs.append(subprocess.Popen([sys.executable, str(EXAMPLE), "--steps", str(steps)],
                                       env=env, stdout=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     line = next(ln for ln in outs[0].splitlines() if ln.startswith("params_sha256="))
     return line.split("=")[1].split()[0]
+
+
+@pytest.fixture(scope="module")
+def baseline_sha() -> str:
+    return standalone_sha(STEPS)
 
 
 class Run:
@@ -240,11 +245,17 @@ def wait_drained(cluster, node: str, timeout: float = 60.0) -> bool:
     return False
 
 
-def test_slow_worker_is_evicted_to_a_spare(runs, baseline_sha, minicluster):
+SLOW_STEPS = 75
+
+
+def test_slow_worker_is_evicted_to_a_spare(runs, minicluster):
     # Rounds of 1.5 s (ByteRobust: 10 s); a node flagged in 3 of 5 rounds is evicted.
-    # Steps padded to 0.5 s leave ~17 s of training after the injection.
+    # Steps padded to 0.5 s leave ~35 s of training after the injection: detection may
+    # take up to three windows (22.5 s) under CI load, and the run must outlive it (40
+    # steps, ~17 s, once ended before a loaded CI machine had flagged the rank).
+    baseline_sha = standalone_sha(SLOW_STEPS)
     run = runs("failslow", extra=["--fail-slow-interval", "1.5"],
-               train_args=["--steps", str(STEPS), "--min-step-time", "0.5"])
+               train_args=["--steps", str(SLOW_STEPS), "--min-step-time", "0.5"])
     run.wait_step(5)
     slots = load_state(run.paths.state).slots
     rank = next(r for r, n in enumerate(slots) if n != run.controller_node())
