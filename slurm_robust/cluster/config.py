@@ -90,6 +90,12 @@ class ClusterConfig:
             return "127.0.0.1"
         return self._subnet_host(11 + self.nodes.index(node))
 
+    def node_hostname(self, node: str) -> str:
+        """The node's NodeHostname: this host's (``localhost``) when the nodes share its
+        network, the node's own name in netns mode, where each node has its own hostname
+        (cluster/netns.py says why slurmctld needs the two to agree)."""
+        return node if self.netns else "localhost"
+
     def _subnet_host(self, offset: int) -> str:
         net = ipaddress.ip_network(self.netns_subnet)
         if net.prefixlen != 24 or offset >= 255:

@@ -8,10 +8,16 @@ slurmctld and slurmdbd, which stay in the host namespace, are reached from every
 over a real interface. A node's slurmd runs in the node's namespace, so its slurmstepds,
 the job's agents and workers live in the node's namespace too.
 
-What runs in a node (:func:`exec_prefix`) sees ``/etc/netns/<ns>/hosts`` bind-mounted
-over ``/etc/hosts`` (as ``ip netns exec`` would do); that file maps this host's name to
-the node's own address (so a process asking "what is my address" inside the node gets
-the node's, as on a real cluster) and every node name to its address.
+What runs in a node (:func:`exec_prefix`) has the node's name as its hostname (a UTS
+namespace) and sees ``/etc/netns/<ns>/hosts`` bind-mounted over ``/etc/hosts`` (as
+``ip netns exec`` would do); that file maps the node's name and this host's name to the
+node's own address (so a process asking "what is my address" inside the node gets the
+node's, as on a real cluster) and every node name to its address. slurm.conf names each
+node's hostname the same (``NodeHostname=<node>``): slurmctld finds an srun's address by
+looking the short hostname srun reports up among the NodeHostnames (their NodeAddr), and
+only then through the resolver of its own namespace, where a node's name means nothing.
+With the host's name in every node, a node-failure message for an srun on a node went
+to the host, and an srun waiting on a lost node's tasks never ended.
 
 Every object is named from a short hash of the cluster root (``<prefix>``), so ``down``
 finds and removes all of them from the names alone, even after a crash lost any record.
@@ -96,9 +102,10 @@ def exec_prefix(cfg: ClusterConfig, node: str) -> tuple[str, ...]:
     if not cfg.netns:
         return ()
     ns = plan(cfg).node(node).netns
-    return ("nsenter", f"--net=/run/netns/{ns}", "unshare", "--mount", "--propagation",
-            "private", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"',
-            str(NETNS_ETC / ns / "hosts"))
+    return ("nsenter", f"--net=/run/netns/{ns}", "unshare", "--mount", "--uts",
+            "--propagation", "private", "sh", "-c",
+            'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"',
+            str(NETNS_ETC / ns / "hosts"), node)
 
 
 def _ip(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -84,7 +84,8 @@ def render_slurm_conf(cfg: ClusterConfig, programs: dict[str, Path]) -> str:
         lines.append(f"{key}={cfg.bin_dir / _wrapper_name(key)}")
     for node in cfg.nodes:
         lines.append(
-            f"NodeName={node} NodeHostname=localhost NodeAddr={cfg.node_addr(node)} "
+            f"NodeName={node} NodeHostname={cfg.node_hostname(node)} "
+            f"NodeAddr={cfg.node_addr(node)} "
             f"Port={cfg.node_port(node)} CPUs={cfg.cpus_per_node} "
             f"RealMemory={cfg.memory_mb} State=UNKNOWN")
     lines.append(f"PartitionName=train Nodes={compress_hostlist(cfg.train_nodes)} "

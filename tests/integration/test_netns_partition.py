@@ -65,13 +65,16 @@ def _alive(pid: int) -> bool:
 
 def test_each_node_has_its_own_address(minicluster, netns_cluster):
     cfg = netns_cluster
-    probe = ("import os, socket; print(os.environ['SLURMD_NODENAME'], "
+    probe = ("import os, socket; print(os.environ['SLURMD_NODENAME'], socket.gethostname(), "
              "socket.gethostbyname(socket.gethostname()))")
     out = subprocess.run(["srun", "-N", str(len(cfg.train_nodes)), "-p", "train",
                           sys.executable, "-c", probe], env=minicluster.env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    seen = dict(line.split() for line in out.stdout.splitlines() if line.strip())
+    rows = [line.split() for line in out.stdout.splitlines() if line.strip()]
+    # Its own hostname too: the NodeHostname slurmctld reaches an srun on it by.
+    assert all(name == host for name, host, _ in rows), rows
+    seen = {name: addr for name, _, addr in rows}
     assert seen == {n: cfg.node_addr(n) for n in cfg.train_nodes}
     assert len(set(seen.values())) == len(seen) and "127.0.0.1" not in seen.values()
 

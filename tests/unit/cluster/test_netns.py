@@ -35,8 +35,8 @@ def test_netns_mode_gives_each_node_its_address_and_the_bridge_the_control_plane
     text = render_slurm_conf(cfg, {})
     assert "SlurmctldHost=localhost(10.213.0.1)\n" in text
     assert "AccountingStorageHost=10.213.0.1\n" in text
-    assert "NodeName=node1 NodeHostname=localhost NodeAddr=10.213.0.11 Port=17001" in text
-    assert "NodeName=spare2 NodeHostname=localhost NodeAddr=10.213.0.16 Port=17006" in text
+    assert "NodeName=node1 NodeHostname=node1 NodeAddr=10.213.0.11 Port=17001" in text
+    assert "NodeName=spare2 NodeHostname=spare2 NodeAddr=10.213.0.16 Port=17006" in text
     p = netns.plan(cfg)
     assert p.bridge == p.prefix + "br" and p.gateway == "10.213.0.1"
     names = [n.host_if for n in p.nodes] + [p.bridge]
@@ -45,6 +45,8 @@ def test_netns_mode_gives_each_node_its_address_and_the_bridge_the_control_plane
     argv = MiniCluster(cfg).daemon("slurmd-node2").argv
     assert argv[:2] == ("nsenter", f"--net=/run/netns/{p.prefix}-node2")
     assert argv[-4:] == ("slurmd", "-D", "-N", "node2")
+    # Its own hostname, the NodeHostname slurmctld looks an srun's reported host up by.
+    assert "--uts" in argv and argv[argv.index("slurmd") - 1] == "node2"
 
 
 def test_prefix_differs_per_cluster_root(tmp_path):
