@@ -121,8 +121,10 @@ TABLE: tuple[TaxonomyRow, ...] = (
                 "fail-slow: one rank's group persistently slower (evicted after a vote)"),
     TaxonomyRow(F.NAN, _I, _UNK, Action.ROLLBACK, "NaN value",
                 "non-finite loss or gradients"),
-    TaxonomyRow(F.CODE_DATA_CHANGE, _M, _USR, Action.REATTEMPT, "Code/data change",
-                "the user restarted the job with new code or data"),
+    TaxonomyRow(F.CODE_DATA_CHANGE, _M, _USR, Action.STOP_ON_REPEAT, "Code/data change",
+                "the user restarted the job with new code or data; a user-side failure "
+                "soon after a recorded change (hot update, or code or packages changed "
+                "between allocations)"),
     TaxonomyRow(F.USER_EXCEPTION, _E, _USR, Action.STOP_ON_REPEAT, None,
                 "an exception raised by the training code"),
     TaxonomyRow(F.USER_CUDA_FAULT, _E, _USR, Action.STOP_ON_REPEAT, None,

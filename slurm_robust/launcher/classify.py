@@ -137,6 +137,11 @@ LOG_RULES: tuple[Rule, ...] = (
         r"returned error code: 40[13]|401 Unauthorized|403 Forbidden|manifest unknown|"
         r"pull access denied|repository does not exist|requested access to the resource is "
         r"denied")),
+    # pyxis takes an image argument that is not a path starting with / or ./ for a
+    # registry image: a squashfs file named bare ("image.sqsh") is then "imported" from
+    # a registry and fails. The job's setting (pyxis README, --container-image).
+    Rule("pyxis_bare_sqsh", F.BAD_CONFIG, _rx(
+        r"pyxis: importing docker image: (?![/.])\S+\.(sqsh|squashfs)\b")),
     # A container that does not start: the runtime, or the job's image reference.
     Rule("container_start", F.CONTAINER_RUNTIME, _rx(
         r"OCI runtime|nvidia-container-cli|container_linux\.go|"

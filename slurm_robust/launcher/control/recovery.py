@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from slurm_robust.ckpt.config import TIERS
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.control import accounting, bitwise, blame, failslow, replay
+from slurm_robust.launcher.control import accounting, bitwise, blame, env_change, failslow, replay
 from slurm_robust.launcher.control import monitor as node_monitor
 from slurm_robust.launcher.control.events import EventLog, last_logged_step, make_incident
 from slurm_robust.launcher.control.failover import StoodDown, Takeover
@@ -263,6 +263,7 @@ class Recovery:
         self.replay: replay.ReplayRun | None = None  # issue 15: dual-phase replay
         #: issue 16: the code version the workers run, hot updates and rollbacks.
         self.hot = HotUpdate(cfg, self.events, clock)
+        self._fingerprinted = False  # issue 13: once per controller (env_change.py)
         #: The count and plan of the requeue in flight, set by its thread (shortfall.py).
         self._requeue_plan: tuple[Capacity | None, RequeuePlan] | None = None
 
@@ -549,6 +550,7 @@ class Recovery:
         st = self.state
         if self.gen is not None or st.attempt >= 0:
             self.hot.on_restart(st.last_step, now)  # issue 16: a staged version goes now
+        self._fingerprint(now)
         st.attempt += 1
         self.events.attempt = st.attempt
         self.gen_count += 1
@@ -569,12 +571,43 @@ class Recovery:
         log.info("generation %s (attempt %s) on %s, spares %s", gen.number, st.attempt,
                  st.slots, [self.members[i].node for i in self.spares])
 
+    def _fingerprint(self, now: float) -> None:
+        """issue 13: the first generation of this controller compares the training
+        command's files and packages with the last allocation's (env_change.py)."""
+        if self._fingerprinted:
+            return
+        self._fingerprinted = True
+        st = self.state
+        command = self.hot.plan_fields().get("command") or list(self.cfg.command)
+        try:
+            fp = env_change.take(command)
+        except (OSError, ValueError) as exc:  # a broken package's metadata, say
+            log.warning("cannot fingerprint the training command: %s", exc)
+            return
+        what = env_change.changes(env_change.Fingerprint.from_dict(st.fingerprint), fp)
+        st.fingerprint = fp.to_dict()
+        if what:
+            st.env_change = {"step": st.last_step, "attempt": st.attempt + 1,
+                             "what": what, "time": now}
+            log.warning("the training changed since the last allocation (%s): a user-side "
+                        "failure within %s steps is counted as that change's",
+                        "; ".join(what), env_change.WINDOW_STEPS)
+
+    def _code_fields(self) -> dict[str, Any]:
+        """The plans' code fields (issue 16), with a change made outside `update` within
+        its window counted as a recorded change too (issue 13)."""
+        code = self.hot.plan_fields()
+        ch = self.state.env_change
+        if ch is not None and env_change.recent(ch, self.state.last_step):
+            code = {**code, "code_change": True}
+        return code
+
     def _make_plans(self, gen: Generation) -> dict[int, Plan]:
         """Every agent's plan for ``gen`` (deterministic: a successor rebuilds the same)."""
         st, slots, g = self.state, gen.slots, self.cfg.workers_per_node
         rank_nodes = [self.members[i].node for i in slots for _ in range(g)]
         port = rendezvous_port(self.cfg.master_port, self.ident.job_id, gen.attempt)
-        code = self.hot.plan_fields()  # issue 16: the code version the workers run
+        code = self._code_fields()  # issue 16: the code version the workers run
         plans: dict[int, Plan] = {}
         for slot, index in enumerate(slots):
             plans[index] = Plan(role=Role.ACTIVE, gen=gen.number, attempt=gen.attempt,
@@ -777,7 +810,7 @@ class Recovery:
         """Each group a world of its own: its ranks renumbered from 0, its own master
         and port; each worker told its rank in the run (for its own snapshot)."""
         g, slots = self.cfg.workers_per_node, gen.slots
-        code = self.hot.plan_fields()
+        code = self._code_fields()
         env = dict(code.get("env") if code.get("env") is not None else self.cfg.env)
         plans: dict[int, Plan] = {}
         for number, members in enumerate(groups):

@@ -54,6 +54,11 @@ class RunState:
     # The NaN ladder (issue 15, nan_ladder.NanLadder.to_state): an open episode and the
     # skipped batches, so a requeue does not replay a data NaN once more.
     nan_ladder: dict[str, Any] | None = None
+    # Code/data changes made outside `slurm-robust update` (issue 13, env_change.py): the
+    # last allocation's fingerprint of the training command, and the change a new one
+    # found (step reached, attempt, what differs).
+    fingerprint: dict[str, Any] | None = None
+    env_change: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"v": STATE_VERSION, **asdict(self)}

@@ -2,8 +2,12 @@
 
 The corpus (tests/data/failure_corpus/corpus.jsonl) holds failure excerpts from public
 issue trackers, each with the class and side a careful SRE assigned and the exit code or
-signal the process would have had. Every entry is classified from its excerpt and exit
-status alone (slurm_robust.launcher.classify.classify) and compared with its labels.
+signal the process would have had. Every entry is classified from its excerpt, its exit
+status and, where its thread states that the failure came right after a change of the
+job's code, data or dependencies, the launcher's change record (``change_recorded``: a
+hot update, or launcher/control/env_change.py's fingerprint), by
+slurm_robust.launcher.classify.classify, and compared with its labels. The figures
+without the change record are reported too (``without_change_records``).
 
 Reported: class accuracy overall and by class, the side confusion matrix
 (infrastructure / user / unknown), the share of wrong infrastructure-vs-user decisions
@@ -45,6 +49,7 @@ class Entry:
     excerpt: str
     exit_code: int | None
     signal: int | None
+    change_recorded: bool = False
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,7 +72,8 @@ def load_corpus(path: Path) -> tuple[list[Entry], list[str]]:
         try:
             rec = json.loads(raw)
             entry = Entry(str(rec["id"]), str(rec["class"]), str(rec["side"]),
-                          str(rec["excerpt"]), rec.get("exit_code"), rec.get("signal"))
+                          str(rec["excerpt"]), rec.get("exit_code"), rec.get("signal"),
+                          rec.get("change_recorded") is True)
         except (ValueError, KeyError, TypeError) as exc:
             bad.append(f"line {n}: {exc}")
             continue
@@ -79,20 +85,22 @@ def load_corpus(path: Path) -> tuple[list[Entry], list[str]]:
     return entries, bad
 
 
-def classify_entry(entry: Entry) -> Classification:
+def classify_entry(entry: Entry, with_change: bool = True) -> Classification:
     return classify(Evidence(exit_code=entry.exit_code, signal=entry.signal,
-                             log_tail=entry.excerpt))
+                             log_tail=entry.excerpt,
+                             change_recorded=with_change and entry.change_recorded))
 
 
-def score(entries: list[Entry]) -> dict[str, Any]:
-    """Accuracy, side confusion and eviction figures over ``entries``."""
+def score(entries: list[Entry], with_change: bool = True) -> dict[str, Any]:
+    """Accuracy, side confusion and eviction figures over ``entries`` (``with_change``:
+    entries whose thread states a change come with the launcher's change record)."""
     n = len(entries)
     by_class: dict[str, Counter[str]] = defaultdict(Counter)
     confusion = {t: dict.fromkeys(SIDES, 0) for t in SIDES}
     correct = wrong_side = evicted_healthy = 0
     misses = []
     for e in entries:
-        c = classify_entry(e)
+        c = classify_entry(e, with_change)
         by_class[e.cls][c.cls] += 1
         confusion[e.side][c.side] += 1
         correct += c.cls == e.cls
@@ -127,6 +135,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not entries:
         raise UsageError(f"no readable entry in {args.corpus}")
     result = score(entries)
+    # The same without the change record: what the log and exit status alone decide
+    # (a change made outside `update` and before the launcher's fingerprint existed).
+    bare = score(entries, with_change=False)
+    result["without_change_records"] = {
+        "entries_with_a_change_record": sum(e.change_recorded for e in entries),
+        **{k: bare[k] for k in ("class_accuracy", "wrong_side_share",
+                                "healthy_nodes_evicted")}}
     seen = {line.strip() for line in args.seen_ids.read_text().splitlines()
             if line.strip() and not line.startswith("#")} if args.seen_ids.is_file() else set()
     held = [e for e in entries if e.id not in seen]

@@ -120,3 +120,15 @@ def test_general_signatures_added_for_issue_13():
     assert cls("RuntimeError: CUDA error: an illegal memory access was encountered\n"
                "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n") == \
         ("cuda_error", "unknown")
+
+
+def test_a_bare_squashfs_name_is_pyxis_misconfiguration_a_path_is_not():
+    """pyxis takes an image argument not starting with / or ./ for a registry image
+    (https://github.com/NVIDIA/pyxis/issues/127)."""
+    tail = ("pyxis: importing docker image: {}\n"
+            "slurmstepd: error: pyxis: couldn't start container\n")
+    bare = classify(Evidence(exit_code=1, log_tail=tail.format("hello-world.sqsh")))
+    assert (bare.cls, bare.side) == ("bad_config", "user")
+    for image in ("./hello-world.sqsh", "/img/hello-world.sqsh", "nvcr.io#nvidia/pytorch:24.01"):
+        c = classify(Evidence(exit_code=1, log_tail=tail.format(image)))
+        assert c.cls == "container_runtime", image
