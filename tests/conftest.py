@@ -50,6 +50,10 @@ def _our_drains_resumed(request: pytest.FixtureRequest) -> Iterator[None]:
     (the same node blamed twice within hours, which a test suite does by design) would
     otherwise leave the next test's allocation pending. An admin's drain (another reason)
     is left alone: the tests that set one clean up themselves.
+
+    The partitions go back to the cluster's layout too: a requeue onto the reserve moves
+    a spare into ``train`` (as it should), and a later test that counts on the layout
+    (srun over ``train``, a handoff that moves spare2 itself) would otherwise get it.
     """
     if "minicluster" not in request.fixturenames:
         yield
@@ -64,6 +68,10 @@ def _our_drains_resumed(request: pytest.FixtureRequest) -> Iterator[None]:
     for node in cluster.slurm.nodes():
         if node.drained and (node.reason or "").startswith("slurm_robust:"):
             cluster.slurm.resume(node.name)
+    for part, nodes in (("train", cluster.cfg.train_nodes),
+                        ("standby", cluster.cfg.spare_nodes)):
+        if sorted(cluster.slurm.partition_nodes(part)) != sorted(nodes):
+            cluster.slurm.set_partition_nodes(part, list(nodes))
     yield
 
 

@@ -67,9 +67,11 @@ def test_each_node_has_its_own_address(minicluster, netns_cluster):
     cfg = netns_cluster
     probe = ("import os, socket; print(os.environ['SLURMD_NODENAME'], socket.gethostname(), "
              "socket.gethostbyname(socket.gethostname()))")
+    # The nodes by name: one revived by the previous test may not answer yet (srun then
+    # waits for it), and the partition may hold a spare the reserve moved in.
     out = subprocess.run(["srun", "-N", str(len(cfg.train_nodes)), "-p", "train",
-                          sys.executable, "-c", probe], env=minicluster.env,
-                         capture_output=True, text=True, timeout=120)
+                          "-w", ",".join(cfg.train_nodes), sys.executable, "-c", probe],
+                         env=minicluster.env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     rows = [line.split() for line in out.stdout.splitlines() if line.strip()]
     # Its own hostname too: the NodeHostname slurmctld reaches an srun on it by.
