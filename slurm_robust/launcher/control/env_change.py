@@ -18,9 +18,12 @@ its first generation and compares it with the one in ``state.json``:
   runs from the job's environment); another interpreter's packages are not looked at
   (``packages`` is None and ``packages_basis`` says why).
 
-A difference is a *change*: the generations started within ``window`` steps of the step
-the run had reached get ``code_change`` in their plans, so a user-side failure there is
-classified ``code_data_change`` (stop on repeat; never an eviction).
+A difference is a *change* (``state.json``'s ``env_change``: the step the run had
+reached, the attempt, what differs): the generations started within WINDOW_STEPS steps of
+that step get ``code_change`` in their plans, so a user-side failure there is classified
+``code_data_change`` (stop on repeat; never an eviction). Files that are new or gone are
+not compared (a hot-updated version runs from its own snapshot path); nor are packages
+when either side could not see them.
 """
 
 from __future__ import annotations
@@ -124,4 +127,3 @@ def _packages(interpreter: str) -> tuple[str | None, str]:
                     for d in importlib.metadata.distributions()})
     digest = hashlib.sha256("\n".join(names).encode()).hexdigest()
     return digest, f"{len(names)} distributions seen by {sys.executable}"
-
