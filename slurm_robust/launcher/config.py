@@ -119,7 +119,9 @@ class RunConfig:
     stack_method: str = "auto"
     grace_s: float = 1.0
     drain: bool = False
-    prewarm: tuple[str, ...] = ("torch",)
+    # torch._dynamo: the first optimizer a script builds imports it (0.8-2 s here, sympy
+    # included), which was most of an in-place restart before it was pre-imported.
+    prewarm: tuple[str, ...] = ("torch", "torch._dynamo")
     fail_slow: bool = True
     fail_slow_interval_s: float = 10.0
     fail_slow_window: int = 5

@@ -1,8 +1,10 @@
 """Pre-started worker processes: the interpreter and torch are loaded before a restart.
 
-Importing torch takes seconds (2-5 s on a loaded 2-core node), most of an in-place
-restart. So each agent keeps one *zygote* per local rank: ``python -m
-slurm_robust.launcher.node.zygote torch`` imports the listed modules, then blocks reading one
+Importing torch takes seconds (2-5 s on a loaded 2-core node), and a script's first
+optimizer imports torch._dynamo (another 0.8-2 s): together most of an in-place restart.
+So each agent keeps one *zygote* per local rank: ``python -m
+slurm_robust.launcher.node.zygote torch torch._dynamo`` imports the listed modules (the
+config's ``prewarm``), then blocks reading one
 JSON line on stdin: ``{"argv": [...], "env": {...}, "cwd": ..., "log": ...}``. On that
 line it points its stdout and stderr at the log, replaces its environment, and runs the
 script (``script.py args`` or ``-m module args``) as ``__main__``, exactly as
