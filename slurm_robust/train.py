@@ -408,6 +408,9 @@ def init(backend: str | None = None, timeout_s: float = 1800.0) -> RobustRun:
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     if world > 1 and not dist.is_initialized():
+        from slurm_robust.store_wait import wait_for_store
+
+        wait_for_store(timeout_s=min(timeout_s, 60.0))
         dist.init_process_group(backend, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout_s))
     run = RobustRun(rank=rank, local_rank=local_rank, world_size=world,
