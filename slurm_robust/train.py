@@ -60,6 +60,7 @@ import contextlib
 import copy
 import hashlib
 import json
+import math
 import os
 import signal
 import sys
@@ -73,12 +74,17 @@ from typing import Any
 from slurm_robust.ddp import wrap_ddp  # noqa: F401  (re-exported)
 from slurm_robust.launcher.classify import EXIT_NONFINITE, EXIT_SPIKE
 from slurm_robust.launcher.control.events import EventLog
-from slurm_robust.launcher.control.policy import step_anomaly
+from slurm_robust.launcher.control.policy import WINDOW, step_anomaly
 from slurm_robust.stacks.handler import DEFAULT_TEMPLATE, install_stack_dump_handler
 
 POISON_SIGNAL = signal.SIGUSR1
 #: Where registered Stateful objects' states travel inside a snapshot's extras.
 STATEFUL_KEY = "__stateful__"
+#: The spike test's recent values, kept in each snapshot: a restored worker tests the
+#: steps it replays against the same baseline (without it the test was blind for
+#: SPIKE_MIN_HISTORY steps after every restart, so a spike the data causes came back
+#: a few steps later as a "new" incident, again and again).
+SENTINEL_KEY = "__sentinel__"
 
 
 @dataclass
@@ -184,6 +190,9 @@ class RobustRun:
             for name, obj in self._stateful.items():
                 if name in saved:
                     obj.load_state_dict(saved[name])
+            sentinel = extras.pop(SENTINEL_KEY, None) or {}
+            self._losses = _finite_floats(sentinel.get("loss"))
+            self._norms = _finite_floats(sentinel.get("grad_norm"))
             self.extras = extras
         self.restored_step = step
         self._report({"kind": "restored", "step": step, "tier": self.restore_tier,
@@ -286,6 +295,8 @@ class RobustRun:
             # Copies: the snapshot is taken in the background, and a loader's state or
             # the caller's extras may change before it is.
             saved = copy.deepcopy(dict(extras or {}))
+            saved[SENTINEL_KEY] = {"loss": self._losses[-WINDOW:],
+                                   "grad_norm": self._norms[-WINDOW:]}
             if self._stateful:
                 saved[STATEFUL_KEY] = copy.deepcopy({name: obj.state_dict() for name, obj
                                                      in self._stateful.items()})
@@ -466,6 +477,14 @@ def init(backend: str | None = None, timeout_s: float = 1800.0) -> RobustRun:
 
     sys.excepthook = _flush_then_report
     return run
+
+
+def _finite_floats(values: Any) -> list[float]:
+    """The snapshot's sentinel values as floats (anything else dropped, never raised)."""
+    if not isinstance(values, list):
+        return []
+    return [float(v) for v in values[-WINDOW:]
+            if isinstance(v, int | float) and math.isfinite(float(v))]
 
 
 def params_digest(model: Any) -> str:

@@ -34,6 +34,11 @@ WINDOW = 32
 #: Classes that blame every node they name at once: node faults, and fail-slow (the
 #: vote over several rounds already is the repeated evidence).
 EVICTING_CLASSES = NODE_CLASSES | {IncidentClass.MFU_DECLINE}
+#: Classes whose reporting rank says nothing about where the fault is: the loss and the
+#: grad norm a script reports are taken after the all-reduce, the same on every rank, so
+#: whichever rank tests them first reports the spike. They never count towards a node's
+#: blame (a long run whose training turned unstable evicted a healthy node that way).
+UNLOCALISED_CLASSES = frozenset({IncidentClass.LOSS_SPIKE})
 
 
 def median(values: Sequence[float]) -> float | None:
@@ -102,6 +107,8 @@ def blamed_nodes(cls: str, nodes: Sequence[str], failures_by_node: dict[str, int
     nodes whose failure count in this run reached ``threshold``."""
     if cls in EVICTING_CLASSES:
         return tuple(dict.fromkeys(nodes))
+    if cls in UNLOCALISED_CLASSES:
+        return ()
     return tuple(n for n in dict.fromkeys(nodes) if failures_by_node.get(n, 0) >= threshold)
 
 

@@ -90,6 +90,8 @@ def test_blamed_nodes_by_class_or_repeat_count():
     assert blamed_nodes("cuda_error", ["n1"], {}, 3) == ()
     assert blamed_nodes("worker_signal", ["n1"], {"n1": 2}, 3) == ()
     assert blamed_nodes("worker_signal", ["n1"], {"n1": 3}, 3) == ("n1",)
+    # A spike is tested after the all-reduce: the rank that reports it says nothing.
+    assert blamed_nodes("loss_spike", ["n1"], {"n1": 9}, 3) == ()
 
 
 def test_assign_slots_keeps_surviving_nodes_in_place():

@@ -70,3 +70,24 @@ def test_register_rejects_objects_without_state_dict(robust_env):
     run = train.init(backend="gloo")
     with pytest.raises(TypeError, match="state_dict"):
         run.register_stateful("x", object())
+
+
+def test_the_spike_baseline_survives_a_restart(robust_env):
+    """A restored worker tests the steps it replays against the values before the
+    snapshot: a spike the data causes comes back at its own step (then the ladder's
+    same-place rule stops the run) instead of passing unseen for the first steps."""
+    model = torch.nn.Linear(3, 2)
+    run = train.init(backend="gloo")
+    assert run.restore(model) == 0
+    for step in range(1, 11):
+        run.step_end(step, 2.0, 1.0, model, data_position=step)
+    run.finish()
+
+    run2 = train.init(backend="gloo")
+    assert run2.restore(torch.nn.Linear(3, 2)) == 10
+    assert run2.extras == {}  # the sentinel's values are not the caller's extras
+    aborted = []
+    run2._abort = lambda anomaly, name, step, value: aborted.append((anomaly, name, step))
+    run2.step_end(11, 2.0, 6.0, model, data_position=11)  # 6x the grad norm's median
+    assert aborted == [("loss_spike", "grad_norm", 11)]
+    run2.finish()
