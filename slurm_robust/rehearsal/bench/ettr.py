@@ -47,9 +47,13 @@ TARGET_MINUTES, TARGET_FAULT_EVERY_S = 30.0, 300.0
 #: steps standalone), which the spike test rightly stops. The bench measures recovery,
 #: so it trains a run that does not diverge.
 LONG_RUN_LR = 1e-3
-TORCHRUN_PEER = ("not run: the torchrun --max-restarts + DCP arm exists in `bench recovery` "
-                 "(one killed worker); driving this fault schedule through it (NaN and hang "
-                 "detection are the user's job under torchrun) is not implemented")
+TORCHRUN_PEER = ("not run (no cluster time for a second 30-minute run): the torchrun "
+                 "--max-restarts + DCP arm is measured in `bench recovery` for a killed "
+                 "worker. Under this schedule it has no answer to two of the four faults: "
+                 "torchrun has no hang detection, so a stopped worker holds the others in "
+                 "their collective until the process group's timeout (the example's: 30 min), "
+                 "and a lost node leaves a fixed --nnodes rendezvous short until its join "
+                 "timeout; NaN is caught only because the example's own check exits")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
