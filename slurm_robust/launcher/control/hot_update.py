@@ -38,7 +38,9 @@ from slurm_robust.taxonomy import ROWS, FailureClass, Side, canonical
 
 log = logging.getLogger("slurm_robust.launcher.control.hot_update")
 
-POLL_S = 0.25
+#: How often the request file is looked for: one stat of the run directory per 0.1 s is
+#: nothing even on Lustre, and every 0.1 s saved here is downtime saved per update.
+POLL_S = 0.1
 #: Failure classes that, soon after a change, are the change's fault (user side).
 _ROLLBACK_EXTRA = frozenset({FailureClass.NAN, FailureClass.LOSS_SPIKE,
                              FailureClass.CODE_DATA_CHANGE})
