@@ -671,6 +671,13 @@ class Recovery:
         evidence.update(ex.evidence)
         if others:
             evidence["also_failed_ranks"] = others
+        ch = st.env_change
+        if ex.cls == IncidentClass.CODE_DATA_CHANGE and ch is not None and \
+                env_change.recent(ch, st.last_step):
+            # The change the classifier counted (made outside `update`): what changed,
+            # and from which step, in the incident itself, not only in state.json.
+            evidence["env_change"] = {k: ch[k] for k in ("step", "attempt", "what")
+                                      if k in ch}
         return make_incident(f"i{st.incidents}", str(ex.cls), str(ex.category), detected,
                              fault_time=ex.time, nodes=[root.node], ranks=[ex.rank],
                              last_step=st.last_step, evidence=evidence)

@@ -9,6 +9,7 @@ from pathlib import Path
 from slurm_robust.launcher.classify import Evidence, classify
 from slurm_robust.launcher.control import env_change
 from slurm_robust.launcher.control.state import load_state
+from slurm_robust.launcher.enums import Phase
 from slurm_robust.launcher.paths import RunPaths
 from tests.unit.launcher.test_hot_update import CodeHarness
 
@@ -76,6 +77,19 @@ def test_an_edited_script_between_allocations_is_a_recorded_change(tmp_path):
     tail = "Traceback (most recent call last):\nKeyError: 'angle_means'\n"
     c = classify(Evidence(exit_code=1, log_tail=tail, change_recorded=True))
     assert (c.cls, c.side, c.evicts) == ("code_data_change", "user", False)
+    # ... and the incident names the change it was counted against.
+    assert h.rec.phase is Phase.RUNNING, h.rec.phase
+    h.restored(3)
+    h.fail(h.members[0], "code_data_change", category="manual",
+           signature="code_data_change:KeyError@train.py:1")
+    h.settle()
+    h.restored(3)
+    h.step = 3
+    h.steps(1)  # the incident is written once the run steps again
+    inc = h.incidents()[-1]
+    assert inc["class"] == "code_data_change"
+    assert inc["evidence"]["env_change"] == {"step": 3, "attempt": st.env_change["attempt"],
+                                             "what": [f"{first.v0 / 'train.py'} changed"]}
 
 
 def test_an_unchanged_script_is_no_change(tmp_path):
