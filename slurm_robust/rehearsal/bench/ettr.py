@@ -47,13 +47,9 @@ TARGET_MINUTES, TARGET_FAULT_EVERY_S = 30.0, 300.0
 #: steps standalone), which the spike test rightly stops. The bench measures recovery,
 #: so it trains a run that does not diverge.
 LONG_RUN_LR = 1e-3
-TORCHRUN_PEER = ("not run (no cluster time for a second 30-minute run): the torchrun "
-                 "--max-restarts + DCP arm is measured in `bench recovery` for a killed "
-                 "worker. Under this schedule it has no answer to two of the four faults: "
-                 "torchrun has no hang detection, so a stopped worker holds the others in "
-                 "their collective until the process group's timeout (the example's: 30 min), "
-                 "and a lost node leaves a fixed --nnodes rendezvous short until its join "
-                 "timeout; NaN is caught only because the example's own check exits")
+TORCHRUN_PEER = ("a separate run of the same length: slurm-robust bench ettr --arm torchrun "
+                 "with the same options (sbatch --requeue + torchrun --max-restarts + DCP "
+                 "async_save; bench/ettr_torchrun.py)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds a step takes (default 0.5)")
     parser.add_argument("--hang-timeout", type=float, default=15.0,
                         help="hang floor for stop-worker (default 15 s)")
+    parser.add_argument("--arm", choices=("robust", "torchrun"), default="robust",
+                        help="robust: slurm_robust (default); torchrun: the same schedule "
+                             "on sbatch --requeue + torchrun --max-restarts + DCP "
+                             "(bench/ettr_torchrun.py), a separate run of the same length")
 
 
 def parse_faults(text: str) -> list[str]:
@@ -110,6 +110,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     faults = parse_faults(args.faults)
     if args.minutes <= 0 or args.fault_every <= 0 or args.step_time <= 0:
         raise UsageError("--minutes, --fault-every and --step-time must be positive")
+    if args.arm == "torchrun":
+        return _peer_report(args, faults)
     cfg = ClusterConfig().with_saved_shape()
     slurm = Slurm(cfg.env())
     if not slurm.ping():
@@ -182,7 +184,7 @@ def _report(run_dir: Path, args: argparse.Namespace, faults: list[str],
     at_scale = args.minutes >= TARGET_MINUTES and args.fault_every <= TARGET_FAULT_EVERY_S
     ettr = head["ettr"]
     return {
-        "benchmark": "ettr", "job_id": job, "run_dir": str(run_dir),
+        "benchmark": "ettr", "arm": "robust", "job_id": job, "run_dir": str(run_dir),
         "status": run_status(str(run_dir)).get("status"),
         "config": {"minutes": args.minutes, "fault_every_s": args.fault_every,
                    "faults": faults, "nodes": args.nodes, "spares": args.spares,
@@ -204,3 +206,17 @@ def _report(run_dir: Path, args: argparse.Namespace, faults: list[str],
                                    f"{TARGET_FAULT_EVERY_S:g} s",
                    "met": bool(ettr is not None and ettr >= TARGET_ETTR and at_scale)},
     }
+
+
+def _peer_report(args: argparse.Namespace, faults: list[str]) -> dict[str, Any]:
+    from slurm_robust.rehearsal.bench.ettr_torchrun import run_peer
+
+    out = run_peer(args, faults, LONG_RUN_LR, schedule)
+    at_scale = args.minutes >= TARGET_MINUTES and args.fault_every <= TARGET_FAULT_EVERY_S
+    return {"benchmark": "ettr", "arm": "torchrun_max_restarts_dcp_async_save",
+            "config": {"minutes": args.minutes, "fault_every_s": args.fault_every,
+                       "faults": faults, "nodes": args.nodes,
+                       "step_time_s": args.step_time, "lr": LONG_RUN_LR},
+            **out,
+            "target": {"ettr_min": TARGET_ETTR, "at_target_scale": at_scale,
+                       "note": "the target is slurm_robust's; this arm is its peer"}}

@@ -40,3 +40,24 @@ def test_downtime_split_adds_up_per_phase():
     assert split["localise_s"] == pytest.approx(4.0)
     assert split["redo_s"] == pytest.approx(10.0)
     assert split["recover_s"] > 2 * 10.0  # restart plus the first step after it
+
+
+def test_torchrun_peer_figures_from_its_progress_lines(tmp_path):
+    from slurm_robust.rehearsal.bench.ettr_torchrun import figures
+
+    # 0.5 s steps from t=10; a kill at t=13.2 after step 7; DCP saved at step 5, so the
+    # restarted workers redo 6 and 7 and the next step (6) ends at t=20.
+    lines = [(s, 10 + 0.5 * s) for s in range(1, 8)]
+    lines += [(s, 20 + 0.5 * (s - 6)) for s in range(6, 21)]
+    injected = [{"at_s": 3.2, "fault": "kill-worker", "ok": True, "time": 13.7}]
+    out = figures(lines, 20, started=8.0, ended_at=99.0, injected=injected, job="7",
+                  run_dir=tmp_path)
+    assert out["completed"] and out["steps_done"] == 20 and out["median_step_s"] == 0.5
+    assert out["wall_s"] == 19.0  # job start (8) to the last step (27)
+    assert out["ettr_cumulative"] == round(20 * 0.5 / 19.0, 4)
+    assert out["faults"] == [{"at_s": 3.2, "fault": "kill-worker", "ok": True,
+                              "fault_to_next_step_s": 6.3, "steps_redone": 2}]
+    # Not finished by the cap: the wall time runs to the cap, and that is said.
+    cut = figures(lines[:9], 20, started=8.0, ended_at=60.0, injected=[], job="7",
+                  run_dir=tmp_path)
+    assert cut["stopped_at_cap"] and cut["wall_s"] == 52.0 and cut["steps_done"] == 7
