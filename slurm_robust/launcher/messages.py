@@ -367,8 +367,15 @@ class Plan(Message):
     env: dict[str, str] | None = None
     code_version: int | None = None
     code_change: bool = False
+    # Report again after this many seconds instead of the heartbeat (None: the
+    # heartbeat). Set only while a transition is imminent (a failure settling, a hot
+    # update waiting for its step boundary), so that the next plan reaches every agent
+    # within it rather than within a heartbeat.
+    poll_s: float | None = None
 
     def validate(self, where: str) -> None:
+        if self.poll_s is not None and not 0 < self.poll_s <= 60:
+            raise BadMessage(f"{where}: poll_s {self.poll_s} is not in (0, 60]")
         if self.role is Role.EXIT:
             return
         if self.gen is None:

@@ -104,6 +104,9 @@ log = logging.getLogger("slurm_robust.launcher.control.recovery")
 
 #: Wait this long after the first primary failure for the others of the same moment.
 SETTLE_S = 0.3
+#: Agents' report interval while a transition is imminent (see plan_for): 20 reports a
+#: second per agent for the few tenths of a second a settle or a step boundary lasts.
+HURRY_POLL_S = 0.05
 #: Longest wait for stack captures on a hang before restarting anyway.
 CAPTURE_BUDGET_S = 20.0
 #: Longest wait for every agent of the allocation before starting with those present.
@@ -286,7 +289,19 @@ class Recovery:
             plan = Plan(role=Role.EVICTED, gen=gen.number, attempt=gen.attempt)
         if plan is not None and self.term:
             plan = dataclasses.replace(plan, term=self.term)
+        if plan is not None and self._transition_imminent():
+            plan = dataclasses.replace(plan, poll_s=HURRY_POLL_S)
         return plan
+
+    def _transition_imminent(self) -> bool:
+        """A new generation is likely within a moment: a failure is settling (the
+        decision comes SETTLE_S after it), or a hot update waits for its step boundary.
+        Agents then report every HURRY_POLL_S, so each sees the next plan (and the
+        controller the boundary) within that instead of within a heartbeat."""
+        gen = self.gen
+        if self._phase is Phase.RUNNING and gen is not None and gen.failures:
+            return True
+        return self.hot.due_request is not None
 
     def ranks_of(self, agent_index: int) -> list[int]:
         gen = self.gen

@@ -177,7 +177,14 @@ class Agent:
                 # Refill once the workers have started (restored): the new interpreter
                 # then does not compete with their start.
                 self.zygotes.fill()
-            time.sleep(self.cfg.heartbeat_s)
+            time.sleep(self._poll_s(plan))
+
+    def _poll_s(self, plan: Plan | None) -> float:
+        """Seconds to the next report: the heartbeat, or the plan's shorter poll_s while
+        the controller says a transition is imminent (never under 10 ms)."""
+        if plan is None or plan.poll_s is None:
+            return self.cfg.heartbeat_s
+        return min(self.cfg.heartbeat_s, max(0.01, plan.poll_s))
 
     def _connect(self, timeout_s: float) -> Channel | None:
         deadline = time.time() + timeout_s

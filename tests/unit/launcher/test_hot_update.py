@@ -16,7 +16,7 @@ import pytest
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher import versions as vs
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.control.recovery import Recovery, SlurmSide
+from slurm_robust.launcher.control.recovery import HURRY_POLL_S, Recovery, SlurmSide
 from slurm_robust.launcher.enums import Phase, Rung
 from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.submit.update import parse_duration, request_update
@@ -183,9 +183,13 @@ def test_now_restarts_in_place_at_the_next_step_boundary(tmp_path):
     h.update("v1", message="more logging")
     h.tick(0.3)
     assert h.gen() == 1  # taken, but no step has finished since the request
+    # agents report quickly until the boundary: the controller sees it, and they the
+    # new plan, within HURRY_POLL_S instead of a heartbeat
+    assert h.rec.plan_for(0).poll_s == HURRY_POLL_S
     h.steps(1)
     h.tick(0.0)
     assert h.gen() == 2 and h.rec.phase is Phase.RUNNING
+    assert h.rec.plan_for(0).poll_s is None
     assert h.rec.state.restarts == 0  # a change is not a failure: the budget is untouched
     cmd = h.command()
     assert cmd is not None and cmd[1].endswith("versions/v1/code/train.py")

@@ -98,6 +98,10 @@ def test_bad_plans_are_refused() -> None:
         Plan.from_json({"role": "spare"})
     with pytest.raises(BadMessage, match="with 'plan'"):
         plan_from_reply({"nope": 1})
+    for bad in (0, -1, 61):
+        with pytest.raises(BadMessage, match="poll_s"):
+            Plan.from_json({"role": "spare", "gen": 1, "poll_s": bad})
+    assert Plan.from_json({"role": "spare", "gen": 1, "poll_s": 0.05}).poll_s == 0.05
 
 
 def test_checkpoint_config_crosses_the_environment() -> None:

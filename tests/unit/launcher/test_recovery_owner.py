@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.control.recovery import SETTLE_S, Recovery, SlurmSide
+from slurm_robust.launcher.control.recovery import HURRY_POLL_S, SETTLE_S, Recovery, SlurmSide
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.enums import Phase, PhaseError, Role, Rung
 from slurm_robust.launcher.identity import Identity
@@ -171,11 +171,15 @@ def test_every_rung_in_turn(tmp_path):
     h.start()
 
     # in place: a worker crash, not blamed on its node
+    assert h.rec.plan_for(0).poll_s is None  # steady state: the heartbeat
     h.fail(h.members[1], "worker_signal")
     h.tick(0.0)
     assert h.gen() == 1  # settling: waits for the other failures of the same moment
+    # ... and tells every agent to report quickly, so the next plan reaches them at once
+    assert {h.rec.plan_for(i).poll_s for i in h.members} == {HURRY_POLL_S}
     h.settle()
     assert h.gen() == 2 and h.rec.gen.slots == [0, 1] and h.rec.phase is Phase.RUNNING
+    assert h.rec.plan_for(0).poll_s is None  # the new generation: back to the heartbeat
     assert h.rec.state.open_incident["rung"] == Rung.IN_PLACE
     h.restored(3)
     h.steps(2)
