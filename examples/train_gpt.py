@@ -215,7 +215,11 @@ def _init_under_torchrun() -> None:
     """Under torchrun --max-restarts: a process group keyed by the restart count.
 
     The agent's store outlives a restart, and gloo reads its peers' addresses from it;
-    without a per-restart prefix the new workers find the dead ones' addresses.
+    without a per-restart prefix the new workers find the dead ones' addresses. Known
+    limit: the agents do not agree on the restart count after a failure on one node (the
+    failing node's agent counts it, the others do not), and the group then never forms.
+    The benches run torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (a store per
+    round, hosted by rank 0's worker), where this function does nothing.
     """
     count = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -130,7 +130,7 @@ def _script(args: argparse.Namespace, steps: int, lr: float, progress: Path,
               "--ckpt-format", "dcp_async"]
     cmd = " ".join(shlex.quote(a) if "$" not in a else a for a in agent) + " " + \
         " ".join(shlex.quote(w) for w in worker)
-    return f"#!/bin/sh\nsrun --kill-on-bad-exit=0 {cmd}\n"
+    return f"#!/bin/sh\nexport {recovery.TORCHRUN_ENV}\nsrun --kill-on-bad-exit=0 {cmd}\n"
 
 
 def _done(slurm: Slurm, job: str, progress: Path, steps: int) -> bool:

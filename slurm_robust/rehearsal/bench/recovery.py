@@ -49,6 +49,13 @@ HELP = ("recovery from a killed worker: robust launcher vs torchrun+DCP and plai
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "train_gpt.py"
 TORCHRUN_MAX_RESTARTS = 3
+#: The torchrun arms' environment. With its default (one rendezvous TCPStore shared by
+#: every round) the workers of a restarted round find the previous round's keys; the
+#: example then keyed its group by TORCHELASTIC_RESTART_COUNT, which the agents do not
+#: agree on (the one whose worker failed counts the restart, the others 0): the new group
+#: never formed (2 of 3 bench recovery runs, and the ETTR peer after its 4th restart).
+#: A store per round is torchrun's own option for this.
+TORCHRUN_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
 DEFAULT_CRED_EXPIRE_S = 120  # slurm.conf AuthInfo cred_expire when unset
 # Peers the issue asks for that this benchmark does not run yet, and what stops them.
 NOT_MEASURED = {
@@ -166,7 +173,8 @@ def _plain_run(slurm: Any, cfg: Any, args: argparse.Namespace,
                  "--rdzv-id=bench$SLURM_JOB_ID", "--monitor-interval=0.5"]
         cmd = " ".join(shlex.quote(a) if "$" not in a else a for a in agent) + " " + \
             " ".join(shlex.quote(w) for w in [*worker[1:], "--ckpt-format", "dcp_async"])
-        script = "\n".join(["#!/bin/sh", f"srun --kill-on-bad-exit=0 {cmd}"]) + "\n"
+        script = "\n".join(["#!/bin/sh", f"export {TORCHRUN_ENV}",
+                            f"srun --kill-on-bad-exit=0 {cmd}"]) + "\n"
     else:
         task = ('RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=0 '
                 'exec "$0" "$@"')
