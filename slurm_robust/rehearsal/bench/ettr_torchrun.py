@@ -98,14 +98,20 @@ def figures(lines: list[tuple[int, float]], steps: int, started: float, ended_at
     wall = end - started
     per_fault = []
     for f in injected:
+        # The restart is the first break after the fault: a step number that does not
+        # go up by one, or a gap of over 3 steps. (A NaN's poison lands after the step in
+        # flight, so the next step line can still precede the restart.)
         t = f["time"]
-        before = max((s for s, ts in lines if ts <= t), default=0)
-        after = [(s, ts) for s, ts in lines if ts > t]
-        nxt = min(after, key=lambda x: x[1]) if after else None
+        nxt = before = None
+        for a, b in zip(lines, lines[1:], strict=False):
+            if b[1] > t and (b[0] != a[0] + 1 or b[1] - a[1] > 3 * step_s):
+                before, nxt = a[0], b
+                break
         per_fault.append({**{k: f[k] for k in ("at_s", "fault", "ok") if k in f},
                           "fault_to_next_step_s": None if nxt is None
                           else round(nxt[1] - t, 2),
-                          "steps_redone": None if nxt is None else before - (nxt[0] - 1)})
+                          "steps_redone": None if nxt is None or before is None
+                          else before - (nxt[0] - 1)})
     return {"job_id": job, "run_dir": str(run_dir), "completed": completed,
             "steps_done": done, "steps_planned": steps,
             "median_step_s": round(step_s, 3), "wall_s": round(wall, 1),

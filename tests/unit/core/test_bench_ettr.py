@@ -61,3 +61,20 @@ def test_torchrun_peer_figures_from_its_progress_lines(tmp_path):
     cut = figures(lines[:9], 20, started=8.0, ended_at=60.0, injected=[], job="7",
                   run_dir=tmp_path)
     assert cut["stopped_at_cap"] and cut["wall_s"] == 52.0 and cut["steps_done"] == 7
+
+
+def test_torchrun_peer_fault_is_timed_to_the_restart_not_the_step_in_flight(tmp_path):
+    from slurm_robust.rehearsal.bench.ettr_torchrun import figures
+
+    # A NaN poison at t=11.7 lands after step 4 (t=12.0); step 5 fails, and the restarted
+    # workers resume from step 2 (redoing 3 and 4) at t=17.
+    lines = [(s, 10 + 0.5 * s) for s in range(1, 5)] + [(s, 17 + 0.5 * (s - 3))
+                                                        for s in range(3, 9)]
+    out = figures(lines, 8, started=9.0, ended_at=30.0, job="7", run_dir=tmp_path,
+                  injected=[{"at_s": 1.7, "fault": "nan", "ok": True, "time": 11.7}])
+    assert out["faults"][0]["fault_to_next_step_s"] == 5.3
+    assert out["faults"][0]["steps_redone"] == 2
+    stuck = figures(lines[:4], 8, started=9.0, ended_at=30.0, job="7", run_dir=tmp_path,
+                    injected=[{"at_s": 1.7, "fault": "stop-worker", "ok": True,
+                               "time": 11.7}])
+    assert stuck["faults"][0]["fault_to_next_step_s"] is None
