@@ -951,8 +951,9 @@ class Recovery:
         progressed = made_progress(gen.steps_done, self._reports_steps(gen),
                                    now - gen.started_at)
         st.no_progress = 0 if progressed else st.no_progress + 1
-        for node in nodes if incident["class"] not in UNLOCALISED_CLASSES else ():
-            st.node_failures[node] = st.node_failures.get(node, 0) + 1
+        if incident["class"] not in UNLOCALISED_CLASSES:
+            for node in nodes:
+                st.node_failures[node] = st.node_failures.get(node, 0) + 1
         blamed = blamed_nodes(incident["class"], nodes, st.node_failures,
                               self.cfg.node_failures_to_blame)
         if evict or diagnosis_failed:

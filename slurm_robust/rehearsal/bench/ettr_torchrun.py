@@ -122,21 +122,12 @@ def figures(lines: list[tuple[int, float]], steps: int, started: float, ended_at
 
 def _script(args: argparse.Namespace, steps: int, lr: float, progress: Path,
             marker: str) -> str:
-    import shlex
-    import sys
-
     port = 41000 + os.getpid() % 1000  # clear of the launcher's and bench recovery's
-    agent = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={args.nodes}",
-             "--nproc-per-node=1", f"--max-restarts={MAX_RESTARTS}",
-             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-             "--rdzv-id=ettr$SLURM_JOB_ID", "--monitor-interval=0.5"]
     worker = [str(recovery.EXAMPLE), "--steps", str(steps), "--min-step-time",
               str(args.step_time), "--lr", str(lr), "--save-every", str(SAVE_EVERY),
               "--ckpt-dir", marker, "--progress-file", str(progress),
               "--ckpt-format", "dcp_async"]
-    cmd = " ".join(shlex.quote(a) if "$" not in a else a for a in agent) + " " + \
-        " ".join(shlex.quote(w) for w in worker)
-    return f"#!/bin/sh\nexport {recovery.TORCHRUN_ENV}\nsrun --kill-on-bad-exit=0 {cmd}\n"
+    return recovery.torchrun_script(args.nodes, MAX_RESTARTS, port, "ettr", worker)
 
 
 def _done(slurm: Slurm, job: str, progress: Path, steps: int) -> bool:

@@ -164,17 +164,8 @@ def _plain_run(slurm: Any, cfg: Any, args: argparse.Namespace,
               "--ckpt-dir", marker, "--progress-file", str(progress)]
     port = 40000 + os.getpid() % 1000 + (500 if torchrun else 0)  # clear of the launcher's
     if torchrun:
-        # One elastic agent per node (it takes the script, not the interpreter); a dead
-        # worker makes every agent restart its worker
-        # in a new rendezvous round, and the example reloads the newest DCP checkpoint.
-        agent = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={args.nodes}",
-                 "--nproc-per-node=1", f"--max-restarts={TORCHRUN_MAX_RESTARTS}",
-                 "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-                 "--rdzv-id=bench$SLURM_JOB_ID", "--monitor-interval=0.5"]
-        cmd = " ".join(shlex.quote(a) if "$" not in a else a for a in agent) + " " + \
-            " ".join(shlex.quote(w) for w in [*worker[1:], "--ckpt-format", "dcp_async"])
-        script = "\n".join(["#!/bin/sh", f"export {TORCHRUN_ENV}",
-                            f"srun --kill-on-bad-exit=0 {cmd}"]) + "\n"
+        script = torchrun_script(args.nodes, TORCHRUN_MAX_RESTARTS, port, "bench",
+                                 [*worker[1:], "--ckpt-format", "dcp_async"])
     else:
         task = ('RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=0 '
                 'exec "$0" "$@"')
@@ -213,6 +204,22 @@ def _plain_run(slurm: Any, cfg: Any, args: argparse.Namespace,
             "last_step_before_fault": last, "resumed_at_step": step - 1,
             "steps_redone": last - (step - 1), "wall_s": round(time.time() - t0, 1),
             "params_sha256": sha, "run_dir": str(run_dir)}
+
+
+def torchrun_script(nodes: int, max_restarts: int, port: int, rdzv_prefix: str,
+                    worker: list[str]) -> str:
+    """The batch script of a torchrun arm: one elastic agent per node (it takes the
+    script, not the interpreter) with c10d rendezvous on ``port``; a dead worker makes
+    every agent restart its worker in a new round, and the example reloads the newest
+    DCP checkpoint. ``worker``: the script and its arguments."""
+    agent = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
+             "--nproc-per-node=1", f"--max-restarts={max_restarts}",
+             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+             f"--rdzv-id={rdzv_prefix}$SLURM_JOB_ID", "--monitor-interval=0.5"]
+    cmd = " ".join(shlex.quote(a) if "$" not in a else a for a in agent) + " " + \
+        " ".join(shlex.quote(w) for w in worker)
+    return "\n".join(["#!/bin/sh", f"export {TORCHRUN_ENV}",
+                      f"srun --kill-on-bad-exit=0 {cmd}"]) + "\n"
 
 
 def _robust_run(cfg: Any, args: argparse.Namespace, train: list[str]) -> dict[str, Any]:
