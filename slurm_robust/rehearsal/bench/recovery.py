@@ -211,11 +211,12 @@ def torchrun_script(nodes: int, max_restarts: int, port: int, rdzv_prefix: str,
     """The batch script of a torchrun arm: one elastic agent per node (it takes the
     script, not the interpreter) with c10d rendezvous on ``port``; a dead worker makes
     every agent restart its worker in a new round, and the example reloads the newest
-    DCP checkpoint. ``worker``: the script and its arguments."""
+    DCP checkpoint. ``worker``: the script and its arguments. The agents watch their
+    workers at torchrun's default interval (0.1 s), as its users run it."""
     agent = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
              "--nproc-per-node=1", f"--max-restarts={max_restarts}",
              "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-             f"--rdzv-id={rdzv_prefix}$SLURM_JOB_ID", "--monitor-interval=0.5"]
+             f"--rdzv-id={rdzv_prefix}$SLURM_JOB_ID"]
     cmd = " ".join(shlex.quote(a) if "$" not in a else a for a in agent) + " " + \
         " ".join(shlex.quote(w) for w in worker)
     return "\n".join(["#!/bin/sh", f"export {TORCHRUN_ENV}",
