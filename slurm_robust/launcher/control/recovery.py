@@ -102,8 +102,14 @@ from slurm_robust.taxonomy import ROWS, Action, canonical
 
 log = logging.getLogger("slurm_robust.launcher.control.recovery")
 
-#: Wait this long after the first primary failure for the others of the same moment.
+#: Wait at most this long after the first primary failure for the others of the same
+#: moment (the earliest is the root cause) ...
 SETTLE_S = 0.3
+#: ... or until every active agent has reported this long after it: agents report a
+#: worker's exit the moment it happens (workers.wait_for_exit), so an earlier failure
+#: would be in those reports. The margin covers clock skew between nodes (exit times are
+#: the agents' clocks) and one hurried report interval.
+SETTLE_HEARD_S = 0.05
 #: Agents' report interval while a transition is imminent (see plan_for): 20 reports a
 #: second per agent for the few tenths of a second a settle or a step boundary lasts.
 HURRY_POLL_S = 0.05
@@ -649,12 +655,14 @@ class Recovery:
 
     # ------------------------------------------------------------------ incidents
     def _maybe_handle_failures(self, gen: Generation, now: float) -> None:
-        """Decide once the root cause is clear: the earliest primary failure after a short
-        settle time, or the earliest secondary one after a heartbeat timeout."""
+        """Decide once the root cause is clear: the earliest primary failure once every
+        active agent has reported since (at most a short settle time after it), or the
+        earliest secondary one after a heartbeat timeout."""
         primary = [f for f in gen.failures if not f.exit.secondary]
         first_seen = gen.first_failure_seen or now
         if primary:
-            if now - min(f.seen for f in primary) < SETTLE_S:
+            first = min(f.seen for f in primary)
+            if now - first < SETTLE_S and not self._all_heard_since(gen, first + SETTLE_HEARD_S):
                 return
             root = min(primary, key=lambda f: f.exit.time)
         elif now - first_seen < self.cfg.heartbeat_timeout_s:
@@ -673,6 +681,15 @@ class Recovery:
             return
         self._handle(gen, incident, root.exit.signature, [root.node], now,
                      diagnosed_repeat=self._diagnosed_before(root.exit.signature))
+
+    def _all_heard_since(self, gen: Generation, t: float) -> bool:
+        """Whether every agent of the generation's slots has reported at ``t`` or later
+        (a lost one never has: the settle then runs its full time)."""
+        for index in gen.slots:
+            member = self.members.get(index)
+            if member is None or member.lost or member.last_seen < t:
+                return False
+        return True
 
     def _incident_from_failure(self, gen: Generation, root: Failure,
                                detected: float) -> dict[str, Any]:

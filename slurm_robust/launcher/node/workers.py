@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -210,6 +211,35 @@ def process_state(pid: int) -> str | None:
     except OSError:
         return None
     return text.rsplit(")", 1)[-1].split()[0]
+
+
+def wait_for_exit(workers: Sequence[Worker], timeout_s: float) -> None:
+    """Sleep up to ``timeout_s``, but return as soon as one of ``workers`` exits.
+
+    The agent reports between these waits; waking on the exit itself (a pidfd turns
+    readable when its process ends, zombie included) lets a dead worker's report leave at
+    once instead of up to a heartbeat later. The agent is the workers' parent and reaps
+    them only in ``poll``, so a pid here cannot have been reused. Without pidfd_open
+    (Linux < 5.3, or a seccomp filter that refuses it) this is a plain sleep."""
+    if any(w.popen.returncode is not None for w in workers):
+        return  # already reaped: nothing to wait for, the next report carries it
+    fds: list[int] = []
+    try:
+        for w in workers:
+            try:
+                fds.append(os.pidfd_open(w.popen.pid))
+            except ProcessLookupError:
+                return  # gone already
+            except (AttributeError, OSError):
+                break  # no pidfds here: sleep instead
+        else:
+            if fds:
+                select.select(fds, [], [], timeout_s)
+                return
+        time.sleep(timeout_s)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def stop_workers(workers: list[Worker], grace_s: float) -> None:

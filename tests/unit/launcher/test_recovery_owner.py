@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.control.recovery import HURRY_POLL_S, SETTLE_S, Recovery, SlurmSide
+from slurm_robust.launcher.control.recovery import (
+    HURRY_POLL_S,
+    SETTLE_HEARD_S,
+    SETTLE_S,
+    Recovery,
+    SlurmSide,
+)
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.enums import Phase, PhaseError, Role, Rung
 from slurm_robust.launcher.identity import Identity
@@ -207,6 +213,53 @@ def test_every_rung_in_turn(tmp_path):
     assert h.rec.state.requeues == 1 and h.rec.state.open_incident["rung"] == "requeue"
     h.tick()  # nothing happens while Slurm ends the allocation
     assert h.rec.phase is Phase.REQUEUED
+
+
+def test_the_settle_ends_once_every_active_agent_has_reported_since(tmp_path):
+    """Agents report an exit the moment it happens, so once each active agent has
+    reported after the failure, an earlier one would be in: no need to wait SETTLE_S."""
+    h = Harness(tmp_path)
+    h.start()
+    h.fail(h.members[1], "worker_signal")
+    h.clock.advance(SETTLE_HEARD_S)
+    h.report(h.members[1])  # the failed rank's agent, its next hurried report
+    h.tick(0.0)
+    assert h.gen() == 1  # n1 has not reported since the failure: still settling
+    h.report(h.members[0])
+    h.tick(0.0)  # the spare (n3) is not waited for
+    assert h.gen() == 2 and h.rec.state.open_incident["nodes"] == ["n2"]
+
+
+def test_an_earlier_failure_reported_late_is_still_the_root(tmp_path):
+    h = Harness(tmp_path)
+    h.start()
+    early = h.clock()
+    h.clock.advance(0.01)
+    h.fail(h.members[1], "worker_signal")
+    h.clock.advance(SETTLE_HEARD_S)
+    h.report(h.members[1])
+    h.tick(0.0)
+    assert h.gen() == 1
+    # n1's agent was busy: its report of an exit before n2's comes now, and decides.
+    h.report(h.members[0], exits=[{
+        "rank": 0, "gen": h.gen(), "exit_code": None, "signal": 9, "time": early,
+        "class": "worker_signal", "category": "explicit", "secondary": False,
+        "signature": None, "line": "killed", "evidence": {}, "log": None}])
+    h.tick(0.0)
+    assert h.gen() == 2 and h.rec.state.open_incident["nodes"] == ["n1"]
+
+
+def test_a_silent_agent_holds_the_settle_to_its_full_time(tmp_path):
+    h = Harness(tmp_path)
+    h.start()
+    h.fail(h.members[1], "worker_signal")
+    for _ in range(4):
+        h.clock.advance(HURRY_POLL_S)
+        h.report(h.members[1])
+        h.tick(0.0)
+    assert h.gen() == 1  # n1 silent since the failure (0.2 s < SETTLE_S)
+    h.tick(SETTLE_S)
+    assert h.gen() == 2
 
 
 def test_the_same_user_error_after_a_clean_restart_stops(tmp_path):

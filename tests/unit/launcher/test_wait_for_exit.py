@@ -1,0 +1,70 @@
+"""workers.wait_for_exit: the agent's wait between reports ends when a worker exits.
+
+Real child processes; the bounds are loose on purpose (a wait that ignored the exit
+would take the whole 30 s timeout, one that sees it takes a few tenths of a second)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_robust.launcher.node import workers as wk
+
+
+def _worker(tmp_path: Path, code: str) -> wk.Worker:
+    popen = subprocess.Popen([sys.executable, "-c", code])
+    return wk.Worker(0, 0, 0, popen, tmp_path / "log", tmp_path / "progress", time.time())
+
+
+def test_the_wait_ends_when_a_worker_exits(tmp_path):
+    alive = _worker(tmp_path, "import time; time.sleep(60)")
+    dying = _worker(tmp_path, "import time; time.sleep(0.3)")
+    try:
+        t0 = time.monotonic()
+        wk.wait_for_exit([alive, dying], 30.0)
+        assert time.monotonic() - t0 < 10.0
+        assert dying.popen.poll() is not None and alive.popen.poll() is None
+    finally:
+        alive.popen.kill()
+        alive.popen.wait()
+
+
+def test_a_worker_dead_before_the_wait_returns_at_once(tmp_path):
+    dead = _worker(tmp_path, "pass")
+    while dead.popen.poll() is None:  # reaped, not yet reported
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    wk.wait_for_exit([dead], 30.0)
+    assert time.monotonic() - t0 < 10.0
+    unreaped = _worker(tmp_path, "pass")
+    time.sleep(0.5)  # a zombie: its pidfd is readable at once
+    t0 = time.monotonic()
+    wk.wait_for_exit([unreaped], 30.0)
+    assert time.monotonic() - t0 < 10.0
+    unreaped.popen.wait()
+
+
+def test_without_pidfds_it_is_the_plain_sleep(tmp_path, monkeypatch):
+    def refused(pid: int, flags: int = 0) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(wk.os, "pidfd_open", refused)
+    w = _worker(tmp_path, "import time; time.sleep(60)")
+    try:
+        t0 = time.monotonic()
+        wk.wait_for_exit([w], 0.3)
+        assert time.monotonic() - t0 >= 0.3
+    finally:
+        w.popen.kill()
+        w.popen.wait()
+
+
+@pytest.mark.parametrize("timeout_s", [0.05, 0.2])
+def test_no_workers_sleeps_the_timeout(timeout_s):
+    t0 = time.monotonic()
+    wk.wait_for_exit([], timeout_s)
+    assert time.monotonic() - t0 >= timeout_s
