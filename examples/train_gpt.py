@@ -14,6 +14,10 @@ order. (torch's DistributedDataParallel re-buckets its gradients after the first
 iteration, so a run restarted mid-way would sum in a different order for one step and
 drift in the last bits; the flat all-reduce is the same data-parallel algorithm without
 that.) At the end it writes the digest into the event log (``run_end.params_sha256``).
+
+Under NVIDIA's ``ft_launcher`` (nvidia-resiliency-ext; the ``ft_launcher`` arm of ``bench
+recovery``) each rank also sends one heartbeat per step through its ``RankMonitorClient``,
+as that launcher's users do; without ``ft_launcher`` or without the package nothing changes.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import math
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -41,6 +46,10 @@ CUDA_FAULTS = {
     "device-assert": "CUDA error: device-side assert triggered\n" + _CUDA_HINT,
     "illegal-address": "CUDA error: an illegal memory access was encountered\n" + _CUDA_HINT,
 }
+
+
+#: Set by nvidia-resiliency-ext's ft_launcher in each worker (its rank monitor's socket).
+FT_RANK_MONITOR_SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
 
 
 def cuda_fault(kind: str) -> RuntimeError:
@@ -131,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 10) * 0.5 * (1 + math.cos(math.pi * s / args.steps)))
+    ft_monitor = ft_launcher_client()
     start = run.restore(model, opt, sched)
     dcp_saver = DcpSaver(args) if not run.robust and args.ckpt_format == "dcp_async" else None
     if dcp_saver is not None:
@@ -175,11 +185,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.progress_file and run.rank == 0:
             with open(args.progress_file, "a") as fh:
                 fh.write(f"{step + 1} {time.time():.3f}\n")
+        if ft_monitor is not None:
+            ft_monitor.send_heartbeat()
         pad = args.min_step_time - (time.time() - t0)
         if pad > 0:
             time.sleep(pad)
     if dcp_saver is not None:
         dcp_saver.wait()
+    if ft_monitor is not None:
+        ft_monitor.shutdown_workload_monitoring()
     digest = train.params_digest(model)
     if run.rank == 0:
         print(f"params_sha256={digest} steps={args.steps}", flush=True)
@@ -209,6 +223,24 @@ def load_own_checkpoint(args: argparse.Namespace, model: nn.Module,
     opt.load_state_dict(state["opt"])
     sched.load_state_dict(state["sched"])  # type: ignore[attr-defined]
     return int(state["step"])
+
+
+def ft_launcher_client() -> Any | None:
+    """The rank's heartbeat client when ft_launcher started it, else None.
+
+    ft_launcher gives every worker the socket of its rank monitor in
+    ``FT_RANK_MONITOR_IPC_SOCKET``; the package may be missing where the example runs
+    under anything else (the robust launcher, torchrun, plain srun), and it is optional.
+    """
+    if not os.environ.get(FT_RANK_MONITOR_SOCKET_ENV):
+        return None
+    try:
+        from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+    except ImportError:
+        return None
+    client = RankMonitorClient()
+    client.init_workload_monitoring()
+    return client
 
 
 def _init_under_torchrun() -> None:
