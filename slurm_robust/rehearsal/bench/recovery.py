@@ -1,6 +1,6 @@
 """``slurm-robust bench recovery``: a killed worker, robust launcher vs its peers.
 
-Both runs train examples/train_gpt.py on the mini-cluster (CPU, gloo, 0.2 s steps) and
+Every run trains examples/train_gpt.py on the mini-cluster (CPU, gloo, 0.2 s steps) and
 lose one worker to SIGKILL after step ``--fault-step``:
 
 - **plain**: ``sbatch --requeue``; ``srun --kill-on-bad-exit`` runs the example standalone,
@@ -12,16 +12,22 @@ lose one worker to SIGKILL after step ``--fault-step``:
   agent per node), the example saving with DCP ``async_save`` every ``--save-every``
   steps; the elastic agents restart every worker in the job, which reload the newest
   DCP checkpoint (in-job restart, state from disk);
+- **ft_launcher**: the torchrun arm's job with NVIDIA's ``ft_launcher``
+  (nvidia-resiliency-ext, a fork of torchrun's elastic agent with a rank monitor per
+  rank) in torchrun's place, the example sending one heartbeat per step through its
+  client API (see :func:`ft_launcher_script`); run only where ft_launcher is installed;
 - **robust**: ``slurm-robust submit --nodes N --spares 1`` and
   ``slurm-robust inject kill-worker``: in-place restart from the shared-memory snapshot.
 
 Measured for each: fault to the next finished step, steps redone, whole-run wall time,
-and the final parameters' digest (the two must agree: same training, same data).
-With ``--rounds R`` both runs repeat R times in a seeded shuffled order per round
+and the final parameters' digest (all must agree: same training, same data).
+With ``--rounds R`` the runs repeat R times in a seeded shuffled order per round
 (:mod:`slurm_robust.rehearsal.bench.abtest`), and every figure is given as median, IQR
 and min..max over the rounds. The plain run on a stock cluster is *computed*, not run:
 its measured time with the mini-cluster's hold replaced by Slurm's default
 cred_expire (120 s), because a real 120 s hold per round does not fit the cluster time.
+``--arms`` runs a subset (default: every arm available here); an arm not run has null
+figures.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,14 +45,14 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.cluster.config import ClusterConfig
-from slurm_robust.errors import SlurmRobustError
+from slurm_robust.errors import SlurmRobustError, UsageError
 from slurm_robust.launcher.submit.status import run_status
 from slurm_robust.records import read_records
 from slurm_robust.rehearsal.bench.polling import wait_for
 from slurm_robust.slurm import Slurm
 
-HELP = ("recovery from a killed worker: robust launcher vs torchrun+DCP and plain Slurm "
-        "--requeue + torch.save")
+HELP = ("recovery from a killed worker: robust launcher vs torchrun+DCP, ft_launcher+DCP "
+        "and plain Slurm --requeue + torch.save")
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "train_gpt.py"
 TORCHRUN_MAX_RESTARTS = 3
@@ -57,11 +64,21 @@ TORCHRUN_MAX_RESTARTS = 3
 #: A store per round is torchrun's own option for this.
 TORCHRUN_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
 DEFAULT_CRED_EXPIRE_S = 120  # slurm.conf AuthInfo cred_expire when unset
+ARMS = ("plain", "torchrun", "ft_launcher", "robust")
+#: Rendezvous ports of the peers' runs (base + pid % 1000 + offset): apart from each
+#: other and clear of the robust launcher's.
+PEER_PORT_OFFSET = {"plain": 0, "ft_launcher": 250, "torchrun": 500}
+FT_LAUNCHER_KEY = "nvidia_resiliency_ext_ft_launcher"
+#: How to make the ft_launcher arm available. A venv of its own, because installing the
+#: package into the project's venv pulls pynvml 13, whose import hook then prints a
+#: FutureWarning on every ``import torch`` and ``import pynvml`` there.
+FT_LAUNCHER_ENABLE = (
+    "not installed: python3 -m venv /tmp/ftl-venv && /tmp/ftl-venv/bin/pip install "
+    "torch==2.13.0 nvidia-resiliency-ext==0.4.1 -e {repo}, then pass --ft-launcher "
+    "/tmp/ftl-venv/bin/ft_launcher (or `.venv/bin/pip install nvidia-resiliency-ext==0.4.1` "
+    "to find it next to this interpreter)")
 # Peers the issue asks for that this benchmark does not run yet, and what stops them.
 NOT_MEASURED = {
-    "nvidia_resiliency_ext_ft_launcher": "unavailable: 0.4.1 (cp311 wheel) downloads, but "
-    "ft_launcher needs the worker to report heartbeats through its client API and it "
-    "pulls pynvml/nvidia-ml-py; not wired into the example worker",
     "torchft": "unavailable: 0.2.0 (cp311 wheel) downloads, but it needs a lighthouse "
     "server and a training loop built on its Manager/ProcessGroup wrappers; not wired",
 }
@@ -76,96 +93,165 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="plain run: torch.save every N steps")
     parser.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="repeat both runs, interleaved (default 1)")
+                        help="repeat the runs, interleaved (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the round orders")
+    parser.add_argument("--arms", default=None,
+                        help=f"comma list of arms to run, of {','.join(ARMS)} (default: "
+                             "all that are available here)")
+    parser.add_argument("--ft-launcher", default=None, metavar="PATH",
+                        help="ft_launcher executable of nvidia-resiliency-ext (default: the "
+                             "one next to this interpreter, else on PATH)")
+
+
+def find_ft_launcher(path: str | None) -> str | None:
+    """ft_launcher's executable: ``path``, else next to this interpreter, else on PATH."""
+    if path:
+        return path if os.access(path, os.X_OK) else None
+    beside = Path(sys.executable).parent / "ft_launcher"
+    return str(beside) if os.access(beside, os.X_OK) else shutil.which("ft_launcher")
+
+
+def select_arms(spec: str | None, ft_launcher: str | None) -> tuple[list[str], dict[str, str]]:
+    """The arms to run (in :data:`ARMS` order) and what to say of the peers not measured.
+
+    By default the ft_launcher arm is left out where ft_launcher is not installed; asked
+    for by name, it must be there.
+    """
+    enable = FT_LAUNCHER_ENABLE.format(repo=REPO)
+    if spec is None:
+        arms = [a for a in ARMS if a != "ft_launcher" or ft_launcher]
+        return arms, {} if ft_launcher else {FT_LAUNCHER_KEY: enable}
+    asked = [a.strip() for a in spec.split(",") if a.strip()]
+    unknown = sorted(set(asked) - set(ARMS))
+    if unknown or not asked:
+        raise UsageError(f"--arms: unknown or no arm ({', '.join(unknown)}); "
+                         f"choose from {','.join(ARMS)}")
+    if "ft_launcher" in asked and not ft_launcher:
+        raise SlurmRobustError(f"--arms ft_launcher: ft_launcher {enable}")
+    not_measured = {} if "ft_launcher" in asked else {FT_LAUNCHER_KEY: "not in --arms"}
+    return [a for a in ARMS if a in asked], not_measured
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
 
+    ft_launcher = find_ft_launcher(args.ft_launcher)
+    if args.ft_launcher and ft_launcher is None:
+        raise UsageError(f"--ft-launcher {args.ft_launcher}: not an executable file")
+    arms, not_measured = select_arms(args.arms, ft_launcher)
     cfg = ClusterConfig()
     slurm = Slurm(cfg.env())
     if not slurm.ping():
         raise SlurmRobustError("the mini-cluster is not running: slurm-robust cluster up")
-    from slurm_robust.rehearsal.bench.abtest import round_order, spread
+    from slurm_robust.rehearsal.bench.abtest import round_order
 
     if args.rounds < 1:
         raise SlurmRobustError(f"--rounds must be >= 1, got {args.rounds}")
     train = ["--steps", str(args.steps), "--min-step-time", "0.2"]
     hold = _cred_expire(cfg)
-    runs: dict[str, list[dict[str, Any]]] = {"plain": [], "torchrun": [], "robust": []}
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
     for rnd in range(args.rounds):
-        for arm in round_order(list(runs), rnd, args.seed):
+        for arm in round_order(arms, rnd, args.seed):
             try:
                 runs[arm].append(_robust_run(cfg, args, train) if arm == "robust"
-                                 else _plain_run(slurm, cfg, args, train, arm == "torchrun"))
+                                 else _peer_run(slurm, cfg, args, train, arm, ft_launcher))
             except SlurmRobustError as exc:
                 # A run that never recovers (e.g. an elastic restart stuck in rendezvous)
                 # is a result, not a crash of the benchmark.
                 runs[arm].append({"error": str(exc)})
-    failed = {arm: [i for i, r in enumerate(rs) if "error" in r] for arm, rs in runs.items()}
+    failed = {arm: [i for i, r in enumerate(runs[arm]) if "error" in r] for arm in arms}
     good = [i for i in range(args.rounds) if not any(i in f for f in failed.values())]
-    all_runs, runs = runs, {arm: [rs[i] for i in good] for arm, rs in runs.items()}
     if not good:
-        return {"benchmark": "recovery", "rounds": args.rounds, "failed_rounds": failed,
-                "runs": all_runs, "targets": {"met": False}}
-    plain_s = [r["fault_to_next_step_s"] for r in runs["plain"]]
-    robust_s = [r["fault_to_next_step_s"] for r in runs["robust"]]
-    # The same measured run under Slurm's default hold instead of the mini-cluster's.
-    stock_s = [p + DEFAULT_CRED_EXPIRE_S - (hold or 0) for p in plain_s]
-    torchrun_s = [r["fault_to_next_step_s"] for r in runs["torchrun"]]
-    speed_torchrun = [t / r for t, r in zip(torchrun_s, robust_s, strict=True) if r > 0]
-    speed_mini = [p / r for p, r in zip(plain_s, robust_s, strict=True) if r > 0]
-    speed_stock = [p / r for p, r in zip(stock_s, robust_s, strict=True) if r > 0]
-    redone = [r["steps_redone"] for r in runs["robust"]]
-    same = [p["params_sha256"] == r["params_sha256"] == t["params_sha256"]
-            and p["params_sha256"] is not None
-            for p, t, r in zip(runs["plain"], runs["torchrun"], runs["robust"], strict=True)]
+        return {"benchmark": "recovery", "rounds": args.rounds, "arms": arms,
+                "failed_rounds": failed, "runs": runs, "targets": {"met": False}}
+    counted = {arm: [rs[i] for i in good] for arm, rs in runs.items() if arm in arms}
     return {"benchmark": "recovery", "nodes": args.nodes, "steps": args.steps,
-            "rounds": args.rounds,
+            "rounds": args.rounds, "arms": arms,
             "fault": f"SIGKILL of one worker after step {args.fault_step}",
             "rounds_counted": len(good), "failed_rounds": failed,
-            "plain_slurm_requeue_torch_save": all_runs["plain"],
-            "torchrun_max_restarts_dcp_async_save": all_runs["torchrun"],
-            "slurm_robust": all_runs["robust"],
-            "fault_to_next_step_s": {
-                "slurm_robust": spread(robust_s),
-                "torchrun_max_restarts_dcp_async_save": spread(torchrun_s),
-                f"plain_requeue_hold_{hold}s_measured": spread(plain_s),
-                f"plain_requeue_hold_{DEFAULT_CRED_EXPIRE_S}s_computed": spread(stock_s)},
-            "speedup_fault_to_next_step": {
-                "vs_torchrun_dcp": spread(speed_torchrun) if speed_torchrun else None,
-                "vs_plain_mini_cluster_hold": spread(speed_mini) if speed_mini else None,
-                "vs_plain_default_hold_computed": spread(speed_stock) if speed_stock else None},
-            "steps_redone": {"slurm_robust": spread(redone),
-                             "torchrun": spread([r["steps_redone"] for r in runs["torchrun"]]),
-                             "plain": spread([r["steps_redone"] for r in runs["plain"]])},
-            "same_final_params": all(same),
+            "plain_slurm_requeue_torch_save": runs["plain"],
+            "torchrun_max_restarts_dcp_async_save": runs["torchrun"],
+            "ft_launcher_max_restarts_dcp_async_save": runs["ft_launcher"],
+            "slurm_robust": runs["robust"],
+            **summarise(counted, hold),
             "requeue_hold_s": hold,
-            "targets": {
-                "speedup_ge_10x_vs_each_restart_from_disk_peer": bool(
-                    speed_mini and speed_torchrun and min(speed_mini) >= 10
-                    and min(speed_stock) >= 10 and min(speed_torchrun) >= 10),
-                "no_step_redone": max(redone) == 0,
-                "same_final_params": all(same)},
-            "not_measured": NOT_MEASURED,
+            "not_measured": {**not_measured, **NOT_MEASURED},
             "note": f"plain Slurm holds a requeued job for cred_expire seconds (default "
                     f"{DEFAULT_CRED_EXPIRE_S}; the mini-cluster sets {hold}); the default-"
                     "hold figures are the measured ones with that difference added"}
 
 
-def _plain_run(slurm: Any, cfg: Any, args: argparse.Namespace,
-               train: list[str], torchrun: bool = False) -> dict[str, Any]:
-    kind = "torchrun" if torchrun else "plain"
+def summarise(runs: dict[str, list[dict[str, Any]]], hold: int | None) -> dict[str, Any]:
+    """Spreads, speedups and targets of the rounds every arm run finished.
+
+    ``runs``: arm -> its counted rounds, only for the arms that ran. An arm not run has
+    null figures; the 10x target is over the restart-from-disk peers that ran (and needs
+    the robust arm and at least one of them).
+    """
+    from slurm_robust.rehearsal.bench.abtest import spread
+
+    def s2n(key: str) -> list[float] | None:
+        return [r["fault_to_next_step_s"] for r in runs[key]] if key in runs else None
+
+    def fig(values: list[float] | None) -> dict[str, Any] | None:
+        return spread(values) if values else None
+
+    robust_s, plain_s = s2n("robust"), s2n("plain")
+    # The same measured run under Slurm's default hold instead of the mini-cluster's.
+    stock_s = ([p + DEFAULT_CRED_EXPIRE_S - (hold or 0) for p in plain_s]
+               if plain_s is not None else None)
+
+    def speedup(peer: list[float] | None) -> list[float] | None:
+        if peer is None or robust_s is None:
+            return None
+        return [p / r for p, r in zip(peer, robust_s, strict=True) if r > 0]
+
+    speeds = {"vs_torchrun_dcp": speedup(s2n("torchrun")),
+              "vs_ft_launcher": speedup(s2n("ft_launcher")),
+              "vs_plain_mini_cluster_hold": speedup(plain_s),
+              "vs_plain_default_hold_computed": speedup(stock_s)}
+    measured = [v for v in speeds.values() if v is not None]
+    redone = {arm: fig([r["steps_redone"] for r in runs[arm]]) if arm in runs else None
+              for arm in ARMS}
+    digests = [{r["params_sha256"] for r in rounds} for rounds in zip(*runs.values(), strict=True)]
+    same = all(len(d) == 1 and None not in d for d in digests)
+    robust_redone = [r["steps_redone"] for r in runs.get("robust", [])]
+    return {
+        "fault_to_next_step_s": {
+            "slurm_robust": fig(robust_s),
+            "torchrun_max_restarts_dcp_async_save": fig(s2n("torchrun")),
+            "ft_launcher_max_restarts_dcp_async_save": fig(s2n("ft_launcher")),
+            f"plain_requeue_hold_{hold}s_measured": fig(plain_s),
+            f"plain_requeue_hold_{DEFAULT_CRED_EXPIRE_S}s_computed": fig(stock_s)},
+        "speedup_fault_to_next_step": {k: fig(v) for k, v in speeds.items()},
+        "steps_redone": {"slurm_robust": redone["robust"], "torchrun": redone["torchrun"],
+                         "ft_launcher": redone["ft_launcher"], "plain": redone["plain"]},
+        "same_final_params": same,
+        "targets": {
+            "speedup_ge_10x_vs_each_restart_from_disk_peer": bool(
+                measured and all(v and min(v) >= 10 for v in measured)),
+            "no_step_redone": max(robust_redone) == 0 if robust_redone else None,
+            "same_final_params": same}}
+
+
+def _peer_run(slurm: Any, cfg: Any, args: argparse.Namespace, train: list[str],
+              kind: str, ft_launcher: str | None = None) -> dict[str, Any]:
+    """One run of a restart-from-disk peer: ``kind`` is plain, torchrun or ft_launcher."""
     run_dir = cfg.shared_dir / f"bench-{kind}-{int(time.time() * 1000)}"
     run_dir.mkdir(parents=True)
     progress = run_dir / "progress.txt"
     marker = str(run_dir / "ckpt")
     worker = [sys.executable, str(EXAMPLE), *train, "--save-every", str(args.save_every),
               "--ckpt-dir", marker, "--progress-file", str(progress)]
-    port = 40000 + os.getpid() % 1000 + (500 if torchrun else 0)  # clear of the launcher's
-    if torchrun:
+    port = 40000 + os.getpid() % 1000 + PEER_PORT_OFFSET[kind]
+    # The elastic agents take the script, not the interpreter; their workers save with DCP.
+    elastic_worker = [*worker[1:], "--ckpt-format", "dcp_async"]
+    if kind == "torchrun":
         script = torchrun_script(args.nodes, TORCHRUN_MAX_RESTARTS, port, "bench",
-                                 [*worker[1:], "--ckpt-format", "dcp_async"])
+                                 elastic_worker)
+    elif kind == "ft_launcher":
+        assert ft_launcher is not None  # select_arms only picks the arm when it is found
+        script = ft_launcher_script(ft_launcher, args.nodes, TORCHRUN_MAX_RESTARTS, port,
+                                    "bench-ftl", elastic_worker)
     else:
         task = ('RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=0 '
                 'exec "$0" "$@"')
@@ -213,14 +299,43 @@ def torchrun_script(nodes: int, max_restarts: int, port: int, rdzv_prefix: str,
     every agent restart its worker in a new round, and the example reloads the newest
     DCP checkpoint. ``worker``: the script and its arguments. The agents watch their
     workers at torchrun's default interval (0.1 s), as its users run it."""
-    agent = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
-             "--nproc-per-node=1", f"--max-restarts={max_restarts}",
-             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-             f"--rdzv-id={rdzv_prefix}$SLURM_JOB_ID"]
+    agent = [sys.executable, "-m", "torch.distributed.run",
+             *_elastic_args(nodes, max_restarts, port, rdzv_prefix)]
+    return _agent_script(agent, f"export {TORCHRUN_ENV}", worker)
+
+
+def ft_launcher_script(launcher: str, nodes: int, max_restarts: int, port: int,
+                       rdzv_prefix: str, worker: list[str]) -> str:
+    """The batch script of the ft_launcher arm: :func:`torchrun_script` with
+    nvidia-resiliency-ext's ``ft_launcher`` (the executable ``launcher``) for torchrun.
+
+    The options set are torchrun's arm's own (nodes, one worker per node, max restarts,
+    c10d rendezvous on ``port``); everything else is ft_launcher's default, as its users
+    run it: 0.1 s monitor interval (the agent, not a heartbeat timeout, sees the killed
+    worker exit), restart policy any-failed, 30 s workers-stop timeout, heartbeat
+    timeouts of 1 h / 45 min, the GPU and NIC health checks (they switch themselves off
+    without NVML). TORCH_DISABLE_SHARE_RDZV_TCP_STORE does not apply: ft_launcher runs its
+    own copy of torch 2.3's agent, which never shares the rendezvous store with the
+    workers (rank 0's agent picks a free MASTER_PORT each round). ft_launcher starts the
+    workers with its own interpreter, which must import slurm_robust and
+    nvidia_resiliency_ext (the example then sends a heartbeat per step).
+    """
+    agent = [launcher, *_elastic_args(nodes, max_restarts, port, rdzv_prefix)]
+    return _agent_script(agent, None, worker)
+
+
+def _elastic_args(nodes: int, max_restarts: int, port: int, rdzv_prefix: str) -> list[str]:
+    return [f"--nnodes={nodes}", "--nproc-per-node=1", f"--max-restarts={max_restarts}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+            f"--rdzv-id={rdzv_prefix}$SLURM_JOB_ID"]
+
+
+def _agent_script(agent: list[str], export: str | None, worker: list[str]) -> str:
+    """``srun`` of one elastic agent per node; ``$``-words are left for the shell."""
     cmd = " ".join(shlex.quote(a) if "$" not in a else a for a in agent) + " " + \
         " ".join(shlex.quote(w) for w in worker)
-    return "\n".join(["#!/bin/sh", f"export {TORCHRUN_ENV}",
-                      f"srun --kill-on-bad-exit=0 {cmd}"]) + "\n"
+    head = ["#!/bin/sh", *([export] if export else [])]
+    return "\n".join([*head, f"srun --kill-on-bad-exit=0 {cmd}"]) + "\n"
 
 
 def _robust_run(cfg: Any, args: argparse.Namespace, train: list[str]) -> dict[str, Any]:
