@@ -79,8 +79,12 @@ FT_LAUNCHER_ENABLE = (
     "to find it next to this interpreter)")
 # Peers the issue asks for that this benchmark does not run yet, and what stops them.
 NOT_MEASURED = {
-    "torchft": "unavailable: 0.2.0 (cp311 wheel) downloads, but it needs a lighthouse "
-    "server and a training loop built on its Manager/ProcessGroup wrappers; not wired",
+    "torchft": "not wired (0.2.0 downloads as a cp311 wheel): it recovers another way. "
+    "The replica groups that survive a kill keep stepping in a smaller quorum while the "
+    "failed group restarts and copies the live state from a peer (Manager quorum + "
+    "checkpoint transport), so there is no job-wide stop to time and the final parameters "
+    "differ from a fault-free run's (the steps without that replica); comparing needs a "
+    "lighthouse and the example rebuilt on torchft's Manager and DDP/optimizer wrappers",
 }
 
 
