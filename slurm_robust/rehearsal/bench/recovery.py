@@ -90,9 +90,13 @@ NOT_MEASURED = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=3, help="worker nodes (default 3)")
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--fault-step", type=int, default=15,
-                        help="kill a worker once this step has finished")
+    parser.add_argument("--steps", type=int, default=60)
+    # Five steps after a save (--save-every 10), as 15 was, so the peers redo 5 steps; but
+    # a running job's, not one still starting: at step 15 (3 s after the first step) the
+    # agents' refilled zygotes could still be importing torch (measured: 1.2-1.55 s
+    # instead of 0.4 s in 2 of 6 rounds).
+    parser.add_argument("--fault-step", type=int, default=35,
+                        help="kill a worker once this step has finished (default 35)")
     parser.add_argument("--save-every", type=int, default=10,
                         help="plain run: torch.save every N steps")
     parser.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
