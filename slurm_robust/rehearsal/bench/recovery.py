@@ -92,9 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=3, help="worker nodes (default 3)")
     parser.add_argument("--steps", type=int, default=60)
     # Five steps after a save (--save-every 10), as 15 was, so the peers redo 5 steps; but
-    # a running job's, not one still starting: at step 15 (3 s after the first step) the
-    # agents' refilled zygotes could still be importing torch (measured: 1.2-1.55 s
-    # instead of 0.4 s in 2 of 6 rounds).
+    # a running job's, not one in its first seconds: after step 15 (3 s after the first
+    # step; the agents' refilled zygotes may still be importing torch then) 2 of 6 rounds
+    # took 1.2-1.55 s instead of about 0.4 s, after step 35 none of 3.
     parser.add_argument("--fault-step", type=int, default=35,
                         help="kill a worker once this step has finished (default 35)")
     parser.add_argument("--save-every", type=int, default=10,
