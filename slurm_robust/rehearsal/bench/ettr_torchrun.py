@@ -73,7 +73,8 @@ def run_peer(args: argparse.Namespace, faults: list[str], lr: float,
                 time.sleep(min(1.0, max(at - time.time(), 0.0)))
             if _done(slurm, job, progress, steps):
                 break
-            injected.append(_inject(fault, job, marker, args.nodes, at - t0))
+            injected.append(_inject(fault, job, marker, args.nodes, at - t0,
+                                    str(cfg.root)))
         while time.time() < cap and not _done(slurm, job, progress, steps):
             time.sleep(1.0)
         ended_at = time.time()
@@ -103,10 +104,14 @@ def figures(lines: list[tuple[int, float]], steps: int, started: float, ended_at
         # flight, so the next step line can still precede the restart.)
         t = f["time"]
         nxt = before = None
-        for a, b in zip(lines, lines[1:], strict=False):
-            if b[1] > t and (b[0] != a[0] + 1 or b[1] - a[1] > 3 * step_s):
-                before, nxt = a[0], b
-                break
+        # A fault that was not injected has no restart of its own (the next break is a
+        # later fault's): no figures.
+        breaks = (ab for ab in zip(lines, lines[1:], strict=False) if f.get("ok", True)
+                  and ab[1][1] > t and (ab[1][0] != ab[0][0] + 1
+                                        or ab[1][1] - ab[0][1] > 3 * step_s))
+        first_break = next(breaks, None)
+        if first_break is not None:
+            before, nxt = first_break[0][0], first_break[1]
         per_fault.append({**{k: f[k] for k in ("at_s", "fault", "ok") if k in f},
                           "fault_to_next_step_s": None if nxt is None
                           else round(nxt[1] - t, 2),
@@ -136,7 +141,8 @@ def _done(slurm: Slurm, job: str, progress: Path, steps: int) -> bool:
         max((s for s, _ in recovery._steps(progress)), default=0) >= steps
 
 
-def _inject(fault: str, job: str, marker: str, nodes: int, at_s: float) -> dict[str, Any]:
+def _inject(fault: str, job: str, marker: str, nodes: int, at_s: float,
+            cluster_dir: str) -> dict[str, Any]:
     rec: dict[str, Any] = {"at_s": round(at_s, 1), "fault": fault, "time": time.time()}
     try:
         pid = recovery._find_worker(marker, str(nodes - 1))
@@ -151,7 +157,9 @@ def _inject(fault: str, job: str, marker: str, nodes: int, at_s: float) -> dict[
         elif fault == "kill-node":
             if node is None:
                 raise SlurmRobustError(f"worker {pid} has no SLURMD_NODENAME")
-            kill_node(job, node)
+            # The cluster's root from its config: this process need not have run
+            # `cluster env` (a 30-minute peer run lost its kill-node to that).
+            kill_node(job, node, cluster_dir)
         rec["ok"] = True
     except (OSError, SlurmRobustError) as exc:
         rec.update(ok=False, error=str(exc)[-300:])

@@ -152,9 +152,12 @@ def slow_down(pid: int, duration_s: float, period_s: float = 0.2,
             pass
 
 
-def kill_node(job_id: str, node: str) -> dict[str, Any]:
-    """Lose ``node`` for the job, as faithfully as one host allows (mini-cluster only)."""
-    cluster = os.environ.get(CLUSTER_DIR_ENV)
+def kill_node(job_id: str, node: str, cluster_dir: str | None = None) -> dict[str, Any]:
+    """Lose ``node`` for the job, as faithfully as one host allows (mini-cluster only).
+
+    ``cluster_dir``: the mini-cluster's root; default ``$SLURM_ROBUST_CLUSTER_DIR`` (set
+    for the CLI by ``cluster env``; a bench that calls this in-process passes it)."""
+    cluster = cluster_dir or os.environ.get(CLUSTER_DIR_ENV)
     pidfile = Path(cluster or "/nonexistent") / "run" / f"mc-slurmd-{node}.pid"
     if not cluster or not pidfile.exists():
         raise InjectionError(f"kill-node works on the mini-cluster only (needs "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from slurm_robust.analysis.loaders import events_from_records, load_health, load_verdicts
@@ -78,3 +80,34 @@ def test_torchrun_peer_fault_is_timed_to_the_restart_not_the_step_in_flight(tmp_
                     injected=[{"at_s": 1.7, "fault": "stop-worker", "ok": True,
                                "time": 11.7}])
     assert stuck["faults"][0]["fault_to_next_step_s"] is None
+
+
+def test_torchrun_peer_fault_not_injected_has_no_figures(tmp_path):
+    from slurm_robust.rehearsal.bench.ettr_torchrun import figures
+
+    # kill-node at t=12 failed to inject; the only restart (t=20) is the kill-worker's
+    # at t=13.7, which must not be counted twice.
+    lines = [(s, 10 + 0.5 * s) for s in range(1, 8)]
+    lines += [(s, 20 + 0.5 * (s - 6)) for s in range(6, 21)]
+    injected = [{"at_s": 2.0, "fault": "kill-node", "ok": False, "time": 12.0,
+                 "error": "no slurmd pid file"},
+                {"at_s": 3.7, "fault": "kill-worker", "ok": True, "time": 13.7}]
+    out = figures(lines, 20, started=8.0, ended_at=99.0, injected=injected, job="7",
+                  run_dir=tmp_path)
+    assert out["faults"][0] == {"at_s": 2.0, "fault": "kill-node", "ok": False,
+                                "fault_to_next_step_s": None, "steps_redone": None}
+    assert out["faults"][1]["fault_to_next_step_s"] == 6.3
+
+
+def test_kill_node_takes_the_cluster_root_it_is_given(tmp_path, monkeypatch):
+    from slurm_robust.launcher.errors import InjectionError
+    from slurm_robust.rehearsal.inject.job import kill_node
+
+    monkeypatch.delenv("SLURM_ROBUST_CLUSTER_DIR", raising=False)
+    with pytest.raises(InjectionError, match="/nonexistent/run/mc-slurmd-node2.pid"):
+        kill_node("7", "node2")
+    # Given the root, it reads that cluster's pid file (here: not a slurmd).
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "mc-slurmd-node2.pid").write_text(f"{os.getpid()}\n")
+    with pytest.raises(InjectionError, match="is not a slurmd"):
+        kill_node("7", "node2", str(tmp_path))
