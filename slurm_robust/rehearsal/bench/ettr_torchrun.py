@@ -106,12 +106,11 @@ def figures(lines: list[tuple[int, float]], steps: int, started: float, ended_at
         nxt = before = None
         # A fault that was not injected has no restart of its own (the next break is a
         # later fault's): no figures.
-        breaks = (ab for ab in zip(lines, lines[1:], strict=False) if f.get("ok", True)
-                  and ab[1][1] > t and (ab[1][0] != ab[0][0] + 1
-                                        or ab[1][1] - ab[0][1] > 3 * step_s))
-        first_break = next(breaks, None)
-        if first_break is not None:
-            before, nxt = first_break[0][0], first_break[1]
+        pairs = zip(lines, lines[1:], strict=False) if f.get("ok", True) else ()
+        for a, b in pairs:
+            if b[1] > t and (b[0] != a[0] + 1 or b[1] - a[1] > 3 * step_s):
+                before, nxt = a[0], b
+                break
         per_fault.append({**{k: f[k] for k in ("at_s", "fault", "ok") if k in f},
                           "fault_to_next_step_s": None if nxt is None
                           else round(nxt[1] - t, 2),

@@ -197,13 +197,14 @@ def summarise(runs: dict[str, list[dict[str, Any]]], hold: int | None) -> dict[s
     """
     from slurm_robust.rehearsal.bench.abtest import spread
 
-    def s2n(key: str) -> list[float] | None:
-        return [r["fault_to_next_step_s"] for r in runs[key]] if key in runs else None
-
     def fig(values: list[float] | None) -> dict[str, Any] | None:
         return spread(values) if values else None
 
-    robust_s, plain_s = s2n("robust"), s2n("plain")
+    # Each arm's fault-to-next-step seconds per counted round; None for an arm not run.
+    secs: dict[str, list[float] | None] = {
+        arm: [r["fault_to_next_step_s"] for r in runs[arm]] if arm in runs else None
+        for arm in ARMS}
+    robust_s, plain_s = secs["robust"], secs["plain"]
     # The same measured run under Slurm's default hold instead of the mini-cluster's.
     stock_s = ([p + DEFAULT_CRED_EXPIRE_S - (hold or 0) for p in plain_s]
                if plain_s is not None else None)
@@ -213,8 +214,8 @@ def summarise(runs: dict[str, list[dict[str, Any]]], hold: int | None) -> dict[s
             return None
         return [p / r for p, r in zip(peer, robust_s, strict=True) if r > 0]
 
-    speeds = {"vs_torchrun_dcp": speedup(s2n("torchrun")),
-              "vs_ft_launcher": speedup(s2n("ft_launcher")),
+    speeds = {"vs_torchrun_dcp": speedup(secs["torchrun"]),
+              "vs_ft_launcher": speedup(secs["ft_launcher"]),
               "vs_plain_mini_cluster_hold": speedup(plain_s),
               "vs_plain_default_hold_computed": speedup(stock_s)}
     measured = [v for v in speeds.values() if v is not None]
@@ -226,8 +227,8 @@ def summarise(runs: dict[str, list[dict[str, Any]]], hold: int | None) -> dict[s
     return {
         "fault_to_next_step_s": {
             "slurm_robust": fig(robust_s),
-            "torchrun_max_restarts_dcp_async_save": fig(s2n("torchrun")),
-            "ft_launcher_max_restarts_dcp_async_save": fig(s2n("ft_launcher")),
+            "torchrun_max_restarts_dcp_async_save": fig(secs["torchrun"]),
+            "ft_launcher_max_restarts_dcp_async_save": fig(secs["ft_launcher"]),
             f"plain_requeue_hold_{hold}s_measured": fig(plain_s),
             f"plain_requeue_hold_{DEFAULT_CRED_EXPIRE_S}s_computed": fig(stock_s)},
         "speedup_fault_to_next_step": {k: fig(v) for k, v in speeds.items()},
