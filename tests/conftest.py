@@ -5,6 +5,13 @@ when it already runs) and stopped at the end only if this session started it, un
 ``SLURM_ROBUST_KEEP_CLUSTER=1``. ``SLURM_ROBUST_TEST_NETNS=1`` brings it up with each
 node in its own network namespace (``cluster up --netns``). Integration tests are
 marked ``integration``; run only unit tests with ``-m "not integration"``.
+
+A cluster that cannot run a trivial job on every node fails the fixture, with the
+cluster's diagnosis, so every integration test errors at once instead of each one
+waiting out its timeouts. After ``SLURM_ROBUST_TEST_BREAKER`` (default 3; 0 turns it
+off) integration tests fail in a row, the smoke job runs again; if it fails, the session
+stops there with the diagnosis. A failed integration test's report carries the nodes
+that take no jobs and why.
 """
 
 from __future__ import annotations
@@ -13,12 +20,14 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 from slurm_robust.cluster.config import ClusterConfig
 from slurm_robust.cluster.manager import MiniCluster
 from slurm_robust.slurm import Slurm
+from tests.cluster_smoke import diagnosis, smoke
 
 
 @dataclass(frozen=True)
@@ -36,7 +45,17 @@ def minicluster() -> Iterator[RunningCluster]:
     was_up = bool(mc.status()["up"])
     mc.up()
     env = dict(os.environ, **mc.cfg.env())
-    yield RunningCluster(mc.cfg, Slurm(mc.cfg.env()), env)
+    cluster = RunningCluster(mc.cfg, Slurm(mc.cfg.env()), env)
+    restore_layout(cluster)
+    problems = smoke(cluster)
+    if problems:
+        # Cached by pytest: every integration test errors with this at once (the breaker
+        # stays off, so the unit tests still run).
+        raise RuntimeError("the mini-cluster does not run a trivial job on every node: "
+                           + "; ".join(problems) + "\n" + diagnosis(cluster, mc))
+    _BREAKER.update(cluster=cluster, mc=mc)
+    yield cluster
+    _BREAKER.update(cluster=None, mc=None)
     if not was_up and os.environ.get("SLURM_ROBUST_KEEP_CLUSTER") != "1":
         mc.down()
 
@@ -58,7 +77,11 @@ def _our_drains_resumed(request: pytest.FixtureRequest) -> Iterator[None]:
     if "minicluster" not in request.fixturenames:
         yield
         return
-    cluster: RunningCluster = request.getfixturevalue("minicluster")
+    restore_layout(request.getfixturevalue("minicluster"))
+    yield
+
+
+def restore_layout(cluster: RunningCluster) -> None:
     # The previous test's jobs first: EpilogSlurmctld applies their verdicts while they
     # complete, after that test's teardown (a resume before would be undone).
     deadline = time.monotonic() + 90.0
@@ -72,7 +95,56 @@ def _our_drains_resumed(request: pytest.FixtureRequest) -> Iterator[None]:
                         ("standby", cluster.cfg.spare_nodes)):
         if sorted(cluster.slurm.partition_nodes(part)) != sorted(nodes):
             cluster.slurm.set_partition_nodes(part, list(nodes))
-    yield
+
+
+# The session's cluster (set by the fixture) and the integration failures in a row.
+_BREAKER: dict[str, Any] = {"cluster": None, "mc": None, "failed_in_row": 0}
+
+
+def _breaker_limit() -> int:
+    try:
+        return int(os.environ.get("SLURM_ROBUST_TEST_BREAKER", "3"))
+    except ValueError:
+        return 3
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if "integration" not in item.keywords or report.when == "teardown":
+        return
+    if report.failed:
+        _BREAKER["failed_in_row"] += 1
+        cluster = _BREAKER["cluster"]
+        if cluster is not None:
+            report.sections.append(("mini-cluster", diagnosis(cluster, _BREAKER["mc"])))
+    elif report.when == "call" and report.passed:
+        _BREAKER["failed_in_row"] = 0
+
+
+@pytest.hookimpl(trylast=True)  # after the test's own fixtures are torn down
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    limit = _breaker_limit()
+    cluster = _BREAKER["cluster"]
+    if not limit or cluster is None or _BREAKER["failed_in_row"] < limit:
+        return
+    _BREAKER["failed_in_row"] = 0
+    try:
+        restore_layout(cluster)
+        problems = smoke(cluster)
+    except Exception as exc:  # noqa: BLE001 -- a cluster that cannot be asked is broken
+        problems = [f"smoke job not run: {exc}"]
+    if problems:
+        text = diagnosis(cluster, _BREAKER["mc"])
+        reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_sep("=", "mini-cluster broken: stopping")
+            reporter.write_line("; ".join(problems))
+            reporter.write_line(text)
+        item.session.shouldstop = (f"{limit} integration tests failed in a row and the "
+                                   "mini-cluster no longer runs a trivial job on every "
+                                   "node: " + "; ".join(problems)[:500])
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -23,6 +23,7 @@ CRED_EXPIRE_S = 20
 # How often slurmd runs the HealthCheckProgram: bounds how long a node waits, drained
 # "pending deep check", before its deep suite runs (and `node resume` waits for it).
 HEALTH_CHECK_INTERVAL_S = 10
+MINI_MIN_FREE_GIB = 0.25
 
 
 def render_slurm_conf(cfg: ClusterConfig, programs: dict[str, Path]) -> str:
@@ -133,7 +134,11 @@ def render_robust_conf(cfg: ClusterConfig) -> str:
         "shm_root": f"{nodes}/shm",
         "local_root": f"{nodes}/local",
         "verdict_log": f"{cfg.log_dir}/verdicts.jsonl",
-        "checks": {},
+        # The mini-cluster's nodes share one disk with the checkout, its venv and the test
+        # suite, and their jobs write megabytes; at the production 1 GiB a nearly full
+        # build machine drains every node at its first prolog (then nothing runs).
+        "checks": {"host_disk_free": {"min_free_gib": MINI_MIN_FREE_GIB},
+                   "deep_disk_io": {"min_free_gib": MINI_MIN_FREE_GIB}},
         # Two spares for a 4-node partition: more than the binomial P99 asks for at this
         # size, so that handoff and reconcile can be rehearsed.
         "reserve": {"partition": "standby", "target": 2},
