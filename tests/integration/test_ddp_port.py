@@ -12,14 +12,13 @@ params_sha256 must equal the fault-free run's, computed standalone torchrun-styl
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from cluster_helpers import spare_path_victim, wait_until
+from cluster_helpers import spare_path_victim, standalone_digest, wait_until
 
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.paths import RunPaths
@@ -38,19 +37,7 @@ TRAIN = ["--epochs", str(EPOCHS), "--batches", str(BATCHES)]
 @pytest.fixture(scope="module")
 def baseline_sha() -> str:
     """The fault-free digest: the example run standalone (torchrun-style env, no Slurm)."""
-    port = str(29400 + os.getpid() % 200)
-    procs = []
-    for rank in range(NODES):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(NODES), LOCAL_RANK="0",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        for var in ("SLURM_ROBUST_PROGRESS", "SLURM_ROBUST_RUN_DIR"):
-            env.pop(var, None)
-        procs.append(subprocess.Popen([sys.executable, str(EXAMPLE), *TRAIN], env=env,
-                                      stdout=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs
-    line = next(ln for ln in outs[0].splitlines() if ln.startswith("params_sha256="))
-    return line.split("=")[1].split()[0]
+    return standalone_digest([sys.executable, str(EXAMPLE), *TRAIN], NODES, 29400)
 
 
 class DdpRun:

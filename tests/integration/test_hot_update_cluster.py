@@ -11,7 +11,6 @@ the same step. Equal params_sha256 means the switch lost and redid nothing.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 
 from slurm_robust.launcher import versions as vs
 from slurm_robust.launcher.control.state import load_state
-from tests.integration.cluster_helpers import wait_until
+from tests.integration.cluster_helpers import standalone_digest, wait_until
 from tests.integration.test_launcher_faults import (  # noqa: F401 - fixtures
     CLI,
     EXAMPLE,
@@ -64,18 +63,8 @@ def reference_sha(tmp_path: Path, switch: int) -> str:
                                    f"(args.seed if step < {switch} else {SEED2}) * 1_000_003")
     script = tmp_path / f"reference_{switch}.py"
     script.write_text(src)
-    procs = []
-    for rank in range(NODES):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(NODES), LOCAL_RANK="0",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29900 + os.getpid() % 90))
-        for var in ("SLURM_ROBUST_PROGRESS", "SLURM_ROBUST_RUN_DIR"):
-            env.pop(var, None)
-        procs.append(subprocess.Popen([sys.executable, str(script), "--steps", str(STEPS)],
-                                      env=env, stdout=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs
-    line = next(ln for ln in outs[0].splitlines() if ln.startswith("params_sha256="))
-    return line.split("=")[1].split()[0]
+    return standalone_digest([sys.executable, str(script), "--steps", str(STEPS)], NODES,
+                             29900)
 
 
 def update(run, *args: str) -> dict:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster_helpers import spare_path_victim
+from cluster_helpers import spare_path_victim, standalone_digest
 
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.paths import RunPaths
@@ -42,18 +42,8 @@ CLI = [sys.executable, "-m", "slurm_robust.cli.main"]
 def standalone_sha(steps: int) -> str:
     """The fault-free digest of ``steps`` steps: the example run standalone (torchrun-style
     env, no Slurm)."""
-    procs = []
-    for rank in range(NODES):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(NODES), LOCAL_RANK="0",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29700 + os.getpid() % 200))
-        for var in ("SLURM_ROBUST_PROGRESS", "SLURM_ROBUST_RUN_DIR"):
-            env.pop(var, None)
-        procs.append(subprocess.Popen([sys.executable, str(EXAMPLE), "--steps", str(steps)],
-                                      env=env, stdout=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs
-    line = next(ln for ln in outs[0].splitlines() if ln.startswith("params_sha256="))
-    return line.split("=")[1].split()[0]
+    return standalone_digest([sys.executable, str(EXAMPLE), "--steps", str(steps)], NODES,
+                             29700)
 
 
 @pytest.fixture(scope="module")

@@ -13,15 +13,13 @@ the fault-free fit's, run standalone torchrun-style without Slurm.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from slurm_robust.launcher.control.state import load_state
-from tests.integration.cluster_helpers import spare_path_victim
+from tests.integration.cluster_helpers import spare_path_victim, standalone_digest
 from tests.integration.test_ddp_port import NODES, ddp_run, the_incident  # noqa: F401
 
 pytest.importorskip("pytorch_lightning", reason="PyTorch Lightning is not installed "
@@ -39,21 +37,11 @@ COMMAND = [sys.executable, str(EXAMPLE), *TRAIN, "--min-step-time", "0.25"]
 @pytest.fixture(scope="module")
 def lightning_baseline() -> str:
     """The fault-free digest: the fit run standalone with torchrun's variables."""
-    port = str(29600 + os.getpid() % 200)
-    procs = []
-    for rank in range(NODES):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(NODES), LOCAL_RANK="0",
-                   LOCAL_WORLD_SIZE="1", GROUP_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=port)
-        for var in ("SLURM_ROBUST_PROGRESS", "SLURM_ROBUST_RUN_DIR", "SLURM_ROBUST_CKPT"):
-            env.pop(var, None)
-        procs.append(subprocess.Popen([sys.executable, str(EXAMPLE), *TRAIN], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs
-    line = next(ln for ln in outs[0].splitlines() if ln.startswith("params_sha256="))
-    return line.split("=")[1].split()[0]
+    return standalone_digest([sys.executable, str(EXAMPLE), *TRAIN], NODES, 29600,
+                             env_extra=lambda rank: {"LOCAL_WORLD_SIZE": "1",
+                                                     "GROUP_RANK": str(rank)},
+                             drop_env=("SLURM_ROBUST_PROGRESS", "SLURM_ROBUST_RUN_DIR",
+                                       "SLURM_ROBUST_CKPT"))
 
 
 def test_lightning_kill_worker_is_bit_identical(ddp_run, lightning_baseline):  # noqa: F811

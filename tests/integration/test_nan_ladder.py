@@ -6,7 +6,6 @@ equal a fault-free standalone run that skips the same batch."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -14,7 +13,7 @@ import pytest
 
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.slurm import Slurm
-from tests.integration.cluster_helpers import spare_path_victim
+from tests.integration.cluster_helpers import spare_path_victim, standalone_digest
 from tests.integration.test_launcher_faults import (  # noqa: F401
     CLI,
     EXAMPLE,
@@ -28,18 +27,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def standalone_sha(*extra: str, world: int = NODES) -> str:
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 200))
-        for var in ("SLURM_ROBUST_PROGRESS", "SLURM_ROBUST_RUN_DIR"):
-            env.pop(var, None)
-        procs.append(subprocess.Popen([sys.executable, str(EXAMPLE), "--steps", str(STEPS),
-                                       *extra], env=env, stdout=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs
-    line = next(ln for ln in outs[0].splitlines() if ln.startswith("params_sha256="))
-    return line.split("=")[1].split()[0]
+    return standalone_digest([sys.executable, str(EXAMPLE), "--steps", str(STEPS), *extra],
+                             world, 29500)
 
 
 def _data_nan(run) -> tuple[int, str, list[dict]]:

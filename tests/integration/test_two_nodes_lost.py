@@ -12,13 +12,12 @@ incident per fault, with recovery times, and steps redone equal to the steps los
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 
 import pytest
-from cluster_helpers import spare_path_victim
+from cluster_helpers import spare_path_victim, standalone_digest
 from test_launcher_faults import CLI, EXAMPLE, NODES, REPO, runs  # noqa: F401
 
 from slurm_robust.cluster.manager import MiniCluster
@@ -33,19 +32,9 @@ STEPS = 60
 ARGS = ["--steps", str(STEPS), "--min-step-time", "1.5"]
 
 
-def standalone_digest() -> str:
-    procs = []
-    for rank in range(NODES):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(NODES), LOCAL_RANK="0",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29900 + os.getpid() % 90))
-        for var in ("SLURM_ROBUST_PROGRESS", "SLURM_ROBUST_RUN_DIR"):
-            env.pop(var, None)
-        procs.append(subprocess.Popen([sys.executable, str(EXAMPLE), *ARGS[:2]], env=env,
-                                      stdout=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=600)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs
-    line = next(ln for ln in outs[0].splitlines() if ln.startswith("params_sha256="))
-    return line.split("=")[1].split()[0]
+def reference_digest() -> str:
+    return standalone_digest([sys.executable, str(EXAMPLE), *ARGS[:2]], NODES, 29900,
+                             timeout_s=600)
 
 
 def cli(cluster, *args: str) -> subprocess.CompletedProcess:
@@ -60,7 +49,7 @@ def test_two_nodes_lost_45_s_apart_resume_on_the_reserve(runs, minicluster):  # 
     fresh = cli(minicluster, "reserve", "reconcile", "--json")  # deep-check the spares
     assert fresh.returncode == 0, fresh.stderr
     assert len(json.loads(fresh.stdout)["spares_after"]) == 2, fresh.stdout
-    digest = standalone_digest()
+    digest = reference_digest()
     run = runs("two-lost", spares=1, train_args=ARGS)
     run.wait_step(10)
     ctl = run.controller_node()

@@ -1,0 +1,49 @@
+"""The integration tests' fault-free reference (cluster_helpers.standalone_digest): what it
+accepts from the ranks it starts, with small scripts in place of the examples."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.cluster_helpers import TEARDOWN_ABORT, standalone_digest
+
+SCRIPT = f"""
+import os, sys
+rank = int(os.environ["RANK"])
+if rank == 0 and os.environ.get("DIGEST", "1") == "1":
+    print("params_sha256=abc123 steps=4", flush=True)
+if rank == 1 and os.environ.get("PEER") == "abort":
+    sys.stderr.write({TEARDOWN_ABORT!r} + "\\n")
+    sys.stderr.flush()
+    os.abort()
+if rank == 1 and os.environ.get("PEER") == "error":
+    raise SystemExit("RuntimeError: the peer failed in its step")
+"""
+
+
+def run(tmp_path: Path, **env: str) -> str:
+    script = tmp_path / "ranks.py"
+    script.write_text(SCRIPT)
+    return standalone_digest([sys.executable, str(script)], 3, 31000, timeout_s=60,
+                             env_extra=lambda rank: env)
+
+
+def test_every_rank_clean_gives_rank_0s_digest(tmp_path: Path) -> None:
+    assert run(tmp_path) == "abc123"
+
+
+def test_a_peer_aborting_in_teardown_after_the_digest_is_accepted(tmp_path: Path) -> None:
+    assert run(tmp_path, PEER="abort") == "abc123"
+
+
+def test_a_peer_failing_otherwise_fails_the_reference(tmp_path: Path) -> None:
+    with pytest.raises(AssertionError, match="the peer failed"):
+        run(tmp_path, PEER="error")
+
+
+def test_the_teardown_abort_without_a_digest_fails(tmp_path: Path) -> None:
+    with pytest.raises(AssertionError):
+        run(tmp_path, PEER="abort", DIGEST="0")
