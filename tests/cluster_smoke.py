@@ -32,21 +32,22 @@ def smoke(cluster: Any, timeout_s: float = SMOKE_TIMEOUT_S) -> list[str]:
                                   "smoke", "-o", "/dev/null", "-t", "5"], script=SMOKE_SCRIPT)
         except Exception as exc:  # noqa: BLE001 -- reported, not raised: it is the finding
             problems.append(f"{node}: sbatch failed: {exc}")
+    # One squeue per poll for all of them; finished jobs stay listed for MinJobAge (300 s).
     deadline = time.monotonic() + timeout_s
-    pending = dict(ids)
-    while pending and time.monotonic() < deadline:
-        for node, job_id in list(pending.items()):
-            job = s.job(job_id)
-            if job is None or job.finished:
-                pending.pop(node)
-                if job is not None and job.state != "COMPLETED":
-                    problems.append(f"{node}: job {job_id} {job.state} (exit {job.exit_code})")
-        if pending:
-            time.sleep(0.5)
-    for node, job_id in pending.items():
-        job = s.job(job_id)
-        state = f"{job.state} ({job.state_reason})" if job is not None else "gone"
-        problems.append(f"{node}: job {job_id} still {state} after {timeout_s:g} s")
+    while True:
+        jobs = {j.job_id: j for j in s.jobs(ids.values())}
+        if all(j.finished for j in jobs.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    for node, job_id in ids.items():
+        job = jobs.get(job_id)
+        if job is None or job.state == "COMPLETED":
+            continue
+        if job.finished:
+            problems.append(f"{node}: job {job_id} {job.state} (exit {job.exit_code})")
+            continue
+        problems.append(f"{node}: job {job_id} still {job.state} ({job.state_reason}) "
+                        f"after {timeout_s:g} s")
         try:
             s.cancel(job_id)
         except Exception:  # noqa: BLE001,S110 -- best effort; the finding is reported above
@@ -94,6 +95,6 @@ def diagnosis(cluster: Any, mc: Any = None) -> str:
         failed = _tail(path, 1, '"status":"fail"')
         if failed:
             out.append("health: " + _fields(failed[0], ("node", "stage", "check", "reason")))
-    for line in _tail(Path(cluster.cfg.log_dir) / "slurmctld.log", 5, "error"):
+    for line in _tail(log_dir / "slurmctld.log", 5, "error"):
         out.append(f"slurmctld: {line[:300]}")
     return "\n".join(out)
