@@ -8,6 +8,13 @@ missed an answer loses nothing: the next answer carries the full plan again. The
 itself is the heartbeat; a connection that closes (the agent process died: the kernel
 closes its sockets) is noticed at once, a silent one after ``heartbeat_timeout_s``.
 
+One message goes the other way unasked: the *wake-up*, an empty line (one byte, so it
+is written whole or not at all). The controller sends it when an agent's plan changed
+since its last answer (a failure began to settle, a new generation was decided); the
+agent, waiting for its next heartbeat, reports at once instead. It carries nothing, so a
+lost wake-up costs only the heartbeat it would have saved, and a reply is never mistaken
+for one (``recv`` skips empty lines).
+
 Messages are bounded (MAX_MESSAGE) so that a confused peer cannot exhaust memory.
 
 Security (issue 12): other users of the cluster can reach the controller's port, so
@@ -24,8 +31,10 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import os
 import socket
 import subprocess
+import threading
 from typing import Any
 
 from slurm_robust.launcher.messages import BadMessage
@@ -158,9 +167,12 @@ class Channel:
     def __init__(self, sock: socket.socket, timeout_s: float) -> None:
         self.sock = sock
         self.sock.settimeout(timeout_s)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):  # a socketpair in tests
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._buf = b""
         self.max_message = MAX_MESSAGE  # lowered by the server until the peer authenticates
+        # A wake-up from another thread must not land inside a reply being written.
+        self._send_lock = threading.Lock()
 
     @classmethod
     def connect(cls, host: str, port: int, timeout_s: float) -> Channel:
@@ -168,17 +180,48 @@ class Channel:
 
     def send(self, message: dict[str, Any]) -> None:
         data = (json.dumps(message, separators=(",", ":"), default=str) + "\n").encode()
-        self.sock.sendall(data)
+        with self._send_lock:
+            self.sock.sendall(data)
+
+    def wake(self) -> bool:
+        """Send the peer a wake-up (see the module docstring) without ever blocking:
+        False when it could not go now (a message is being sent on this channel, or the
+        peer's buffer is full), which only costs the peer its heartbeat's wait."""
+        if not self._send_lock.acquire(blocking=False):
+            return False
+        try:
+            # The socket has a timeout, so its descriptor is non-blocking: a full buffer
+            # raises at once instead of waiting out the timeout under the caller's lock.
+            return os.write(self.sock.fileno(), b"\n") == 1
+        except OSError:
+            return False
+        finally:
+            self._send_lock.release()
+
+    def woken(self) -> bool:
+        """Whether a wake-up already read into the buffer is waiting (it is consumed)."""
+        rest = self._buf.lstrip(b"\n")
+        woke = len(rest) != len(self._buf)
+        self._buf = rest
+        return woke
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
 
     def recv(self) -> dict[str, Any]:
-        while b"\n" not in self._buf:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise ChannelClosed("peer closed the connection")
-            self._buf += chunk
-            if len(self._buf) > self.max_message:
-                raise ChannelClosed(f"message over {self.max_message} bytes")
-        line, self._buf = self._buf.split(b"\n", 1)
+        while True:
+            self._buf = self._buf.lstrip(b"\n")  # wake-ups: nothing to answer
+            while b"\n" not in self._buf:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    raise ChannelClosed("peer closed the connection")
+                self._buf += chunk
+                if len(self._buf) > self.max_message:
+                    raise ChannelClosed(f"message over {self.max_message} bytes")
+                self._buf = self._buf.lstrip(b"\n")
+            line, self._buf = self._buf.split(b"\n", 1)
+            if line:
+                break
         try:
             obj = json.loads(line)
         except ValueError as exc:

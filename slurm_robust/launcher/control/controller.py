@@ -91,6 +91,8 @@ class AgentView:
         self.exit_sent = False
         #: False for an agent a successor knows only from state.json, until it reports.
         self.heard = True
+        #: Its open connection, for wake-ups (protocol.py); None between connections.
+        self.chan: Channel | None = None
 
 
 class Controller:
@@ -123,6 +125,10 @@ class Controller:
         self.recovery.superseded = self.superseded
         self.stood_down = False
         self._lease_at = 0.0
+        #: recovery.wake_token() when the agents were last woken.
+        self._woken_at_token: tuple[int, bool] | None = None
+        #: Set by a report that leaves a decision to make: the tick runs at once.
+        self._tick_now = threading.Event()
         if takeover is not None:
             self._prefill(takeover, time.time())
 
@@ -244,9 +250,11 @@ class Controller:
                 except Exception as exc:  # noqa: BLE001 - a controller bug must end the run visibly
                     log.exception("controller failed")
                     self.recovery.fail(f"controller error: {exc!r}")
+                self._wake_agents(None)
                 if self._finished():
                     return
-            time.sleep(TICK_S)
+            self._tick_now.wait(TICK_S)
+            self._tick_now.clear()
 
     def _finished(self) -> bool:
         done_at = self.recovery.done_at
@@ -298,6 +306,11 @@ class Controller:
                     plan = self._plan_for(view)
                     if plan is not None and plan.role is Role.EXIT and view is not None:
                         view.exit_sent = True
+                    if view is not None:
+                        view.chan = chan
+                    self._wake_agents(view)
+                    if self.recovery.decision_pending():
+                        self._tick_now.set()
                 chan.send({"plan": plan.to_json() if plan is not None else {}})
         except (AuthError, BadMessage) as exc:
             # Refused at the boundary: this connection ends, the run goes on (an agent
@@ -314,6 +327,22 @@ class Controller:
                 with self.lock:
                     view.connected = False
                     view.closed_at = time.time()
+                    if view.chan is chan:
+                        view.chan = None
+
+    def _wake_agents(self, answered: AgentView | None) -> None:
+        """Wake every connected agent but ``answered`` (its answer carries the plan) once
+        plans changed since the last wake-up, so that a failure settles and a decision
+        reaches the agents within a round trip instead of a heartbeat. Never blocks
+        (Channel.wake); the caller holds the lock."""
+        token = self.recovery.wake_token()
+        if token == self._woken_at_token:
+            return
+        self._woken_at_token = token
+        for view in self.agents.values():
+            chan = view.chan
+            if view is not answered and chan is not None and not self._fenced(view):
+                chan.wake()
 
     def on_report(self, report: Report, now: float) -> AgentView | None:
         """Membership from one report; its progress and exits go to recovery."""

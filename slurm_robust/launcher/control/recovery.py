@@ -242,7 +242,9 @@ class Recovery:
         self.gen_count = 0
         self.spares: list[int] = []
         self.evicted: set[int] = set()
-        self._plans: dict[int, Plan] = {}
+        self._plan_map: dict[int, Plan] = {}
+        #: Bumped on every change of a plan: the controller wakes the agents on it.
+        self._plans_version = 0
         #: Diagnosis answers by (agent index, diagnosis id): only the asked agent counts.
         self.diagnoses: dict[tuple[int, str], DiagnosisReport] = {}
         self.failslow: FailSlowMonitor | None = None  # one per generation
@@ -298,6 +300,30 @@ class Recovery:
         if plan is not None and self._transition_imminent():
             plan = dataclasses.replace(plan, poll_s=HURRY_POLL_S)
         return plan
+
+    @property
+    def _plans(self) -> dict[int, Plan]:
+        return self._plan_map
+
+    @_plans.setter
+    def _plans(self, plans: dict[int, Plan]) -> None:
+        self._plan_map = plans
+        self._plans_version += 1
+
+    def _set_plan(self, index: int, plan: Plan) -> None:
+        self._plan_map[index] = plan
+        self._plans_version += 1
+
+    def wake_token(self) -> tuple[int, bool]:
+        """Changes whenever some agent's plan does (a new set of plans, one changed, a
+        transition turning imminent or over): the controller then wakes the agents, so
+        each fetches its plan at once instead of at its next heartbeat."""
+        return self._plans_version, self._transition_imminent()
+
+    def decision_pending(self) -> bool:
+        """Failures of the running generation wait for a decision (the tick makes it)."""
+        gen = self.gen
+        return self._phase is Phase.RUNNING and gen is not None and bool(gen.failures)
 
     def _transition_imminent(self) -> bool:
         """A new generation is likely within a moment: a failure is settling (the
@@ -1190,7 +1216,7 @@ class Recovery:
         did = f"{incident['incident']}-g{gen.number}"
         gen.diagnosis = PendingDiagnosis(did, root.agent, root.node, incident,
                                          root.exit.signature, now, now + DIAGNOSIS_WAIT_S)
-        self._plans[root.agent] = dataclasses.replace(self._plans[root.agent], diagnose=did)
+        self._set_plan(root.agent, dataclasses.replace(self._plans[root.agent], diagnose=did))
         self._enter(Phase.DIAGNOSING)
         log.warning("incident %s: %s on %s has no clear side; diagnosing %s (%s)",
                     incident["incident"], incident["class"], root.node, root.node, did)
@@ -1235,7 +1261,7 @@ class Recovery:
         gen.capture_deadline = now + CAPTURE_BUDGET_S
         gen.hang_detected = now
         for index in gen.slots:
-            self._plans[index] = dataclasses.replace(self._plans[index], stacks=gen.capture)
+            self._set_plan(index, dataclasses.replace(self._plans[index], stacks=gen.capture))
         self._enter(Phase.DUMPING)
         log.warning("hang: no step for %.1f s; capturing stacks as %s",
                     now - gen.last_progress, gen.capture)

@@ -7,7 +7,7 @@ Agent 0 (SLURM_PROCID 0) also runs the controller in a thread. Every agent:
 2. finds the controller of its job step through ``<run_dir>/controller.json`` (its
    ``key`` is job id, step id and Slurm restart count, so a stale file of an earlier
    allocation is never used) and reports to it every ``heartbeat_s``, and at once
-   when one of its workers exits (workers.wait_for_exit);
+   when one of its workers exits or the controller wakes it (workers.wait_for_exit);
 3. reconciles its workers with the plan it gets back: a new generation means stop the
    old workers and start the new ones (or park, for a spare); a stack request means
    dump its workers' stacks (in a thread, so reports continue); ``exit`` ends it;
@@ -178,9 +178,12 @@ class Agent:
                 # Refill once the workers have started (restored): the new interpreter
                 # then does not compete with their start.
                 self.zygotes.fill()
-            # Until the next report: the heartbeat, cut short by a worker's exit.
+            if chan.woken():
+                continue  # the controller asked for a report now (protocol.py)
+            # Until the next report: the heartbeat, cut short by a worker's exit or by
+            # the controller's wake-up.
             wk.wait_for_exit([w for w in self.workers if not w.reported],
-                             self._poll_s(plan))
+                             self._poll_s(plan), wake_fd=chan.fileno())
 
     def _poll_s(self, plan: Plan | None) -> float:
         """Seconds to the next report: the heartbeat, or the plan's shorter poll_s while

@@ -213,14 +213,18 @@ def process_state(pid: int) -> str | None:
     return text.rsplit(")", 1)[-1].split()[0]
 
 
-def wait_for_exit(workers: Sequence[Worker], timeout_s: float) -> None:
-    """Sleep up to ``timeout_s``, but return as soon as one of ``workers`` exits.
+def wait_for_exit(workers: Sequence[Worker], timeout_s: float,
+                  wake_fd: int | None = None) -> None:
+    """Sleep up to ``timeout_s``, but return as soon as one of ``workers`` exits, or
+    ``wake_fd`` (the controller channel's socket) turns readable.
 
     The agent reports between these waits; waking on the exit itself (a pidfd turns
     readable when its process ends, zombie included) lets a dead worker's report leave at
-    once instead of up to a heartbeat later. The agent is the workers' parent and reaps
-    them only in ``poll``, so a pid here cannot have been reused. Without pidfd_open
-    (Linux < 5.3, or a seccomp filter that refuses it) this is a plain sleep."""
+    once instead of up to a heartbeat later, and waking on the channel lets the
+    controller's wake-up (protocol.py) do the same for a changed plan. The agent is the
+    workers' parent and reaps them only in ``poll``, so a pid here cannot have been
+    reused. Without pidfd_open (Linux < 5.3, or a seccomp filter that refuses it) only
+    the channel is watched."""
     if any(w.popen.returncode is not None for w in workers):
         return  # already reaped: nothing to wait for, the next report carries it
     fds: list[int] = []
@@ -231,12 +235,12 @@ def wait_for_exit(workers: Sequence[Worker], timeout_s: float) -> None:
             except ProcessLookupError:
                 return  # gone already
             except (AttributeError, OSError):
-                break  # no pidfds here: sleep instead
+                break  # no pidfds here: the channel alone, or a plain sleep
+        watched = fds + ([wake_fd] if wake_fd is not None else [])
+        if watched:
+            select.select(watched, [], [], timeout_s)
         else:
-            if fds:
-                select.select(fds, [], [], timeout_s)
-                return
-        time.sleep(timeout_s)
+            time.sleep(timeout_s)
     finally:
         for fd in fds:
             os.close(fd)

@@ -29,10 +29,8 @@ from slurm_robust.secure_fs import UnsafePathError
 
 
 def _chan(sock):
-    # Channel's constructor sets TCP options, which a Unix socketpair does not have.
-    c = Channel.__new__(Channel)
-    c.sock, c._buf, c.max_message = sock, b"", 4096
-    sock.settimeout(5)
+    c = Channel(sock, 5)
+    c.max_message = 4096
     return c
 
 
