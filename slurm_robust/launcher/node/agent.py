@@ -174,9 +174,10 @@ class Agent:
                 chan.close()
                 return done
             self.poll_workers()
-            if all(w.offset > 0 or w.reported for w in self.workers):
-                # Refill once the workers have started (restored): the new interpreter
-                # then does not compete with their start.
+            if all(w.stepped or w.reported for w in self.workers):
+                # Refill once the workers have finished a step: the new interpreters
+                # (seconds of CPU importing torch) then compete neither with their start
+                # nor with the first step after a restart, the step a fault waits for.
                 self.zygotes.fill()
             if chan.woken():
                 continue  # the controller asked for a report now (protocol.py)

@@ -63,6 +63,8 @@ class Worker:
     partial: bytes = b""
     exit_time: float | None = None
     reported: bool = False
+    #: Whether it has finished a step (a ``step`` progress line) since it started.
+    stepped: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -190,6 +192,9 @@ def read_progress(worker: Worker) -> list[dict[str, Any]]:
         if isinstance(obj, dict):
             obj["rank"] = worker.rank
             out.append(obj)
+            # A line without a kind is a step (messages.Progress); the agent refills its
+            # zygotes on it (agent.py), so a wrong one only moves that refill.
+            worker.stepped = worker.stepped or obj.get("kind", "step") == "step"
     return out
 
 
