@@ -90,13 +90,15 @@ NOT_MEASURED = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=3, help="worker nodes (default 3)")
-    parser.add_argument("--steps", type=int, default=60)
-    # Five steps after a save (--save-every 10), as 15 was, so the peers redo 5 steps; but
-    # a running job's, not one in its first seconds: after step 15 (3 s after the first
-    # step; the agents' refilled zygotes may still be importing torch then) 2 of 6 rounds
-    # took 1.2-1.55 s instead of about 0.4 s, after step 35 none of 3.
-    parser.add_argument("--fault-step", type=int, default=35,
-                        help="kill a worker once this step has finished (default 35)")
+    parser.add_argument("--steps", type=int, default=100)
+    # Five steps after a save (--save-every 10), so the peers redo 5 steps; and in a
+    # running job, not one in its first seconds. The agents refill their zygotes (a new
+    # interpreter importing torch) once the first workers have stepped; on a loaded
+    # 2-core machine that took 8-11 s, and a fault before it waits for the import: after
+    # step 35 (7-10 s after the first step) 1 of 3 rounds took 1.3 s instead of about
+    # 0.45 s. After step 75 the zygotes were ready in every round.
+    parser.add_argument("--fault-step", type=int, default=75,
+                        help="kill a worker once this step has finished (default 75)")
     parser.add_argument("--save-every", type=int, default=10,
                         help="plain run: torch.save every N steps")
     parser.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
