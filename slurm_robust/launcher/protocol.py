@@ -171,8 +171,10 @@ class Channel:
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._buf = b""
         self.max_message = MAX_MESSAGE  # lowered by the server until the peer authenticates
-        # A wake-up from another thread must not land inside a reply being written.
+        # A wake-up from another thread must not land inside a reply being written, nor
+        # on a descriptor number that close() has freed for reuse.
         self._send_lock = threading.Lock()
+        self._closed = False
 
     @classmethod
     def connect(cls, host: str, port: int, timeout_s: float) -> Channel:
@@ -190,6 +192,8 @@ class Channel:
         if not self._send_lock.acquire(blocking=False):
             return False
         try:
+            if self._closed:
+                return False
             # The socket has a timeout, so its descriptor is non-blocking: a full buffer
             # raises at once instead of waiting out the timeout under the caller's lock.
             return os.write(self.sock.fileno(), b"\n") == 1
@@ -235,10 +239,12 @@ class Channel:
         return self.recv()
 
     def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        with self._send_lock:
+            self._closed = True
+            try:
+                self.sock.close()
+            except OSError:
+                pass
 
 
 def host_address() -> str:

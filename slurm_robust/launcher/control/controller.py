@@ -322,13 +322,13 @@ class Controller:
         finally:
             with self.lock:
                 self.connections -= 1
+                if view is not None and view.chan is chan:
+                    view.chan = None  # no wake-up for a closed channel
             chan.close()
             if view is not None:
                 with self.lock:
                     view.connected = False
                     view.closed_at = time.time()
-                    if view.chan is chan:
-                        view.chan = None
 
     def _wake_agents(self, answered: AgentView | None) -> None:
         """Wake every connected agent but ``answered`` (its answer carries the plan) once

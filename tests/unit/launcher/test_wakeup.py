@@ -127,3 +127,10 @@ def test_the_controller_wakes_an_agent_whose_plan_changed(controller):
     assert plan["gen"] == 1 and plan["role"] == "active" and plan["ranks"] == [0]
     # Nothing changed since: no further wake-up.
     assert not select.select([first.fileno()], [], [], 0.5)[0]
+
+
+def test_no_wake_up_goes_to_a_closed_channel():
+    server, agent = _pair()
+    server.close()
+    assert server.wake() is False  # its descriptor number may belong to another file now
+    agent.close()
