@@ -261,8 +261,12 @@ def stop_workers(workers: list[Worker], grace_s: float) -> None:
         _signal(w.popen.pid, signal.SIGTERM)
         _signal(w.popen.pid, signal.SIGCONT)
     deadline = time.time() + grace_s
-    while time.time() < deadline and any(w.popen.poll() is None for w in alive):
-        time.sleep(0.02)
+    while time.time() < deadline:
+        left = [w for w in alive if w.popen.poll() is None]
+        if not left:
+            break
+        # Woken by the exit itself (pidfds), not a fixed poll: a restart waits on this.
+        wait_for_exit(left, min(0.02, max(0.0, deadline - time.time())))
     for w in alive:
         if w.popen.poll() is None:
             _signal(w.popen.pid, signal.SIGKILL)
