@@ -49,6 +49,7 @@ from slurm_robust.errors import SlurmRobustError, UsageError
 from slurm_robust.launcher.submit.status import run_status
 from slurm_robust.records import read_records
 from slurm_robust.rehearsal.bench.polling import wait_for
+from slurm_robust.rehearsal.inject.job import inject as inject_fault
 from slurm_robust.slurm import Slurm
 
 HELP = ("recovery from a killed worker: robust launcher vs torchrun+DCP, ft_launcher+DCP "
@@ -362,22 +363,30 @@ def _robust_run(cfg: Any, args: argparse.Namespace, train: list[str]) -> dict[st
     if out.returncode != 0:
         raise SlurmRobustError(f"robust submit failed: {out.stderr.strip()}")
     job = json.loads(out.stdout)["job_id"]
-    wait_for(lambda: (run_status(run_dir).get("step") or 0) >= args.fault_step, args.timeout,
-             "robust run to reach the fault step")
-    fault_t = time.time()
-    inj = subprocess.run([*cli, "inject", "kill-worker", "--job", job, "--rank",
-                          str(args.nodes - 1), "--json"], env=env, capture_output=True,
-                         text=True, timeout=60)
-    if inj.returncode != 0:
-        raise SlurmRobustError(f"injection failed: {inj.stderr.strip()}")
+    try:
+        wait_for(lambda: (run_status(run_dir).get("step") or 0) >= args.fault_step,
+                 args.timeout, "robust run to reach the fault step")
+    except SlurmRobustError as exc:
+        # A job that never started says why (a drained node left the 3 + 1 short, ...).
+        slurm = Slurm(cfg.env())
+        j = slurm.job(job)
+        if j is not None and not j.finished:
+            slurm.cancel(job)  # as the peers' runs are: the next round needs the nodes
+        if j is not None and j.state == "PENDING":
+            raise SlurmRobustError(f"{exc}: job {job} still PENDING ({j.state_reason}); "
+                                   "see `sinfo -R`") from exc
+        raise
+    # In this process, as the peers' kill is (`slurm-robust inject kill-worker` is the
+    # same function behind a new interpreter, whose start-up would compete with the
+    # restart on a small machine). The clock starts before the kill, as the peers' does,
+    # so the agent's detection is inside the figure.
+    record = inject_fault("kill-worker", job, rank=args.nodes - 1, run_dir=run_dir)
+    fault_t = float(record["time"])
     status = wait_for(lambda: (s := run_status(run_dir)).get("status") in
                       ("completed", "stopped", "failed") and s, args.timeout,
                       "robust run end")
     events = read_records(Path(run_dir) / "events.jsonl").records
     incident = next(e for e in events if e.get("event") == "incident")
-    # The kill happens inside the inject command, a moment after fault_t; the incident
-    # records when the worker really died.
-    fault_t = incident.get("fault_time") or fault_t
     t_next = min(e["time"] for e in events
                  if e.get("event") == "step" and e["time"] > fault_t)
     return {"job_id": job, "fault_to_next_step_s": round(t_next - fault_t, 2),
