@@ -378,8 +378,8 @@ def _robust_run(cfg: Any, args: argparse.Namespace, train: list[str]) -> dict[st
         raise
     # In this process, as the peers' kill is (`slurm-robust inject kill-worker` is the
     # same function behind a new interpreter, whose start-up would compete with the
-    # restart on a small machine). The clock starts before the kill, as the peers' does,
-    # so the agent's detection is inside the figure.
+    # restart on a small machine). The clock starts just before the kill (the record's
+    # time), as the peers' does, so the agent's detection is inside the figure.
     record = inject_fault("kill-worker", job, rank=args.nodes - 1, run_dir=run_dir)
     fault_t = float(record["time"])
     status = wait_for(lambda: (s := run_status(run_dir)).get("status") in

@@ -110,8 +110,10 @@ def inject(fault: str, job_id: str, node: str | None = None, rank: int | None = 
     else:
         wnode, wrank, pid = pick_worker(run_dir, node, rank, job_id)
         check_pid(pid, job_id)
+        # Stamped at the signal, not before the lookup above (tens of ms of /proc reads
+        # on a busy node): the benchmarks time the recovery from it.
         record = {"fault": fault, "job_id": job_id, "node": wnode, "rank": wrank,
-                  "pid": pid, "time": now}
+                  "pid": pid, "time": time.time()}
         if fault == "kill-worker":
             os.kill(pid, signal.SIGKILL)
         elif fault == "stop-worker":
