@@ -283,11 +283,15 @@ def _peer_run(slurm: Any, cfg: Any, args: argparse.Namespace, train: list[str],
         last = wait_for(lambda: _max_step(progress) >= args.fault_step, args.timeout,
                         "plain run to reach the fault step")
         pid = _find_worker(marker, rank=str(args.nodes - 1))
+        last = _max_step(progress)
         fault_t = time.time()
         os.kill(pid, signal.SIGKILL)
-        last = _max_step(progress)
-        nxt = wait_for(lambda: _first_after(progress, fault_t), args.timeout,
-                       "plain run to finish a step after the fault")
+        # The step in flight at the kill can still be logged after it (its all-reduce
+        # had finished): not a recovery. A kill between saves makes the restarted run
+        # redo steps, so its first step is one at or below the last one before the kill.
+        redo = args.fault_step % args.save_every != 0
+        nxt = wait_for(lambda: _first_after(progress, fault_t, last if redo else None),
+                       args.timeout, "plain run to finish a step after the fault")
         wait_for(lambda: (j := slurm.job(job)) is not None and j.finished, args.timeout,
                  "plain run to end")
     finally:
@@ -387,8 +391,10 @@ def _robust_run(cfg: Any, args: argparse.Namespace, train: list[str]) -> dict[st
                       "robust run end")
     events = read_records(Path(run_dir) / "events.jsonl").records
     incident = next(e for e in events if e.get("event") == "incident")
+    # The restarted generation's first step (a step in flight at the kill is not one).
     t_next = min(e["time"] for e in events
-                 if e.get("event") == "step" and e["time"] > fault_t)
+                 if e.get("event") == "step" and e["time"] > fault_t
+                 and (e.get("attempt") or 0) >= (incident.get("attempt") or 0))
     return {"job_id": job, "fault_to_next_step_s": round(t_next - fault_t, 2),
             "incident_class": incident["class"], "rung": incident["rung"],
             "restore_tier": incident["restore_tier"], "steps_redone": incident["steps_lost"],
@@ -413,8 +419,10 @@ def _max_step(progress: Path) -> int:
     return max((s for s, _ in _steps(progress)), default=0)
 
 
-def _first_after(progress: Path, t: float) -> tuple[int, float] | None:
-    later = [(s, ts) for s, ts in _steps(progress) if ts > t]
+def _first_after(progress: Path, t: float,
+                 at_most: int | None = None) -> tuple[int, float] | None:
+    later = [(s, ts) for s, ts in _steps(progress)
+             if ts > t and (at_most is None or s <= at_most)]
     return min(later, key=lambda x: x[1]) if later else None
 
 

@@ -133,3 +133,17 @@ def test_example_runs_unchanged_without_ft_launcher(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "params_sha256=" in out.stdout
+
+
+def test_a_step_in_flight_at_the_kill_is_not_the_peers_recovery(tmp_path):
+    # Seen in a four-arm run: rank 0 logged step 76 just after rank 2 was killed (their
+    # all-reduce had finished), and the ft_launcher round measured 0.0 s. The restarted
+    # run redoes from its last save (70), so its first step is at most the last one
+    # before the kill.
+    from slurm_robust.rehearsal.bench.recovery import _first_after
+
+    progress = tmp_path / "progress.txt"
+    progress.write_text("74 100.0\n75 100.2\n76 100.41\n71 108.9\n72 109.1\n")
+    assert _first_after(progress, 100.4) == (76, 100.41)
+    assert _first_after(progress, 100.4, at_most=75) == (71, 108.9)
+    assert _first_after(progress, 109.5, at_most=75) is None
