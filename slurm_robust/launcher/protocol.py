@@ -175,10 +175,16 @@ class Channel:
         # on a descriptor number that close() has freed for reuse.
         self._send_lock = threading.Lock()
         self._closed = False
+        #: Whether empty lines are wake-ups to skip: on the agent's end only. The
+        #: controller's end refuses them, as any line that is not a message, so that a
+        #: stranger cannot keep a connection slot by sending them before the handshake.
+        self.wakeups = False
 
     @classmethod
     def connect(cls, host: str, port: int, timeout_s: float) -> Channel:
-        return cls(socket.create_connection((host, port), timeout=timeout_s), timeout_s)
+        chan = cls(socket.create_connection((host, port), timeout=timeout_s), timeout_s)
+        chan.wakeups = True  # the agent's end: the controller may wake it
+        return chan
 
     def send(self, message: dict[str, Any]) -> None:
         data = (json.dumps(message, separators=(",", ":"), default=str) + "\n").encode()
@@ -214,7 +220,8 @@ class Channel:
 
     def recv(self) -> dict[str, Any]:
         while True:
-            self._buf = self._buf.lstrip(b"\n")  # wake-ups: nothing to answer
+            if self.wakeups:
+                self._buf = self._buf.lstrip(b"\n")  # nothing to answer
             while b"\n" not in self._buf:
                 chunk = self.sock.recv(65536)
                 if not chunk:
@@ -222,9 +229,10 @@ class Channel:
                 self._buf += chunk
                 if len(self._buf) > self.max_message:
                     raise ChannelClosed(f"message over {self.max_message} bytes")
-                self._buf = self._buf.lstrip(b"\n")
+                if self.wakeups:
+                    self._buf = self._buf.lstrip(b"\n")
             line, self._buf = self._buf.split(b"\n", 1)
-            if line:
+            if line or not self.wakeups:
                 break
         try:
             obj = json.loads(line)

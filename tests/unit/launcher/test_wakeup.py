@@ -21,12 +21,14 @@ from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control.controller import Controller
 from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.node import workers as wk
-from slurm_robust.launcher.protocol import Channel
+from slurm_robust.launcher.protocol import Channel, ChannelClosed
 
 
 def _pair() -> tuple[Channel, Channel]:
     a, b = socket.socketpair()
-    return Channel(a, 5.0), Channel(b, 5.0)
+    agent = Channel(b, 5.0)
+    agent.wakeups = True  # as Channel.connect makes the agent's end
+    return Channel(a, 5.0), agent
 
 
 def test_a_reply_skips_wake_ups_and_they_are_seen_between_messages():
@@ -134,3 +136,14 @@ def test_no_wake_up_goes_to_a_closed_channel():
     server.close()
     assert server.wake() is False  # its descriptor number may belong to another file now
     agent.close()
+
+
+def test_the_controller_end_refuses_an_empty_line(controller):
+    # Only the agent's end skips wake-ups: a stranger's empty lines before the handshake
+    # end the connection, as any line that is not a message does.
+    info = json.loads(controller.paths.controller.read_text())
+    chan = Channel.connect(info["host"], info["port"], 5.0)
+    assert chan.recv()["auth"] == "challenge"
+    chan.sock.sendall(b"\n" * 64)
+    with pytest.raises((ChannelClosed, ConnectionResetError)):  # not the 5 s timeout
+        chan.recv()
