@@ -8,7 +8,6 @@ import os
 import secrets
 import socket
 import stat
-import sys
 import threading
 
 import pytest
@@ -21,9 +20,6 @@ from slurm_robust.launcher.auth import (
     read_run_secret,
     server_handshake,
 )
-from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.control.controller import Controller
-from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.protocol import BadMessage, Channel, ChannelClosed, check_report
 from slurm_robust.secure_fs import UnsafePathError
 
@@ -102,20 +98,8 @@ def test_check_report_refuses_what_the_controller_cannot_use():
 
 
 @pytest.fixture
-def controller(tmp_path, monkeypatch):
-    monkeypatch.delenv("SLURM_NTASKS", raising=False)
-    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
-    cfg = RunConfig(command=(sys.executable, "-c", "pass"), run_dir=str(tmp_path / "run"),
-                    nodes=2, spares=0, startup_timeout_s=120.0, heartbeat_timeout_s=5.0)
-    ident = Identity(index=0, node="n1", job_id="1", step_key="1.0.0", restart_count=0)
-    ctl = Controller(cfg, ident)
-    ctl.start()
-    yield ctl
-    with ctl.lock:
-        ctl.recovery.fail("test over")
-        for view in ctl.agents.values():  # no agent will come for its exit plan
-            view.lost = True
-    ctl.join()
+def controller(start_controller):
+    return start_controller(5.0)
 
 
 def _connect(ctl):

@@ -17,9 +17,7 @@ from pathlib import Path
 import pytest
 
 from slurm_robust.launcher.auth import client_handshake
-from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control.controller import Controller
-from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.node import workers as wk
 from slurm_robust.launcher.protocol import Channel, ChannelClosed
 
@@ -85,20 +83,8 @@ def test_the_agent_wait_ends_on_a_wake_up(tmp_path: Path):
 
 
 @pytest.fixture
-def controller(tmp_path, monkeypatch):
-    monkeypatch.delenv("SLURM_NTASKS", raising=False)
-    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
-    cfg = RunConfig(command=(sys.executable, "-c", "pass"), run_dir=str(tmp_path / "run"),
-                    nodes=2, spares=0, startup_timeout_s=120.0, heartbeat_timeout_s=30.0)
-    ident = Identity(index=0, node="n1", job_id="1", step_key="1.0.0", restart_count=0)
-    ctl = Controller(cfg, ident)
-    ctl.start()
-    yield ctl
-    with ctl.lock:
-        ctl.recovery.fail("test over")
-        for view in ctl.agents.values():
-            view.lost = True
-    ctl.join()
+def controller(start_controller):
+    return start_controller(30.0)
 
 
 def _agent(ctl: Controller, index: int) -> Channel:
