@@ -122,9 +122,9 @@ TABLE: tuple[TaxonomyRow, ...] = (
     TaxonomyRow(F.NAN, _I, _UNK, Action.ROLLBACK, "NaN value",
                 "non-finite loss or gradients"),
     TaxonomyRow(F.CODE_DATA_CHANGE, _M, _USR, Action.STOP_ON_REPEAT, "Code/data change",
-                "the user restarted the job with new code or data; a user-side failure "
-                "soon after a recorded change (hot update, or code or packages changed "
-                "between allocations)"),
+                "the user restarted the job with new code or data; a user-side failure, "
+                "or an exit with no named cause, soon after a recorded change (hot "
+                "update, or code or packages changed between allocations)"),
     TaxonomyRow(F.USER_EXCEPTION, _E, _USR, Action.STOP_ON_REPEAT, None,
                 "an exception raised by the training code"),
     TaxonomyRow(F.USER_CUDA_FAULT, _E, _USR, Action.STOP_ON_REPEAT, None,

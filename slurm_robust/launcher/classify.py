@@ -300,13 +300,33 @@ def classify_failure(exit_code: int | None, sig: int | None, log_tail: str) -> C
 
 def classify(ev: Evidence) -> Classification:
     """Classify from all the evidence (see the module docstring for the order); a
-    user-side error after a recorded code/data change is that change's."""
+    user-side error after a recorded code/data change is that change's, and so is an
+    exit the evidence names no cause for (see :func:`_change_explains`)."""
     c = _classify(ev)
-    if ev.change_recorded and c.side == Side.USER.value:
+    if ev.change_recorded and _change_explains(c):
         evidence = {**c.evidence, "change_recorded": True, "error_class": c.cls}
         return _make(F.CODE_DATA_CHANGE, evidence, c.line, "change",
                      signature=f"{F.CODE_DATA_CHANGE.value}:{c.signature}")
     return c
+
+
+def _change_explains(c: Classification) -> bool:
+    """Whether a recorded code/data change is the likeliest cause of ``c``.
+
+    A user-side error, or a worker that ended itself (a non-zero exit status, no signal)
+    with nothing in the evidence naming a cause: an exception the patterns do not know
+    (user_exception of unknown side) or no error line at all. That is ByteRobust's "crash
+    with no clear culprit" right after a change, which its ladder settles by rolling the
+    change back. Anything with a named cause (a CUDA, NCCL, disk or memory error, a
+    signal, a secondary failure) keeps its class: a change does not explain a fault the
+    evidence names, and those classes go to diagnosis, not to a rollback.
+    """
+    if c.side == Side.USER.value:
+        return True
+    if c.side != Side.UNKNOWN.value or c.secondary:
+        return False
+    self_exit = c.evidence.get("signal") is None and c.evidence.get("exit_code") not in (None, 0)
+    return self_exit and c.cls in (F.USER_EXCEPTION.value, F.WORKER_SIGNAL.value)
 
 
 def _classify(ev: Evidence) -> Classification:

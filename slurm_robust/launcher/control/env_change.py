@@ -20,8 +20,9 @@ its first generation and compares it with the one in ``state.json``:
 
 A difference is a *change* (``state.json``'s ``env_change``: the step the run had
 reached, the attempt, what differs): the generations started within WINDOW_STEPS steps of
-that step get ``code_change`` in their plans, so a user-side failure there is classified
-``code_data_change`` (stop on repeat; never an eviction). Files that are new or gone are
+that step get ``code_change`` in their plans, so a user-side failure there, or an exit
+with no named cause, is classified ``code_data_change`` (stop on repeat; never an
+eviction; launcher/classify.py's ``_change_explains``). Files that are new or gone are
 not compared (a hot-updated version runs from its own snapshot path); nor are packages
 when either side could not see them.
 """

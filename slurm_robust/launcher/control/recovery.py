@@ -638,7 +638,8 @@ class Recovery:
             st.env_change = {"step": st.last_step, "attempt": st.attempt + 1,
                              "what": what, "time": now}
             log.warning("the training changed since the last allocation (%s): a user-side "
-                        "failure within %s steps is counted as that change's",
+                        "failure or an exit with no named cause within %s steps is "
+                        "counted as that change's",
                         "; ".join(what), env_change.WINDOW_STEPS)
 
     def _code_fields(self) -> dict[str, Any]:

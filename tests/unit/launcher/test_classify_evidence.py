@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 
 from slurm_robust.health.probes import Probes
@@ -98,6 +99,33 @@ def test_a_recorded_change_makes_a_user_error_a_code_data_change():
     # Infrastructure evidence is not re-labelled by a change.
     hw = Evidence(exit_code=1, log_tail="uncorrectable ECC error", change_recorded=True)
     assert classify(hw).cls == "gpu_memory_error"
+
+
+def test_a_recorded_change_explains_an_exit_with_no_named_cause():
+    # A self-exit with no error line the patterns know, and an exception they do not
+    # know: after a recorded change, the change's (ByteRobust rolls the change back).
+    for tail in ("Since version 12.4 the example gives an error: KeyError: 'emb_dropout'",
+                 "**RuntimeError: mat1 and mat2 shapes cannot be multiplied (185x18 and "
+                 "19x56)**",
+                 TB + "RuntimeError: mat1 and mat2 shapes cannot be multiplied"):
+        bare = classify(Evidence(exit_code=1, log_tail=tail))
+        assert bare.side == "unknown" and bare.cls in ("worker_signal", "user_exception")
+        c = classify(Evidence(exit_code=1, log_tail=tail, change_recorded=True))
+        assert (c.cls, c.side, c.action) == ("code_data_change", "user", "stop_on_repeat")
+        assert c.evidence["error_class"] == bare.cls
+    # A signal, a named cause of unknown side, a secondary failure or an exit status
+    # nobody saw is not the change's: those keep their class and their diagnosis.
+    kept = [Evidence(signal=9, log_tail="Killed"),
+            Evidence(exit_code=137, log_tail=""),
+            Evidence(exit_code=1, log_tail=TB + "RuntimeError: CUDA error: an illegal "
+                     "memory access was encountered"),
+            Evidence(exit_code=1, log_tail="RuntimeError: Connection closed by peer"),
+            Evidence(exit_code=1, log_tail="OSError: [Errno 28] No space left on device"),
+            Evidence(log_tail="something went wrong")]
+    for ev in kept:
+        bare = classify(ev)
+        c = classify(dataclasses.replace(ev, change_recorded=True))
+        assert (c.cls, c.side, c.action) == (bare.cls, bare.side, bare.action), ev
 
 
 def test_general_signatures_added_for_issue_13():
