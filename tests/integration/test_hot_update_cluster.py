@@ -37,9 +37,14 @@ NEW_ARGS = " ".join([*TRAIN_ARGS, "--seed", str(SEED2)])
 _BATCH_SEED = "g = torch.Generator().manual_seed(args.seed * 1_000_003"
 
 
-def new_version(tmp_path: Path, name: str, bug: bool = False) -> Path:
+#: The new version's bug, in its first step: a TypeError (a user exception), or quitting
+#: with status 3 and no message (an exit no evidence names a cause for).
+BUGS = {"typeerror": None, "silent_exit": "os._exit(3)"}
+
+
+def new_version(tmp_path: Path, name: str, bug: str | None = None) -> Path:
     """A copy of the example that prints ``HOT-UPDATE-MARKER name start=N`` after its
-    restore; ``bug``: it raises a TypeError in its first step (a broken change)."""
+    restore; ``bug``: a key of BUGS, the broken change."""
     src = EXAMPLE.read_text()
     anchor = "    start = run.restore(model, opt, sched)\n"
     assert src.count(anchor) == 1
@@ -49,6 +54,10 @@ def new_version(tmp_path: Path, name: str, bug: bool = False) -> Path:
         guard = "if args.bug_at_step is not None and step + 1 == args.bug_at_step:"
         assert src.count(guard) == 1
         src = src.replace(guard, "if True:  # the new version's bug")
+        if BUGS[bug] is not None:
+            body = '_ = "step " + (step + 1)'
+            assert src.count(body) == 1
+            src = src.replace(body, BUGS[bug])
     d = tmp_path / name
     d.mkdir()
     (d / "train_gpt.py").write_text(src)
@@ -152,9 +161,12 @@ def test_at_next_restart_is_forced_at_its_deadline(runs, tmp_path):  # noqa: F81
     assert end["params_sha256"] == reference_sha(tmp_path, resumed["restored_step"])
 
 
-def test_a_new_version_raising_typeerror_rolls_back(runs, tmp_path, baseline_sha):  # noqa: F811
-    v3 = new_version(tmp_path, "v3", bug=True)
-    run = runs("hot-rollback", spares=0)
+@pytest.mark.parametrize(("bug", "error_class"), [("typeerror", "user_exception"),
+                                                  ("silent_exit", "worker_signal")])
+def test_a_broken_new_version_rolls_back(runs, tmp_path, baseline_sha,  # noqa: F811
+                                         bug, error_class):
+    v3 = new_version(tmp_path, "v3", bug=bug)
+    run = runs(f"hot-rollback-{bug}", spares=0)
     run.wait_step(8)
     update(run, "--code", str(v3), "--now", "-m", "a broken change")
     end = run.wait_end()
@@ -163,7 +175,7 @@ def test_a_new_version_raising_typeerror_rolls_back(runs, tmp_path, baseline_sha
     assert rolled["from_version"] == 1 and rolled["version"] == 0
     (inc,) = run.events("incident")  # the failure's own incident records the rollback
     assert inc["class"] == "code_data_change" and inc["rung"] == "in_place"
-    assert inc["evidence"]["error_class"] == "user_exception"
+    assert inc["evidence"]["error_class"] == error_class
     assert "failed with code_data_change" in inc["evidence"]["rollback"]
     assert vs.read_current(run.run_dir)["version"] == 0
     # The broken version finished no step: the pre-change snapshot was restored, and the
