@@ -28,6 +28,14 @@ from pathlib import Path
 
 from slurm_robust.site_config import CONFIG_ENV, SiteConfig, load_site_config
 
+#: The job's Slurm comment names its run directory (set at submission, or by `launch`).
+COMMENT_PREFIX = "slurm_robust:run_dir="
+
+
+def run_dir_from_comment(comment: str) -> str | None:
+    return comment[len(COMMENT_PREFIX):] if comment.startswith(COMMENT_PREFIX) else None
+
+
 CLUSTER_DIR_ENV = "SLURM_ROBUST_CLUSTER_DIR"
 
 

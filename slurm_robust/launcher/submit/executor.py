@@ -32,10 +32,8 @@ from slurm_robust.errors import UsageError
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.errors import LauncherError, RunStopped
 from slurm_robust.launcher.node.agent import run_agent
-from slurm_robust.launcher.paths import RunPaths, site_config_path
+from slurm_robust.launcher.paths import COMMENT_PREFIX, RunPaths, site_config_path
 from slurm_robust.records import EVENT_SCHEMA, read_records, write_json_atomic
-
-COMMENT_PREFIX = "slurm_robust:run_dir="
 
 
 @dataclass(frozen=True)
@@ -83,10 +81,6 @@ def submit_run(cfg: RunConfig, slurm: SlurmOptions) -> Any:
         return ex.submit(run_agent, cfg)
     except Exception as exc:  # submitit raises FailedSubmissionError with sbatch's words
         raise LauncherError(f"sbatch refused the robust job: {exc}") from exc
-
-
-def run_dir_from_comment(comment: str) -> str | None:
-    return comment[len(COMMENT_PREFIX):] if comment.startswith(COMMENT_PREFIX) else None
 
 
 # --------------------------------------------------------------------- Python executor

@@ -7,8 +7,7 @@ from typing import Any
 
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.control.state import load_state
-from slurm_robust.launcher.paths import RunPaths
-from slurm_robust.launcher.submit.executor import run_dir_from_comment
+from slurm_robust.launcher.paths import RunPaths, run_dir_from_comment
 from slurm_robust.records import EVENT_SCHEMA, VERDICT_SCHEMA, read_records
 from slurm_robust.slurm import Slurm
 
