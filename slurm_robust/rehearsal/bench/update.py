@@ -49,14 +49,16 @@ CLI = [sys.executable, "-m", "slurm_robust.cli.main"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=3, help="worker nodes (default 3)")
-    parser.add_argument("--steps", type=int, default=60)
-    # Step 42 (8 s of 0.2 s steps): past the job's start-up. The agents refill their
-    # pre-started interpreters (torch + torch._dynamo, 3-5 s on a loaded 2-core machine)
-    # after the workers start; a change at step 12 (2.4 s in, the old default) found them
-    # still importing and measured that start-up (1.6-2.5 s) instead of an update to a
-    # running job (0.8 s). Two steps after a save, as step 12 was, for the resubmit arm.
-    parser.add_argument("--change-step", type=int, default=42,
-                        help="request the change once this step has finished (default 42)")
+    parser.add_argument("--steps", type=int, default=100)
+    # Step 72 (14 s of 0.2 s steps): past the job's start-up. The agents start their
+    # pre-started interpreters (torch + torch._dynamo) with the workers, and on a loaded
+    # 2-core machine those imports take 8-11 s: a change at step 42 found them still
+    # importing in 1 of 3 rounds (restart 0.87-1.0 s instead of 0.5 s), and at step 12
+    # (the first default) in every round, so it measured a job's start-up rather than an
+    # update to a running job. The recovery bench kills after step 75 for the same
+    # reason. Two steps after a save, for the resubmit arm.
+    parser.add_argument("--change-step", type=int, default=72,
+                        help="request the change once this step has finished (default 72)")
     parser.add_argument("--save-every", type=int, default=10,
                         help="resubmit arm: torch.save every N steps")
     parser.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
