@@ -43,10 +43,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# Exported names, imported on first use (PEP 562): `slurm-robust update` and `status` and
-# the agents' leaf modules import one small module of this package, and an eager import
-# here made each of them load the whole launcher first (agent, controller, recovery,
-# submitit): 0.3-0.5 s of a 2-core node's CPU before `update` wrote its request.
+# Exported names, imported on first use (PEP 562): `slurm-robust update` and `status`
+# import a few small modules of this package, and an eager import here made each of them
+# load the whole launcher first (agent, controller, recovery, submitit): 0.3-0.5 s of a
+# 2-core machine's CPU before `update` wrote its request. __all__ and the TYPE_CHECKING
+# imports name the same exports for tools that read them statically.
 _EXPORTS = {
     "RunConfig": "slurm_robust.launcher.config",
     "InjectionError": "slurm_robust.launcher.errors",
