@@ -41,12 +41,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     from slurm_robust.cluster.config import ClusterConfig
-    from slurm_robust.cluster.manager import MiniCluster
+    from slurm_robust.cluster.manager import MiniCluster, choose_network
     from slurm_robust.launcher.submit.status import format_status, run_status
     from slurm_robust.rehearsal.inject.job import revive_node
 
     print("bringing the mini-cluster up ...", flush=True)
-    mc = MiniCluster(ClusterConfig())
+    cfg, notice = choose_network(ClusterConfig())
+    if notice:
+        print(notice, flush=True)
+    mc = MiniCluster(cfg)
     mc.up()
     env = dict(os.environ, **mc.cfg.env())
     schedule = sorted((int(s), f) for s, f in (item.split(":") for item in

@@ -2,8 +2,10 @@
 
 ``minicluster``: the real Slurm mini-cluster, started once per pytest session (a no-op
 when it already runs) and stopped at the end only if this session started it, unless
-``SLURM_ROBUST_KEEP_CLUSTER=1``. ``SLURM_ROBUST_TEST_NETNS=1`` brings it up with each
-node in its own network namespace (``cluster up --netns``). Integration tests are
+``SLURM_ROBUST_KEEP_CLUSTER=1``. It comes up as ``cluster up`` does with no mode named:
+each node in its own network namespace where they can be made (root, iproute2), else on
+the shared network; ``SLURM_ROBUST_TEST_NETNS=1`` insists on namespaces (an error where
+they cannot be made) and ``=0`` asks for the shared network. Integration tests are
 marked ``integration``; run only unit tests with ``-m "not integration"``.
 
 A cluster that cannot run a trivial job on every node fails the fixture, with the
@@ -24,8 +26,9 @@ from typing import Any
 
 import pytest
 
+from slurm_robust.cluster import netns
 from slurm_robust.cluster.config import ClusterConfig
-from slurm_robust.cluster.manager import MiniCluster
+from slurm_robust.cluster.manager import MiniCluster, choose_network
 from slurm_robust.slurm import Slurm
 from tests.cluster_smoke import diagnosis, smoke
 
@@ -41,7 +44,7 @@ class RunningCluster:
 
 @pytest.fixture(scope="session")
 def minicluster() -> Iterator[RunningCluster]:
-    mc = MiniCluster(ClusterConfig(netns=os.environ.get("SLURM_ROBUST_TEST_NETNS") == "1"))
+    mc = MiniCluster(session_cluster_config())
     was_up = bool(mc.status()["up"])
     mc.up()
     env = dict(os.environ, **mc.cfg.env())
@@ -58,6 +61,22 @@ def minicluster() -> Iterator[RunningCluster]:
     _BREAKER.update(cluster=None, mc=None)
     if not was_up and os.environ.get("SLURM_ROBUST_KEEP_CLUSTER") != "1":
         mc.down()
+
+
+def session_cluster_config() -> ClusterConfig:
+    """The session cluster's config: the network mode as the module docstring says."""
+    asked = os.environ.get("SLURM_ROBUST_TEST_NETNS", "")
+    if asked == "0":
+        return ClusterConfig(netns=False)
+    if asked == "1":
+        why = netns.unavailable_reason()
+        if why is not None:
+            raise RuntimeError(f"SLURM_ROBUST_TEST_NETNS=1 but {why}")
+        return ClusterConfig(netns=True)
+    cfg, notice = choose_network(ClusterConfig())
+    if notice:
+        print(notice)
+    return cfg
 
 
 @pytest.fixture(autouse=True)

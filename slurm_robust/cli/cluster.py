@@ -5,11 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 from dataclasses import replace
 
 from slurm_robust.cluster import netns
 from slurm_robust.cluster.config import ClusterConfig
-from slurm_robust.cluster.manager import MiniCluster, install_packages, missing_packages
+from slurm_robust.cluster.manager import (
+    MiniCluster,
+    choose_network,
+    install_packages,
+    missing_packages,
+)
 from slurm_robust.errors import UsageError
 
 HELP = "start, stop and inspect the embedded Slurm mini-cluster (real daemons on localhost)"
@@ -32,11 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--netns", dest="netns", action="store_true", default=None,
                       help="up: each node in its own network namespace with its own address "
-                           "on a bridge (root; iproute2); needed by `inject partition` and "
-                           "`inject link-slow`")
+                           "on a bridge (root; iproute2; the default where they can be "
+                           "made); needed by `inject partition` and `inject link-slow`")
     mode.add_argument("--shared-net", dest="netns", action="store_false",
                       help="up: every node on 127.0.0.1 in the host's network (the default "
-                           "for now)")
+                           "where namespaces cannot be made)")
     parser.add_argument("--reserve-timer", type=float, default=0.0, metavar="SECONDS",
                         help="with up: run `reserve reconcile` at once (fresh spares before "
                              "the first handoff) and then every SECONDS (0: off, the "
@@ -71,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
             if why is not None:
                 raise UsageError(f"cannot use --netns: {why}; use --shared-net")
     elif args.action == "up":
-        cfg = replace(cfg, netns=False)  # the default mode, whatever ran before
+        cfg, notice = choose_network(cfg)
+        if notice:
+            print(notice, file=sys.stderr)
     mc = MiniCluster(cfg)
     if args.action == "env":
         for key, value in cfg.env().items():

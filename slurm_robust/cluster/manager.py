@@ -15,7 +15,7 @@ import shutil
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from slurm_robust.cluster import netns
@@ -56,6 +56,8 @@ PACKAGES: dict[str, str] = {
     "munge": "/usr/sbin/munged",
     "mariadb-server": "/usr/sbin/mariadbd",
     "libslurm-dev": "/usr/include/slurm/spank.h",
+    # `ip` makes the per-node network namespaces, the default mode where root can.
+    "iproute2": "/usr/sbin/ip",
 }
 APT_TIMEOUT_S = 1200
 
@@ -161,6 +163,25 @@ def _write_if_changed(path: Path, content: str, mode: int = 0o644) -> bool:
     os.chmod(tmp, mode)
     os.replace(tmp, path)
     return True
+
+
+def choose_network(cfg: ClusterConfig) -> tuple[ClusterConfig, str | None]:
+    """``cfg`` with the network mode an ``up`` that names none should take, and a one-line
+    notice when that is not the namespaced mode.
+
+    A cluster already running keeps its mode (switching needs a ``down``). Otherwise each
+    node gets its own namespace and address wherever namespaces can be made (root,
+    iproute2), since that is the layout of a real cluster; elsewhere all nodes share
+    127.0.0.1, and the notice says why.
+    """
+    saved = cfg.saved_netns()
+    if saved is not None and any(MiniCluster(cfg).running().values()):
+        return replace(cfg, netns=saved), None
+    why = netns.unavailable_reason()
+    if why is None:
+        return replace(cfg, netns=True), None
+    return (replace(cfg, netns=False),
+            f"mini-cluster: every node on 127.0.0.1 (shared network): {why}")
 
 
 class MiniCluster:

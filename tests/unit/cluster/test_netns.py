@@ -115,3 +115,22 @@ def test_inject_network_faults_check_their_arguments(tmp_path, monkeypatch):
         apply("link-slow", "node2")
     with pytest.raises(InjectionError, match="cluster up --netns"):
         apply("partition", "node2")  # the cluster in that root is in shared mode
+
+
+def test_up_without_a_mode_is_namespaced_where_namespaces_can_be_made(tmp_path, monkeypatch):
+    from slurm_robust.cluster.manager import choose_network
+
+    monkeypatch.setattr(netns, "unavailable_reason", lambda: None)
+    cfg, notice = choose_network(_cfg(tmp_path))
+    assert cfg.netns is True and notice is None
+
+
+def test_up_without_a_mode_falls_back_to_the_shared_network_and_says_why(tmp_path,
+                                                                          monkeypatch):
+    from slurm_robust.cluster.manager import choose_network
+
+    monkeypatch.setattr(netns, "unavailable_reason", lambda: "`ip` (iproute2) is not installed")
+    cfg, notice = choose_network(_cfg(tmp_path, netns=True))
+    assert cfg.netns is False
+    assert notice is not None and "\n" not in notice
+    assert "shared network" in notice and "iproute2" in notice
