@@ -30,10 +30,14 @@ demo: setup
 	$(PY) examples/demo.py
 
 # Unit and integration tests; the integration tests start the mini-cluster once for the
-# session and stop it at the end (the trap stops it even when pytest fails).
-test: setup
-	@trap '$(CLI) cluster down >/dev/null 2>&1 || true' EXIT; \
-	$(PY) -m pytest $(PYTEST_ARGS)
+# session and stop it at the end (the trap stops it even when pytest fails). pytest ends
+# with a timing summary (tests/timing.py); the last line adds the set-up. Budget: 25 min.
+test:
+	@start=$$(date +%s); $(MAKE) --no-print-directory setup || exit $$?; \
+	trap '$(CLI) cluster down >/dev/null 2>&1 || true' EXIT; \
+	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	echo "make test: $$(( $$(date +%s) - start )) s in all, set-up included (budget 1500 s)"; \
+	exit $$rc
 
 test-unit: venv
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)

@@ -31,6 +31,8 @@ from slurm_robust.cluster.config import ClusterConfig
 from slurm_robust.cluster.manager import MiniCluster, choose_network
 from slurm_robust.slurm import Slurm
 from tests.cluster_smoke import diagnosis, smoke
+from tests.timing import TimingSummary
+from tests.timing import plugin as timing_plugin
 
 
 @dataclass(frozen=True)
@@ -42,8 +44,13 @@ class RunningCluster:
     env: dict[str, str]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(TimingSummary(), "slurm_robust_timing")
+
+
 @pytest.fixture(scope="session")
-def minicluster() -> Iterator[RunningCluster]:
+def minicluster(pytestconfig: pytest.Config) -> Iterator[RunningCluster]:
+    started = time.monotonic()
     mc = MiniCluster(session_cluster_config())
     was_up = bool(mc.status()["up"])
     mc.up()
@@ -57,6 +64,7 @@ def minicluster() -> Iterator[RunningCluster]:
         raise RuntimeError("the mini-cluster does not run a trivial job on every node: "
                            + "; ".join(problems) + "\n" + diagnosis(cluster, mc))
     _BREAKER.update(cluster=cluster, mc=mc)
+    timing_plugin(pytestconfig).cluster_setup_s = time.monotonic() - started
     yield cluster
     _BREAKER.update(cluster=None, mc=None)
     if not was_up and os.environ.get("SLURM_ROBUST_KEEP_CLUSTER") != "1":

@@ -1,0 +1,61 @@
+"""The suite's time budget, printed at the end of every run (``make test``'s last lines).
+
+One block: the session's wall time, the mini-cluster's set-up (``up`` plus the smoke job,
+once per session) and the slowest tests, each with its set-up, call and teardown added
+up, since a test's cluster waits often sit in its fixtures. The budget is 25 minutes for
+``make test`` on a 2-core machine; this block is where a test that grew shows first.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+
+import pytest
+
+SLOWEST = 15
+
+
+class TimingSummary:
+    """A pytest plugin: sums each test's phases and prints the summary block."""
+
+    def __init__(self) -> None:
+        self.started = process_start_monotonic()
+        self.per_test: dict[str, float] = defaultdict(float)
+        self.cluster_setup_s: float | None = None
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.per_test[report.nodeid] += report.duration
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:  # noqa: ANN001
+        total = time.monotonic() - self.started
+        tr = terminalreporter
+        tr.write_sep("=", "timing summary")
+        setup = ("not started" if self.cluster_setup_s is None
+                 else f"{self.cluster_setup_s:.1f} s")
+        tr.write_line(f"total {total:.1f} s ({total / 60:.1f} min); mini-cluster set-up "
+                      f"{setup}; {len(self.per_test)} tests")
+        slowest = sorted(self.per_test.items(), key=lambda kv: kv[1], reverse=True)
+        for nodeid, seconds in slowest[:SLOWEST]:
+            tr.write_line(f"{seconds:8.1f} s  {nodeid}")
+
+
+def process_start_monotonic() -> float:
+    """When this process started, on the monotonic clock: the total then includes
+    interpreter start, imports and collection, which a plugin registered by a conftest
+    would miss (Linux /proc; elsewhere: now)."""
+    try:
+        fields = open("/proc/self/stat").read().rsplit(")", 1)[1].split()  # noqa: SIM115
+        started_after_boot = int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.monotonic()
+    # /proc's start time counts from boot on CLOCK_BOOTTIME (which, unlike the monotonic
+    # clock, goes on while a VM is paused), so the age is taken on that clock.
+    age = time.clock_gettime(time.CLOCK_BOOTTIME) - started_after_boot
+    return time.monotonic() - age
+
+
+def plugin(config: pytest.Config) -> TimingSummary:
+    """The session's TimingSummary (registered by conftest's pytest_configure)."""
+    return config.pluginmanager.get_plugin("slurm_robust_timing")
