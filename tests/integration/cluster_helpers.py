@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tests.reference_cache import argv_key, cached
+
 T = TypeVar("T")
 
 
@@ -57,7 +59,19 @@ def standalone_digest(argv: list[str], world: int, port_base: int, timeout_s: fl
     A rank that exited non-zero fails the reference, except for the teardown abort above
     once rank 0 has printed its digest: the digest is taken after the last step's
     all-reduce, which needs every rank's gradients, so an abort after it changes nothing.
+    Computed once per session for each distinct command, world and environment
+    (tests/reference_cache.py).
     """
+    extra = tuple(tuple(sorted((env_extra(r) if env_extra else {}).items()))
+                  for r in range(world))
+    key = (argv_key(argv), world, extra, tuple(sorted(drop_env)))
+    return cached(key, lambda: _run_reference(argv, world, port_base, timeout_s, env_extra,
+                                              drop_env))
+
+
+def _run_reference(argv: list[str], world: int, port_base: int, timeout_s: float,
+                   env_extra: Callable[[int], dict[str, str]] | None,
+                   drop_env: tuple[str, ...]) -> str:
     port = str(port_base + os.getpid() % 90)
     procs, files = [], []
     for rank in range(world):

@@ -47,3 +47,38 @@ def test_a_peer_failing_otherwise_fails_the_reference(tmp_path: Path) -> None:
 def test_the_teardown_abort_without_a_digest_fails(tmp_path: Path) -> None:
     with pytest.raises(AssertionError):
         run(tmp_path, PEER="abort", DIGEST="0")
+
+
+COUNTING = """
+import os
+if os.environ["RANK"] == "0":
+    with open(os.environ["COUNT_FILE"], "a") as fh:
+        fh.write("run\\n")
+    print("params_sha256=feed42 steps=1", flush=True)
+"""
+
+
+def test_the_same_reference_is_computed_once_per_session(tmp_path: Path) -> None:
+    count = tmp_path / "runs.txt"
+    digests = []
+    for copy in ("a", "b"):  # two copies of one script (as tests write into tmp_path)
+        d = tmp_path / copy
+        d.mkdir()
+        (d / "ranks.py").write_text(COUNTING)
+        digests.append(standalone_digest([sys.executable, str(d / "ranks.py")], 2, 31100,
+                                         timeout_s=60,
+                                         env_extra=lambda rank: {"COUNT_FILE": str(count)}))
+    assert digests == ["feed42", "feed42"]
+    assert count.read_text().splitlines() == ["run"]
+
+
+def test_a_failed_reference_is_not_kept(tmp_path: Path) -> None:
+    count = tmp_path / "runs.txt"
+    script = tmp_path / "fails.py"
+    script.write_text(COUNTING.replace('print("params_sha256=feed42 steps=1", flush=True)',
+                                       'raise SystemExit(3)'))
+    for _ in range(2):
+        with pytest.raises(AssertionError):
+            standalone_digest([sys.executable, str(script)], 2, 31200, timeout_s=60,
+                              env_extra=lambda rank: {"COUNT_FILE": str(count)})
+    assert count.read_text().splitlines() == ["run", "run"]
