@@ -138,7 +138,13 @@ def render_robust_conf(cfg: ClusterConfig) -> str:
         # suite, and their jobs write megabytes; at the production 1 GiB a nearly full
         # build machine drains every node at its first prolog (then nothing runs).
         "checks": {"host_disk_free": {"min_free_gib": MINI_MIN_FREE_GIB},
-                   "deep_disk_io": {"min_free_gib": MINI_MIN_FREE_GIB}},
+                   "deep_disk_io": {"min_free_gib": MINI_MIN_FREE_GIB},
+                   # Every node here shares one host's CPU, torch and gloo: the collective
+                   # at each job's end tested that one library once per node, importing
+                   # torch on each (4-8 s of the epilog on 2 cores, which every next job
+                   # waited for). It still runs wherever a node is re-admitted (reserve,
+                   # resume: the deep checks the tests exercise) and on request.
+                   "deep_collective": {"skip_stages": ["epilog"]}},
         # Two spares for a 4-node partition: more than the binomial P99 asks for at this
         # size, so that handoff and reconcile can be rehearsed.
         "reserve": {"partition": "standby", "target": 2},

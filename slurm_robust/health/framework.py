@@ -36,8 +36,11 @@ QUICK = "quick"
 DEEP = "deep"
 QUICK_AND_DEEP = (QUICK, DEEP)
 DEEP_ONLY = (DEEP,)
-# Parameters every check accepts, besides its own.
-COMMON_PARAMS = ("enabled", "budget_s")
+# Parameters every check accepts, besides its own. ``skip_stages``: stages (prolog,
+# epilog, reserve, resume, manual) where the site does not run the check although its
+# suite runs there, e.g. a collective test only when a node is re-admitted, not after
+# every job.
+COMMON_PARAMS = ("enabled", "budget_s", "skip_stages")
 
 
 class Status(StrEnum):
@@ -122,7 +125,8 @@ class Check:
 
     def resolve_params(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
         """Defaults overlaid with the site's values; unknown or mistyped keys are errors."""
-        merged: dict[str, Any] = {"enabled": True, "budget_s": self.budget_s, **self.params}
+        merged: dict[str, Any] = {"enabled": True, "budget_s": self.budget_s,
+                                  "skip_stages": [], **self.params}
         unknown = sorted(set(overrides) - set(merged))
         if unknown:
             valid = ", ".join(f"{k}={v!r}" for k, v in merged.items())

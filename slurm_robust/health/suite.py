@@ -116,6 +116,10 @@ def plan_suite(suite: str, config: SiteConfig) -> tuple[list[tuple[Check, dict[s
         if not isinstance(overrides, dict):
             raise UsageError(f"site config checks.{name} must be an object of parameters")
         params = chk.resolve_params(overrides)
+        bad = sorted(set(map(str, params["skip_stages"])) - set(STAGES))
+        if bad:
+            raise UsageError(f"site config checks.{name}.skip_stages: unknown stage(s) "
+                             f"{bad}; valid: {', '.join(STAGES)}")
         if params["enabled"] and (suite == "all" or suite in chk.suites):
             planned.append((chk, params))
     return planned, budgets[DEEP if suite == "all" else suite]
@@ -135,6 +139,7 @@ def run_suite(stage: str, node: str, job: str | None = None,
     state_dir = cfg.state_path(node)
     suite = suite or STAGE_SUITE.get(stage, DEEP)
     planned, budget = plan_suite(suite, cfg)
+    planned = [(chk, params) for chk, params in planned if stage not in params["skip_stages"]]
     # Our own directory: create it so a fresh node does not fail host_disk_free on it.
     state_dir.mkdir(parents=True, exist_ok=True)
     probes = probes if probes is not None else Probes.for_node(state_dir,

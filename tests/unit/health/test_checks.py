@@ -174,6 +174,28 @@ def test_deep_thresholds_and_mounts_can_fail(tmp_path: Path) -> None:
     assert "deep_collective" not in res
 
 
+def test_skip_stages_leaves_a_check_out_of_those_stages_only(tmp_path: Path) -> None:
+    cfg = SiteConfig(state_dir=str(tmp_path / "{node}"), checks={
+        "deep_collective": {"skip_stages": ["epilog"]}, "deep_matmul": {"min_gflops": 0.0},
+        "deep_membw": {"min_gbps": 0.0}, "deep_disk_io": {"min_write_mbps": 0.0}})
+    epilog = [r.check for r in run_suite("epilog", "n1", config=cfg, journal=False).results]
+    assert "deep_collective" not in epilog and "deep_matmul" in epilog
+    resume = {r.check: r for r in run_suite("resume", "n1", config=cfg, journal=False).results}
+    assert resume["deep_collective"].status is Status.OK, resume["deep_collective"]
+
+
+def test_skip_stages_names_only_known_stages(tmp_path: Path) -> None:
+    cfg = SiteConfig(state_dir=str(tmp_path / "{node}"),
+                     checks={"deep_collective": {"skip_stages": ["epliog"]}})
+    with pytest.raises(UsageError, match=r"skip_stages: unknown stage\(s\) \['epliog'\]; "
+                                         "valid: prolog, epilog"):
+        run_suite("epilog", "n1", config=cfg, journal=False)
+    cfg = SiteConfig(state_dir=str(tmp_path / "{node}"),
+                     checks={"deep_collective": {"skip_stages": "epilog"}})
+    with pytest.raises(UsageError, match="must be list"):
+        run_suite("epilog", "n1", config=cfg, journal=False)
+
+
 def test_unknown_check_or_parameter_is_a_usage_error(tmp_path: Path) -> None:
     for checks, words in (({"gpu_xyd": {}}, "unknown check(s) ['gpu_xyd']"),
                           ({"gpu_xid": {"critcal": [79]}}, "valid parameters with defaults"),
