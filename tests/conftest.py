@@ -18,21 +18,21 @@ that take no jobs and why.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 
 from slurm_robust.cluster import netns
-from slurm_robust.cluster.config import ClusterConfig
+from slurm_robust.cluster.config import CLUSTER_DIR_ENV, REPO_ROOT, ClusterConfig
 from slurm_robust.cluster.manager import MiniCluster, choose_network
 from slurm_robust.slurm import Slurm
 from tests.cluster_smoke import diagnosis, smoke
-from tests.timing import TimingSummary
-from tests.timing import plugin as timing_plugin
+from tests.timing import CLUSTER_SETUP_PROPERTY, TimingSummary
 
 
 @dataclass(frozen=True)
@@ -48,12 +48,33 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(TimingSummary(), "slurm_robust_timing")
 
 
+def worker_index() -> int:
+    """This pytest process's number among pytest-xdist's workers (gw0, gw1, ...; 0 when
+    the suite runs in one process)."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
+
+
+# Worker k > 0 has a cluster of its own (ClusterConfig.sibling): its root goes into the
+# environment before any test imports, so that code building ClusterConfig() in this
+# process or in the commands it runs (inject, revive_node) finds that cluster.
+SESSION_BASE = ClusterConfig().sibling(worker_index())
+if worker_index() > 0:
+    os.environ[CLUSTER_DIR_ENV] = str(SESSION_BASE.root)
+
+# Held while a worker brings its cluster up: two `up`s at once would race on the host's
+# users and packages (each cluster's own files and ports are apart).
+UP_LOCK = REPO_ROOT / ".minicluster-up.lock"
+
+
 @pytest.fixture(scope="session")
-def minicluster(pytestconfig: pytest.Config) -> Iterator[RunningCluster]:
+def minicluster() -> Iterator[RunningCluster]:
     started = time.monotonic()
     mc = MiniCluster(session_cluster_config())
     was_up = bool(mc.status()["up"])
-    mc.up()
+    with open(UP_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        mc.up()
     env = dict(os.environ, **mc.cfg.env())
     cluster = RunningCluster(mc.cfg, Slurm(mc.cfg.env()), env)
     restore_layout(cluster)
@@ -64,7 +85,7 @@ def minicluster(pytestconfig: pytest.Config) -> Iterator[RunningCluster]:
         raise RuntimeError("the mini-cluster does not run a trivial job on every node: "
                            + "; ".join(problems) + "\n" + diagnosis(cluster, mc))
     _BREAKER.update(cluster=cluster, mc=mc)
-    timing_plugin(pytestconfig).cluster_setup_s = time.monotonic() - started
+    _SETUP_S["pending"] = time.monotonic() - started
     yield cluster
     _BREAKER.update(cluster=None, mc=None)
     if not was_up and os.environ.get("SLURM_ROBUST_KEEP_CLUSTER") != "1":
@@ -72,16 +93,24 @@ def minicluster(pytestconfig: pytest.Config) -> Iterator[RunningCluster]:
 
 
 def session_cluster_config() -> ClusterConfig:
-    """The session cluster's config: the network mode as the module docstring says."""
+    """The session cluster's config: the network mode as the module docstring says, and
+    for pytest-xdist worker k > 0 the k-th sibling cluster (its own root, ports, subnet
+    and job ids). Siblings need namespaces: on the shared network their jobs' controller,
+    rendezvous and metrics ports would meet on 127.0.0.1."""
+    base = SESSION_BASE
     asked = os.environ.get("SLURM_ROBUST_TEST_NETNS", "")
     if asked == "0":
-        return ClusterConfig(netns=False)
-    if asked == "1":
+        cfg, notice = replace(base, netns=False), None
+    elif asked == "1":
         why = netns.unavailable_reason()
         if why is not None:
             raise RuntimeError(f"SLURM_ROBUST_TEST_NETNS=1 but {why}")
-        return ClusterConfig(netns=True)
-    cfg, notice = choose_network(ClusterConfig())
+        cfg, notice = replace(base, netns=True), None
+    else:
+        cfg, notice = choose_network(base)
+    if worker_index() > 0 and not cfg.netns:
+        raise RuntimeError("integration tests in several pytest-xdist workers need network "
+                           "namespaces (root, iproute2): run them without -n")
     if notice:
         print(notice)
     return cfg
@@ -105,6 +134,10 @@ def _our_drains_resumed(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
         return
     restore_layout(request.getfixturevalue("minicluster"))
+    if "pending" in _SETUP_S:
+        # The timing summary runs where the reports go (with pytest-xdist: the controller,
+        # not this worker): the set-up travels in the first cluster test's report.
+        request.node.user_properties.append((CLUSTER_SETUP_PROPERTY, _SETUP_S.pop("pending")))
     yield
 
 
@@ -123,6 +156,9 @@ def restore_layout(cluster: RunningCluster) -> None:
         if sorted(cluster.slurm.partition_nodes(part)) != sorted(nodes):
             cluster.slurm.set_partition_nodes(part, list(nodes))
 
+
+# This worker's cluster set-up time until a test's report carries it.
+_SETUP_S: dict[str, float] = {}
 
 # The session's cluster (set by the fixture) and the integration failures in a row.
 _BREAKER: dict[str, Any] = {"cluster": None, "mc": None, "failed_in_row": 0}

@@ -1,7 +1,8 @@
 """The suite's time budget, printed at the end of every run (``make test``'s last lines).
 
 One block: the session's wall time, the mini-cluster's set-up (``up`` plus the smoke job,
-once per session) and the slowest tests, each with its set-up, call and teardown added
+once per session, or once per pytest-xdist worker, each with its own cluster) and the
+slowest tests, each with its set-up, call and teardown added
 up, since a test's cluster waits often sit in its fixtures. The budget is 25 minutes for
 ``make test`` on a 2-core machine; this block is where a test that grew shows first.
 """
@@ -15,6 +16,8 @@ from collections import defaultdict
 import pytest
 
 SLOWEST = 15
+#: The user property a worker's first cluster test carries its cluster's set-up time in.
+CLUSTER_SETUP_PROPERTY = "minicluster_setup_s"
 
 
 class TimingSummary:
@@ -23,17 +26,20 @@ class TimingSummary:
     def __init__(self) -> None:
         self.started = process_start_monotonic()
         self.per_test: dict[str, float] = defaultdict(float)
-        self.cluster_setup_s: float | None = None
+        self.cluster_setup_s: list[float] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.per_test[report.nodeid] += report.duration
+        if report.when == "teardown":
+            self.cluster_setup_s += [float(v) for k, v in report.user_properties
+                                     if k == CLUSTER_SETUP_PROPERTY]
 
     def pytest_terminal_summary(self, terminalreporter) -> None:  # noqa: ANN001
         total = time.monotonic() - self.started
         tr = terminalreporter
         tr.write_sep("=", "timing summary")
-        setup = ("not started" if self.cluster_setup_s is None
-                 else f"{self.cluster_setup_s:.1f} s")
+        setup = (", ".join(f"{s:.1f} s" for s in self.cluster_setup_s)
+                 or "not started")
         tr.write_line(f"total {total:.1f} s ({total / 60:.1f} min); mini-cluster set-up "
                       f"{setup}; {len(self.per_test)} tests")
         slowest = sorted(self.per_test.items(), key=lambda kv: kv[1], reverse=True)
@@ -54,8 +60,3 @@ def process_start_monotonic() -> float:
     # clock, goes on while a VM is paused), so the age is taken on that clock.
     age = time.clock_gettime(time.CLOCK_BOOTTIME) - started_after_boot
     return time.monotonic() - age
-
-
-def plugin(config: pytest.Config) -> TimingSummary:
-    """The session's TimingSummary (registered by conftest's pytest_configure)."""
-    return config.pluginmanager.get_plugin("slurm_robust_timing")

@@ -51,6 +51,9 @@ class ClusterConfig:
             mode (every node on 127.0.0.1), the default for now.
         netns_subnet: the bridge's IPv4 /24: the control plane (slurmctld, slurmdbd) on .1,
             node i (1-based over train then spare nodes) on .10 + i.
+        first_job_id: Slurm's FirstJobId. Job ids of two clusters on one host must not
+            overlap: the mini-cluster finds a job's processes on a node by its job id and
+            node name (``inject kill-node``), and every cluster's nodes are named alike.
     """
 
     root: Path = field(default_factory=default_cluster_dir)
@@ -69,6 +72,7 @@ class ClusterConfig:
     python: str = sys.executable
     netns: bool = False
     netns_subnet: str = "10.213.0.0/24"
+    first_job_id: int = 1
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -184,21 +188,49 @@ class ClusterConfig:
         return replace(self, train_nodes=tuple(f"node{i}" for i in range(1, nodes + 1)),
                        spare_nodes=tuple(f"spare{i}" for i in range(1, spares + 1)))
 
+    def sibling(self, index: int) -> ClusterConfig:
+        """Cluster number ``index`` (0: this one) of several on one host: its own root
+        (``<root>-<index>``), ports, bridge subnet and job ids, so that their daemons,
+        nodes and jobs never meet (the test suite runs one per pytest worker)."""
+        if index == 0:
+            return self
+        if not 0 < index < 50:
+            raise ValueError(f"sibling cluster index must be in 1..49, got {index}")
+        net = ipaddress.ip_network(self.netns_subnet)
+        subnet = ipaddress.ip_network((int(net.network_address) + 256 * index, 24))
+        step = 100 * index
+        return replace(self, root=self.root.with_name(f"{self.root.name}-{index}"),
+                       ctld_port=self.ctld_port + step, dbd_port=self.dbd_port + step,
+                       mysql_port=self.mysql_port + step,
+                       node_port_base=self.node_port_base + step,
+                       netns_subnet=str(subnet),
+                       first_job_id=self.first_job_id + 100_000 * index)
+
     def save_shape(self) -> None:
-        self.shape_file.write_text(json.dumps({"version": 1, "train": list(self.train_nodes),
-                                               "spare": list(self.spare_nodes),
-                                               "netns": self.netns}) + "\n")
+        self.shape_file.write_text(json.dumps({
+            "version": 1, "train": list(self.train_nodes), "spare": list(self.spare_nodes),
+            "netns": self.netns, "ports": {"ctld": self.ctld_port, "dbd": self.dbd_port,
+                                           "mysql": self.mysql_port,
+                                           "node_base": self.node_port_base},
+            "netns_subnet": self.netns_subnet, "first_job_id": self.first_job_id}) + "\n")
 
     def with_saved_shape(self) -> ClusterConfig:
-        """This config with the node names and network mode of the last ``up`` in its root
-        (if any)."""
+        """This config with the node names, network mode, ports and job ids of the last
+        ``up`` in its root (if any)."""
         try:
             shape = json.loads(self.shape_file.read_text())
         except FileNotFoundError:
             return self
+        ports = shape.get("ports", {})
         return replace(self, train_nodes=tuple(shape["train"]),
                        spare_nodes=tuple(shape["spare"]),
-                       netns=bool(shape.get("netns", False)))
+                       netns=bool(shape.get("netns", False)),
+                       ctld_port=int(ports.get("ctld", self.ctld_port)),
+                       dbd_port=int(ports.get("dbd", self.dbd_port)),
+                       mysql_port=int(ports.get("mysql", self.mysql_port)),
+                       node_port_base=int(ports.get("node_base", self.node_port_base)),
+                       netns_subnet=str(shape.get("netns_subnet", self.netns_subnet)),
+                       first_job_id=int(shape.get("first_job_id", self.first_job_id)))
 
     def saved_netns(self) -> bool | None:
         """The network mode the last ``up`` in this root used (None: never up)."""

@@ -101,8 +101,13 @@ def ensure_user(name: str) -> None:
         pass
     if os.geteuid() != 0:
         raise ClusterError(f"user {name!r} does not exist; run `useradd -m {name}` as root")
-    subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name],
-                   check=True, capture_output=True, timeout=30)
+    made = subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name],
+                          capture_output=True, text=True, timeout=30, check=False)
+    if made.returncode != 0:
+        try:
+            pwd.getpwnam(name)  # another cluster's `up` on this host made it first
+        except KeyError:
+            raise ClusterError(f"useradd {name} failed: {made.stderr.strip()[-300:]}") from None
 
 
 def ensure_system_user(name: str) -> tuple[int, int]:

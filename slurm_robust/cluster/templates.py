@@ -62,6 +62,7 @@ def render_slurm_conf(cfg: ClusterConfig, programs: dict[str, Path]) -> str:
         "InactiveLimit=0",
         "KillWait=5",
         "MinJobAge=300",
+        f"FirstJobId={cfg.first_job_id}",
         "JobRequeue=1",
         "SchedulerType=sched/backfill",
         # A failing prolog requeues the job without an admin hold; short scheduling

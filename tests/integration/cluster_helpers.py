@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import tempfile
 import time
@@ -69,10 +70,26 @@ def standalone_digest(argv: list[str], world: int, port_base: int, timeout_s: fl
                                               drop_env))
 
 
+def free_port(near: int) -> int:
+    """A TCP port free on 127.0.0.1 now, searched upwards from ``near`` (plus 200 per
+    pytest-xdist worker, whose references run at the same time on this host's
+    loopback)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    near += 200 * int(worker) if worker.isdigit() else 0
+    for port in range(near, near + 500):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free port in {near}..{near + 499} for the reference run")
+
+
 def _run_reference(argv: list[str], world: int, port_base: int, timeout_s: float,
                    env_extra: Callable[[int], dict[str, str]] | None,
                    drop_env: tuple[str, ...]) -> str:
-    port = str(port_base + os.getpid() % 90)
+    port = str(free_port(port_base))
     procs, files = [], []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
