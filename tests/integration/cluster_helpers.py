@@ -49,7 +49,7 @@ def spare_path_victim(state: Any, controller: str) -> str:
 TEARDOWN_ABORT = "terminate called without an active exception"
 
 
-def standalone_digest(argv: list[str], world: int, port_base: int, timeout_s: float = 300.0,
+def standalone_digest(argv: list[str], world: int, timeout_s: float = 300.0,
                       env_extra: Callable[[int], dict[str, str]] | None = None,
                       drop_env: tuple[str, ...] = ("SLURM_ROBUST_PROGRESS",
                                                    "SLURM_ROBUST_RUN_DIR")) -> str:
@@ -66,30 +66,21 @@ def standalone_digest(argv: list[str], world: int, port_base: int, timeout_s: fl
     extra = tuple(tuple(sorted((env_extra(r) if env_extra else {}).items()))
                   for r in range(world))
     key = (argv_key(argv), world, extra, tuple(sorted(drop_env)))
-    return cached(key, lambda: _run_reference(argv, world, port_base, timeout_s, env_extra,
-                                              drop_env))
+    return cached(key, lambda: _run_reference(argv, world, timeout_s, env_extra, drop_env))
 
 
-def free_port(near: int) -> int:
-    """A TCP port free on 127.0.0.1 now, searched upwards from ``near`` (plus 200 per
-    pytest-xdist worker, whose references run at the same time on this host's
-    loopback)."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
-    near += 200 * int(worker) if worker.isdigit() else 0
-    for port in range(near, near + 500):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise AssertionError(f"no free port in {near}..{near + 499} for the reference run")
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that the kernel just handed out as free: references of
+    two pytest workers run at once on this host's loopback, and fixed bases collided."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
-def _run_reference(argv: list[str], world: int, port_base: int, timeout_s: float,
+def _run_reference(argv: list[str], world: int, timeout_s: float,
                    env_extra: Callable[[int], dict[str, str]] | None,
                    drop_env: tuple[str, ...]) -> str:
-    port = str(free_port(port_base))
+    port = str(free_port())
     procs, files = [], []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",

@@ -72,8 +72,7 @@ def reference_sha(tmp_path: Path, switch: int) -> str:
                                    f"(args.seed if step < {switch} else {SEED2}) * 1_000_003")
     script = tmp_path / f"reference_{switch}.py"
     script.write_text(src)
-    return standalone_digest([sys.executable, str(script), "--steps", str(STEPS)], NODES,
-                             29900)
+    return standalone_digest([sys.executable, str(script), "--steps", str(STEPS)], NODES)
 
 
 def update(run, *args: str) -> dict:

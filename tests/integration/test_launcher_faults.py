@@ -42,8 +42,7 @@ CLI = [sys.executable, "-m", "slurm_robust.cli.main"]
 def standalone_sha(steps: int) -> str:
     """The fault-free digest of ``steps`` steps: the example run standalone (torchrun-style
     env, no Slurm)."""
-    return standalone_digest([sys.executable, str(EXAMPLE), "--steps", str(steps)], NODES,
-                             29700)
+    return standalone_digest([sys.executable, str(EXAMPLE), "--steps", str(steps)], NODES)
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ COMMAND = [sys.executable, str(EXAMPLE), *TRAIN, "--min-step-time", "0.25"]
 @pytest.fixture(scope="module")
 def lightning_baseline() -> str:
     """The fault-free digest: the fit run standalone with torchrun's variables."""
-    return standalone_digest([sys.executable, str(EXAMPLE), *TRAIN], NODES, 29600,
+    return standalone_digest([sys.executable, str(EXAMPLE), *TRAIN], NODES,
                              env_extra=lambda rank: {"LOCAL_WORLD_SIZE": "1",
                                                      "GROUP_RANK": str(rank)},
                              drop_env=("SLURM_ROBUST_PROGRESS", "SLURM_ROBUST_RUN_DIR",

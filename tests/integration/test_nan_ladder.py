@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 def standalone_sha(*extra: str, world: int = NODES) -> str:
     return standalone_digest([sys.executable, str(EXAMPLE), "--steps", str(STEPS), *extra],
-                             world, 29500)
+                             world)
 
 
 def _data_nan(run) -> tuple[int, str, list[dict]]:

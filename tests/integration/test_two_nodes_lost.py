@@ -33,7 +33,7 @@ ARGS = ["--steps", str(STEPS), "--min-step-time", "1.5"]
 
 
 def reference_digest() -> str:
-    return standalone_digest([sys.executable, str(EXAMPLE), *ARGS[:2]], NODES, 29900,
+    return standalone_digest([sys.executable, str(EXAMPLE), *ARGS[:2]], NODES,
                              timeout_s=600)
 
 

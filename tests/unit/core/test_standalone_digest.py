@@ -27,7 +27,7 @@ if rank == 1 and os.environ.get("PEER") == "error":
 def run(tmp_path: Path, **env: str) -> str:
     script = tmp_path / "ranks.py"
     script.write_text(SCRIPT)
-    return standalone_digest([sys.executable, str(script)], 3, 31000, timeout_s=60,
+    return standalone_digest([sys.executable, str(script)], 3, timeout_s=60,
                              env_extra=lambda rank: env)
 
 
@@ -65,7 +65,7 @@ def test_the_same_reference_is_computed_once_per_session(tmp_path: Path) -> None
         d = tmp_path / copy
         d.mkdir()
         (d / "ranks.py").write_text(COUNTING)
-        digests.append(standalone_digest([sys.executable, str(d / "ranks.py")], 2, 31100,
+        digests.append(standalone_digest([sys.executable, str(d / "ranks.py")], 2,
                                          timeout_s=60,
                                          env_extra=lambda rank: {"COUNT_FILE": str(count)}))
     assert digests == ["feed42", "feed42"]
@@ -79,6 +79,6 @@ def test_a_failed_reference_is_not_kept(tmp_path: Path) -> None:
                                        'raise SystemExit(3)'))
     for _ in range(2):
         with pytest.raises(AssertionError):
-            standalone_digest([sys.executable, str(script)], 2, 31200, timeout_s=60,
+            standalone_digest([sys.executable, str(script)], 2, timeout_s=60,
                               env_extra=lambda rank: {"COUNT_FILE": str(count)})
     assert count.read_text().splitlines() == ["run", "run"]
