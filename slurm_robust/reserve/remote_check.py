@@ -1,4 +1,4 @@
-"""Deep checks that run on the node they judge, through Slurm (issue 20).
+"""Deep checks that run on the node they judge, through Slurm.
 
 The caller (``slurm-robust node resume``, ``reserve reconcile``) never runs the suite
 itself: it drains the node with ``slurm_robust: pending deep check: <why>`` and waits,
