@@ -24,6 +24,14 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     return {}
 
 
+def _first_choices(parser: argparse.ArgumentParser) -> set[str]:
+    """The choices of the first positional argument, if it has any (`cluster ACTION`)."""
+    for action in parser._actions:
+        if not action.option_strings and not isinstance(action, argparse._SubParsersAction):
+            return set(action.choices or ())
+    return set()
+
+
 def _options(parser: argparse.ArgumentParser) -> set[str]:
     return {s for a in parser._actions for s in a.option_strings}
 
@@ -79,6 +87,10 @@ def check(line: str) -> list[str]:
                 problems.append(f"`{name}` has no subcommand {rest[0]!r}")
                 continue
             sub, rest = nested[rest[0]], rest[1:]
+        choices = _first_choices(sub)
+        if not nested and choices and rest and re.fullmatch(r"[a-z][\w-]*", rest[0]) \
+                and rest[0] not in choices:  # `cluster up`: a positional with choices
+            problems.append(f"`{name}` has no action {rest[0]!r}")
         options = _options(sub)
         for word in rest:
             opt = re.match(r"\[?(--[a-z][\w-]*)", word)
@@ -98,4 +110,6 @@ def test_the_checker_refuses_what_the_cli_refuses() -> None:
     assert check("slurm-robust reserve size --nodes 4 --failure-prob 0.1") == []
     assert check("slurm-robust reserve grow") == ["`reserve` has no subcommand 'grow'"]
     assert check("slurm-robust sbumit --nodes 2") == ["no subcommand 'sbumit'"]
+    assert check("slurm-robust cluster up --netns") == []
+    assert check("slurm-robust cluster start") == ["`cluster` has no action 'start'"]
     assert check("slurm-robust status RUN --jsn") == ["`status` takes no option --jsn"]
