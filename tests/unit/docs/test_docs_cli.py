@@ -64,7 +64,7 @@ def check(line: str) -> list[str]:
     problems = []
     for m in COMMAND.finditer(line.split(" -- ")[0].split("#")[0]):
         words = m.group(1).split()
-        if not words or words[0].startswith("-"):
+        if not words or words[0].startswith(("-", "<")):  # an option, a placeholder
             continue
         top = _subparsers(parser())
         name = words[0]
