@@ -229,7 +229,7 @@ class Controller:
         return dict(rec.result)
 
     def alive(self) -> bool:
-        """Whether the tick loop still runs (agent 0 waits for a live, slow controller)."""
+        """Whether the tick loop still runs (its own agent waits for a live, slow controller)."""
         return self._thread is not None and self._thread.is_alive()
 
     def _loop(self) -> None:

@@ -107,8 +107,8 @@ class Agent:
         # the reports until one is answered.
         self.monitor = start_monitor(ident.node, ident.job_id, self.site)
         self.findings: list[Finding] = []
-        #: Set on agent 0: whether the controller thread in this process still runs. A
-        #: live local controller that is slow to answer is waited for, never blamed.
+        #: Set on the agent that runs the controller: whether that thread still runs. A live
+        #: local controller that is slow to answer is waited for, never blamed.
         self.local_controller: Callable[[], bool] | None = None
         #: Controllers this process ran (the first one, or one it took over with).
         self.controllers: list[Controller] = []
