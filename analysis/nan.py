@@ -1,4 +1,4 @@
-"""NaN incidents by how the NaN ladder resolved them (issue 15), with the time of each
+"""NaN incidents by how the NaN ladder resolved them, with the time of each
 stage: detection, localisation (origin named; for an eviction, the bitwise test's
 answer), recovery, the replay that told data from hardware, the bitwise test, and the
 dual-phase replay that located a machine (``dual_replay_s``).

@@ -95,7 +95,7 @@ class Analysis:
 
 
 def _nonzero(table: pd.DataFrame) -> dict[str, int]:
-    """resolution -> count, the resolutions that occurred (issue 15)."""
+    """resolution -> count, the resolutions that occurred."""
     return {str(r): int(c) for r, c in zip(table["resolution"], table["count"], strict=True)
             if c}
 

@@ -17,7 +17,7 @@ TAXONOMY: dict[str, tuple[str, ...]] = {
     for cat in CATEGORIES}
 
 # The recovery ladder, cheapest first: restart in place, swap in a spare, requeue, stop
-# (README.md, "Recovery ladder").
+# (docs/ARCHITECTURE.md, "Recovery ladder").
 RUNGS: tuple[str, ...] = ("in_place", "spare", "requeue", "stop")
 
 RUN_STATUSES: tuple[str, ...] = ("completed", "stopped", "failed")

@@ -73,7 +73,7 @@ def main(stage: str, environ: Mapping[str, str], out: TextIO = sys.stdout,
 
 def _ensure_verdict_spool(uid: int, err: TextIO) -> None:
     """The job's user gets its verdict spool directory (root makes it: no user can create
-    another's first, issue 12 finding 6). One stat when it exists; never fails the job."""
+    another's first). One stat when it exists; never fails the job."""
     try:
         user = pwd.getpwuid(uid).pw_name  # from the system, not from the job's environment
         root = reserve_config(load_site_config()).verdict_root

@@ -114,12 +114,12 @@ class RobustRun:
     data_position: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
     _stateful: dict[str, Any] = field(default_factory=dict)
-    #: This rank's last local_check: {"step", "local", ...} (issue 15, NaN origin).
+    #: This rank's last local_check: {"step", "local", ...} (NaN origin).
     _local: dict[str, Any] | None = None
     _rehearsal: Any = None
     #: Steps whose batch the NaN policy ``skip`` dropped (read at init).
     skip_steps: frozenset[int] = frozenset()
-    #: A dual-phase replay's worker (issue 15; ``SLURM_ROBUST_REPLAY``): its group is
+    #: A dual-phase replay's worker (``SLURM_ROBUST_REPLAY``): its group is
     #: the whole world it sees; it restores its own snapshot as ``global_rank``,
     #: snapshots nothing and ends at the replay's last step.
     replay: Any = None
@@ -372,7 +372,7 @@ class RobustRun:
                 "value": str(value)}
         local = self._local
         if local is not None and local["step"] == step:
-            # Origin evidence (issue 15): whether this rank had it before the collective.
+            # Origin evidence: whether this rank had it before the collective.
             item.update({k: v for k, v in local.items() if k != "step"})
         self._report(item)
         if self._mgr is not None:
@@ -449,7 +449,7 @@ def init(backend: str | None = None, timeout_s: float = 1800.0) -> RobustRun:
         run._rehearsal = nan_local.load_rehearsal(run.run_dir, rank, run.node)
         request = nan_local.bitwise_request(run.run_dir, run.attempt)
         if request is not None and run.replay is None:
-            # Every rank of this attempt runs it now, at once (issue 15): the controller
+            # Every rank of this attempt runs it now, at once: the controller
             # compares the digests bit for bit and evicts a node that differs.
             from slurm_robust.launcher.node.reference_step import reference_digest
 

@@ -1,4 +1,4 @@
-"""``slurm-robust changes RUN_DIR|JOBID``: a run's change log (issue 16)."""
+"""``slurm-robust changes RUN_DIR|JOBID``: a run's change log."""
 
 from __future__ import annotations
 

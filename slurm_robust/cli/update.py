@@ -1,5 +1,5 @@
 """``slurm-robust update RUN_DIR|JOBID``: change a running job's code, arguments or
-environment in place, or roll back (issue 16; README "Changing a running job")."""
+environment in place, or roll back (docs/USER_GUIDE.md, "Changing a running job")."""
 
 from __future__ import annotations
 

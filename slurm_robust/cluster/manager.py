@@ -248,7 +248,7 @@ class MiniCluster:
             install_packages(missing)
         self._check_mode()
         ensure_user(self.cfg.user)
-        # A second unprivileged user, for the multi-user security tests (issue 12).
+        # A second unprivileged user, for the multi-user security tests.
         ensure_user(self.cfg.attacker)
         if os.geteuid() == 0:
             for d in ensure_reachable([Path(self.cfg.python), REPO_ROOT, self.cfg.root]):

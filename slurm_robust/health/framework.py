@@ -228,7 +228,7 @@ def _outcome_from_error(chk: Check, ctx: CheckContext, exc: BaseException) -> Ou
         return fail(f"actual NVML call hung ({exc}), expected an answer within the budget",
                     nvml_hung=True)
     # A crashing check is an error of the check program, reported and counted, never
-    # silently a pass; but it is not evidence against the node (issue 12, finding 3):
+    # silently a pass; but it is not evidence against the node:
     # other users can feed a check input it chokes on, and must not drain nodes that way.
     log.warning("check %s on %s raised %s: %s (journaled as an error; the node is not "
                 "drained for it)", chk.name, ctx.node, type(exc).__name__, exc)

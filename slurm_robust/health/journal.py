@@ -3,7 +3,7 @@
 One record per check per suite run, appended with ONE ``write()`` per run, so
 concurrent prologs on a node never interleave runs. The journal is world-readable, so
 it is never locked itself (any reader could hold that lock and stall the prolog until
-Slurm's prolog timeout, issue 12 finding 4): writers serialise on a separate 0600 lock
+Slurm's prolog timeout): writers serialise on a separate 0600 lock
 file of root's, with a bounded wait, and append even when the wait runs out (a single
 O_APPEND write is atomic on a local file system). The file is opened with O_NOFOLLOW
 and must be a regular file of ours that others cannot write.

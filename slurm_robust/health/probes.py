@@ -101,7 +101,7 @@ def read_injections(state_dir: Path) -> dict[str, Any]:
 def enabled_injections(state_dir: Path, injection_enabled: bool) -> dict[str, Any]:
     """The node's injected probe values when the site config enables injection, else {}:
     every long-lived reader (the in-job monitor, the agent's evidence) goes through this,
-    so a leftover inject.json never steers a production node (README "Security model")."""
+    so a leftover inject.json never steers a production node (docs/SECURITY.md)."""
     return read_injections(state_dir) if injection_enabled else {}
 
 
@@ -130,8 +130,7 @@ class Probes:
     @classmethod
     def for_node(cls, state_dir: Path, injection_enabled: bool = False) -> Probes:
         """Real probes of a node, overlaid with ``inject.json`` only when the site config
-        enables injection (a leftover file must not steer a production node: issue 12
-        finding 9)."""
+        enables injection (a leftover file must not steer a production node)."""
         if not injection_enabled:
             if (state_dir / INJECT_FILE).exists():
                 log.warning("ignoring %s: injection_enabled is false in the site config",
@@ -248,7 +247,7 @@ def _processes() -> list[dict[str, Any]]:
         try:
             uid = entry.stat().st_uid
             # Binary and decoded with replacement: any user names their processes, and
-            # a name that is not UTF-8 must not crash the check (issue 12, finding 3).
+            # a name that is not UTF-8 must not crash the check.
             with open(f"/proc/{entry.name}/comm", "rb") as fh:
                 comm = fh.read(64).decode("utf-8", "replace").strip()
         except OSError:

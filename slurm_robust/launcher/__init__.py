@@ -9,13 +9,19 @@ Entry points
 
 Processes and channels::
 
-    Slurm task 0 ── agent 0 ─┬─ controller threads (TCP JSON lines, see protocol.py)
-                             └─ workers (ranks of slot j)      progress: node-local file
-    Slurm task i ── agent i ──── workers, or parked (spare)    per rank (node/workers.py)
+    Slurm task 0 ── agent 0 ──── workers (the batch node)     progress: node-local file
+    Slurm task 1 ── agent 1 ─┬─ controller threads (TCP JSON lines, see protocol.py)
+                             └─ workers (ranks of slot j)      per rank (node/workers.py)
+    Slurm task i ── agent i ──── workers, or parked (spare)
+
+The controller starts in agent 1 (agent 0 when the run has one agent) so that it does
+not share the batch node's fate; a surviving agent takes over if it is lost
+(control/failover.py).
 
 The folders are the planes: ``submit/`` (login node), ``node/`` (every node),
-``control/`` (threads in agent 0), and shared leaves here; docs/ARCHITECTURE.md has the
-planes, the phase table and one killed worker's path through the code.
+``control/`` (threads in the agent that runs the controller), and shared leaves here;
+docs/ARCHITECTURE.md has the planes, the phase table and one killed worker's path
+through the code.
 
 - Agents report every ``heartbeat_s`` (worker exits with classified log tails, step
   progress, stack captures) and get back their plan (generation, role, ranks,

@@ -93,7 +93,7 @@ class ProgressKind(StrEnum):
     RESTORED = "restored"  # what the worker restored at start (step, tier)
     FINAL = "final"        # the last step and the parameters' digest
     ANOMALY = "anomaly"    # a NaN or spike, written before the worker exits 87/88
-    BITWISE = "bitwise"    # the bitwise reference test's digest (issue 15)
+    BITWISE = "bitwise"    # the bitwise reference test's digest
 
 
 class Severity(StrEnum):

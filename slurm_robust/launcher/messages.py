@@ -315,7 +315,7 @@ class Report(Message):
     findings: list[Finding] = field(default_factory=list)
     sample: NodeSample | None = None
     diagnoses: list[DiagnosisReport] = field(default_factory=list)
-    # The newest controller term the agent has seen (issue 23): a controller that reads a
+    # The newest controller term the agent has seen: a controller that reads a
     # newer term than its own stands down.
     term: int = 0
 
@@ -331,7 +331,7 @@ class Report(Message):
             del out["findings"]
         if out["sample"] is None:
             del out["sample"]
-        if not out["term"]:  # issue 23: only once a controller term is known
+        if not out["term"]:  # controller failover: only once a controller term is known
             del out["term"]
         return out
 
@@ -358,10 +358,10 @@ class Plan(Message):
     exit_code: int | None = None
     purge: bool = False
     diagnose: str | None = None  # a diagnosis id: run launcher/diagnose.py on this node
-    # The controller term that made this plan (issue 23): an agent ignores a plan from a
+    # The controller term that made this plan: an agent ignores a plan from a
     # term older than one it has seen (an old controller that came back).
     term: int | None = None
-    # issue 16 (hot update): the code version's worker command and environment (None:
+    # Hot update: the code version's worker command and environment (None:
     # the run config's), its number, and whether it follows a recorded change.
     command: list[str] | None = None
     env: dict[str, str] | None = None

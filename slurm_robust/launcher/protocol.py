@@ -17,7 +17,7 @@ for one (``recv`` skips empty lines).
 
 Messages are bounded (MAX_MESSAGE) so that a confused peer cannot exhaust memory.
 
-Security (issue 12): other users of the cluster can reach the controller's port, so
+Security: other users of the cluster can reach the controller's port, so
 every connection first passes the HMAC handshake of :mod:`slurm_robust.launcher.auth`
 (both ends prove they hold the run's 0600 secret), the server binds to the job node's
 own address, accepts at most ``max_connections`` peers and only from the addresses of

@@ -1,4 +1,4 @@
-"""Immutable code versions of a running job and its change log (issue 16).
+"""Immutable code versions of a running job and its change log.
 
 A *version* is what the workers run: a snapshot of the training code (a copy of a code
 directory, or ``git archive`` of a revision) under ``<run_dir>/versions/v<N>/code``, plus

@@ -2,7 +2,7 @@
 
 A job run with ``--no-kill`` loses a node that Slurm marks DOWN: Slurm removes it from
 the allocation (sacct shows the job RESIZING), so ``SLURM_JOB_NODELIST`` at job end no
-longer names it. A verdict for that node is still the job's business (issue 22): it is
+longer names it. A verdict for that node is still the job's business: it is
 judged against every node any record of the job ran on, as Slurm's accounting tells
 (``sacct --duplicates``: every allocation of every restart, and every step), never the
 job's own word. The current node list answers first; sacct is asked once, on a miss.

@@ -157,7 +157,7 @@ def handle_job_end(end: JobEnd, site: SiteConfig, slurm_factory: Callable[[], Sl
                    clock: Callable[[], float] = time.time) -> HandoffReport | None:
     """Apply job ``end``'s verdicts; None (and no Slurm call) when it left none."""
     cfg = reserve_config(site)
-    # Judged against every node the job was given (issue 22), not the shrunken list.
+    # Judged against every node the job was given, not the shrunken list.
     given = GivenNodes(end.nodes, lambda: sacct_nodes(slurm_factory(), end.job_id))
     batch = read_job_verdicts(cfg.verdict_root, end.user, end.uid, end.job_id, given,
                               cfg.verdict_max_bytes, cfg.verdict_max_records, end.restart_count)

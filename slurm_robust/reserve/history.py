@@ -142,6 +142,6 @@ def repeat_offender_reason(node: str, history: Sequence[NodeEvent], now: float,
         return None
     hours = (now - back.time) / 3600.0
     # Flat: the new fault and how soon it came back; the earlier reason is in the
-    # node's history (sacctmgr events), never nested in this one (issue 22).
+    # node's history (sacctmgr events), never nested in this one.
     return drain_reason(new_reason or "failed again", f"again {hours:.1f} h after return",
                         ReasonKind.REPEAT)

@@ -1,7 +1,7 @@
 """``reserve reset``: put the reserve and train partitions back to their configured members.
 
 Handoffs move spares into a job's partition and reconcile refills the reserve from idle
-train nodes, so membership drifts from slurm.conf (issue 22 finding 8: the train
+train nodes, so membership drifts from slurm.conf (the train
 partition kept shrinking until an undocumented ``scontrol reconfigure``, which also
 resets every other partition). Reset restores only the partitions the reserve manages,
 to the ``Nodes=`` of their ``PartitionName=`` lines in slurm.conf, through the same

@@ -125,7 +125,7 @@ def _train_partitions_of(node: str, snap: Snapshot, cfg: ReserveConfig) -> tuple
 
 
 def borrowable(snap: Snapshot, cfg: ReserveConfig, keep: int) -> int:
-    """How many train nodes the reserve may borrow: the borrowing policy (issue 22).
+    """How many train nodes the reserve may borrow: the borrowing policy.
 
     The train partitions keep at least ``keep`` usable nodes (the largest node count of a
     job queued there, so a queued robust job is never starved by the reserve); only

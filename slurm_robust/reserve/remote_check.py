@@ -1,4 +1,4 @@
-"""Deep checks that run on the node they judge, through Slurm (issue 20).
+"""Deep checks that run on the node they judge, through Slurm.
 
 The caller (``slurm-robust node resume``, ``reserve reconcile``) never runs the suite
 itself: it drains the node with ``slurm_robust: pending deep check: <why>`` and waits,
@@ -96,7 +96,7 @@ def wait_budget_s(slurm: Slurm) -> float:
             "the deep check runs on the node through slurmd's HealthCheckProgram, but "
             f"slurm.conf has HealthCheckProgram={program or '(none)'} "
             f"HealthCheckInterval={interval}; set it to slurm_robust's health_check "
-            "wrapper (README, 'Wiring it into a real cluster')")
+            "wrapper (docs/ADMIN_GUIDE.md, 'slurm.conf and the node programs')")
     return 2 * int(interval) + SUITE_ALLOWANCE_S
 
 

@@ -1,4 +1,4 @@
-"""Replace a handed-over spare that fails its prolog (issue 22 finding 3).
+"""Replace a handed-over spare that fails its prolog.
 
 A spare moved into a job's partition by the handoff can fail the job's prolog: the
 prolog drains it (a CHECK reason, or Slurm's "Prolog error") and Slurm requeues the job

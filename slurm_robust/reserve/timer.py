@@ -1,6 +1,6 @@
 """Run ``reserve reconcile`` on a timer: ``python -m slurm_robust.reserve.timer --every S``.
 
-The reserve must have fresh spares *before* the first handoff (issue 22 finding 8: right
+The reserve must have fresh spares *before* the first handoff (right
 after ``cluster up`` it had 0 fresh spares, "deep pass never", so an early handoff found
 none). The first pass runs at once, then one every ``--every`` seconds; each pass prints
 one JSON line (``slurm_robust.reserve_timer`` v1: ``target``, ``spares_before``,

@@ -7,7 +7,7 @@ hostile: the user directory and the file must be owned by the job's user, the di
 not writable by others, the file a regular file reached without following symlinks and
 no larger than a cap; every record must name this job and a node of its allocation.
 
-Who may create what (issue 12 finding 6): ``verdict_dir`` is owned by root and SlurmUser's
+Who may create what: ``verdict_dir`` is owned by root and SlurmUser's
 group, mode 0755 (:func:`ensure_verdict_root`), so no user can create a directory in it,
 and so none can pre-create another user's. ``<verdict_dir>/<user>`` is made by the root
 node Prolog at the user's job start (:func:`ensure_user_spool`): owned by the user, group
@@ -224,7 +224,7 @@ def parse_verdicts(data: bytes, job_id: str, job_nodes: Collection[str],
             obj = json.loads(raw)
         except (ValueError, RecursionError):
             # RecursionError: a record nested deeper than the interpreter's stack (a
-            # hostile file; issue 12 finding 8) is refused like any other non-record.
+            # hostile file) is refused like any other non-record.
             refusals.append(Refusal(f"line {lineno}: not JSON (or nested too deep)", None,
                                     excerpt))
             continue

@@ -1,4 +1,4 @@
-"""Controller failover on the real mini-cluster (issue 23).
+"""Controller failover on the real mini-cluster.
 
 The controller runs on agent 1 (off the batch node). Losing its node costs a spare, not a
 requeue: the lowest-index surviving agent takes over at the next term, and the lost node

@@ -1,4 +1,4 @@
-"""Deep checks run on the node they judge, through Slurm (issues 20 and 12 finding 5).
+"""Deep checks run on the node they judge, through Slurm.
 
 `node resume` and a node drained "pending deep check" (a job's blame) are answered by the
 node's own slurmd running slurm_robust's HealthCheckProgram, not by the calling host:

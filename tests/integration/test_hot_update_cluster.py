@@ -1,4 +1,4 @@
-"""Hot update and rollback on the real mini-cluster (issue 16).
+"""Hot update and rollback on the real mini-cluster.
 
 Each run is examples/train_gpt.py (the module's reference workload, see
 test_launcher_faults.py) changed while it trains with the real CLI (`slurm-robust

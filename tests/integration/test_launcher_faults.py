@@ -336,7 +336,7 @@ def test_unprivileged_user_kill_worker(runs, baseline_sha, minicluster):
         pwd.getpwnam(minicluster.cfg.user).pw_uid
 
 
-# ---------------------------------------------------------------- issue 13: CUDA faults
+# ---------------------------------------------------------------- classification: CUDA faults
 def _robust_cli(run: Run, *args: str) -> subprocess.CompletedProcess:
     env = dict(run.env)
     cluster = env.get("SLURM_ROBUST_CLUSTER_DIR")

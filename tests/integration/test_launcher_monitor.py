@@ -1,4 +1,4 @@
-"""The in-job monitor on the real mini-cluster (issue 14): a 3 + 1 run, faults injected
+"""The in-job monitor on the real mini-cluster: a 3 + 1 run, faults injected
 into a node's probes with the real CLI (`slurm-robust inject probe`) while it trains.
 
 - A hardware Xid (79) on one node's GPU: the node is evicted to the spare within 15 s of

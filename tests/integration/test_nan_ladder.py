@@ -1,4 +1,4 @@
-"""The NaN ladder on the real mini-cluster (issue 15): a poisoned sample
+"""The NaN ladder on the real mini-cluster: a poisoned sample
 (`inject nan --mode data`) returns on every replay, so after one replay the run stops
 with a verdict naming the step and the data position (policy stop) or skips that batch
 (policy skip); no node is blamed or drained either way. The skip run's final parameters

@@ -1,5 +1,5 @@
 """The namespaced mini-cluster (``cluster up --netns``): real per-node addresses and
-network faults, with the ladder fencing a partitioned node (issue 20).
+network faults, with the ladder fencing a partitioned node.
 
 Runs only where network namespaces can be made (root, iproute2). The session's cluster is
 switched to --netns for this module and back to the mode it had afterwards (with

@@ -1,4 +1,4 @@
-"""Unmodified torchrun-style scripts on the real mini-cluster (issue 17).
+"""Unmodified torchrun-style scripts on the real mini-cluster.
 
 examples/train_plain.py imports nothing of slurm_robust: it keeps its own ckpt.pt and
 resumes with --init_from=resume. These runs prove: a script that reports no steps is
@@ -96,7 +96,8 @@ def plain(minicluster):
 
 def test_silent_script_outlives_hang_floor_and_startup_timeout(plain):
     # ~30 s without a single step report, against a 5 s hang floor and startup timeout:
-    # before issue 17 this was "hang: no step for 5 s" and a restart from scratch.
+    # before plain scripts were supported this was "hang: no step for 5 s" and a restart
+    # from scratch.
     run = plain("silent", ["--hang-timeout", "5", "--startup-timeout", "5"],
                 ["--max_iters", "60", "--iter_sleep", "0.5"])
     end = run.wait_end()

@@ -130,7 +130,7 @@ def test_verdict_drains_job_node_and_moves_a_spare_into_its_partition(handoff_en
     assert node.drained and node.reason.startswith("slurm_robust:")
     # (spare1 may be a repeat offender from earlier runs: then the reason says so too.)
     assert "gpu_xid: Xid 79 on GPU 0" in node.reason
-    # A job's blame is a suspicion: pending the deep check (issue 12), flat and short.
+    # A job's blame is a suspicion: pending the deep check, flat and short.
     assert node.reason.startswith(("slurm_robust: pending deep check: gpu_memory_error: ",
                                    "slurm_robust: repeat offender: "))
     assert len(node.reason) <= 100
@@ -183,7 +183,7 @@ def test_node_failing_again_soon_after_return_is_drained_as_repeat_offender(hand
     s.requeue(job, start_now=False)
     job_end_applied(minicluster, site, job, "spare1")
     reason = s.node("spare1").reason
-    # Flat (issue 22): the new fault and how soon it came back; the earlier drain
+    # Flat: the new fault and how soon it came back; the earlier drain
     # (deep_matmul) is in the node's history, not nested in the reason.
     assert reason.startswith("slurm_robust: repeat offender: nccl_error: timeout; again ")
     assert reason.endswith("h after return") and "deep_matmul" not in reason

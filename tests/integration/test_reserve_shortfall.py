@@ -1,4 +1,4 @@
-"""A requeue the partition and the reserve cannot serve (issue 17 item 8), on the mini-cluster.
+"""A requeue the partition and the reserve cannot serve, on the mini-cluster.
 
 The reserve (partition ``standby``) is emptied by draining its nodes for the test. Without
 the shortfall check, a requeued job that excludes its blamed node then asks for more

@@ -1,4 +1,4 @@
-"""A hostile second user against a running robust job (issue 12).
+"""A hostile second user against a running robust job.
 
 `robust` runs examples/train_gpt.py through the launcher; `mallory` (a second
 unprivileged account created by `cluster up`) tries, during that run, what wave 1 let

@@ -1,4 +1,4 @@
-"""The verdict spool with a non-root SlurmUser, against a hostile second user (issue 12, 6).
+"""The verdict spool with a non-root SlurmUser, against a hostile second user.
 
 slurmctld runs as ``slurm`` on the mini-cluster, as on real sites. ``mallory`` cannot
 create any directory in the spool (so none of another user's), a squatted directory left

@@ -1,4 +1,4 @@
-"""Issue 22: recover through slurmctld's own outage.
+"""recover through slurmctld's own outage.
 
 A node fault on a worker node with no spare makes the ladder requeue the job; slurmctld
 is stopped right after the fault and started again 10 s later, so the requeue meets an
@@ -51,7 +51,7 @@ def test_requeue_through_a_slurmctld_outage(runs, baseline_sha, minicluster):  #
     assert ctl_node not in drained
     # Slurm had marked the victim DOWN and taken it out of the job (--no-kill): the
     # verdict is still judged against the nodes the job was given (sacct) and drains it
-    # pending a deep check, so ReturnToService cannot bring it back unchecked (issue 22).
+    # pending a deep check, so ReturnToService cannot bring it back unchecked.
     dead = minicluster.slurm.node(victim)
     # (a repeat offender from earlier runs on this cluster says so instead: kept too)
     assert dead.drained and dead.reason.startswith((PENDING_PREFIX, REPEAT)), dead

@@ -1,4 +1,4 @@
-"""Issue 22 acceptance: two nodes lost 45 s apart in a 3 + 1 run with 2 spares.
+"""Acceptance: two nodes lost 45 s apart in a 3 + 1 run with 2 spares.
 
 The first loss takes the in-job spare; Slurm then marks the dead node DOWN and, the job
 running with ``--no-kill``, takes it out of the allocation. The second loss leaves no

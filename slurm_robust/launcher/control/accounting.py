@@ -1,4 +1,4 @@
-"""Honest incident accounting (issue 22): overlapping incidents and ordered times.
+"""Honest incident accounting: overlapping incidents and ordered times.
 
 An incident is *cut short* when a second fault comes before the first step after its
 recovery. Both are kept: the earlier one rides inside the later one (``_cut_short``,

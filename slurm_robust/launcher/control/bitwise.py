@@ -1,4 +1,4 @@
-"""The bitwise test's controller side (issue 15): ask, collect, compare.
+"""The bitwise test's controller side: ask, collect, compare.
 
 When a NaN moves between replays (suspected silent data corruption), the controller
 asks every rank of the next attempt to run the fixed reference step at its start

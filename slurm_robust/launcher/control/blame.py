@@ -1,6 +1,6 @@
 """What a run says when it blames a node, and how many nodes it may blame.
 
-Blame from a job is a suspicion (issue 12): the verdict drains the node "pending deep
+Blame from a job is a suspicion: the verdict drains the node "pending deep
 check" and the deep suite decides whether it returns. So the verdict's reason is the
 flat drain reason of :func:`slurm_robust.health.drain.drain_reason` (kind PENDING): the
 fault class and its evidence, never the ladder's wording ("1 node(s) blamed ... but 0

@@ -8,7 +8,7 @@ belongs to the recovery owner (:class:`~slurm_robust.launcher.control.recovery.R
 which the controller calls in one direction: reports in, lost agents, the clock; plans
 back out to the agents. docs/ARCHITECTURE.md has the phase table.
 
-Failover (issue 23, failover.py): each controller acts under a term. A successor agent
+Failover (failover.py): each controller acts under a term. A successor agent
 starts one with a :class:`~slurm_robust.launcher.control.failover.Takeover`; the
 membership it knows from ``state.json`` is pre-filled (the lost controller's agent as
 lost) so recovery can rebuild the running generation. A controller renews its lease, and
@@ -110,14 +110,14 @@ class Controller:
                                               or cfg.total_nodes), slurm=slurm)
         self._server: socketserver.ThreadingTCPServer | None = None
         self._thread: threading.Thread | None = None
-        # Channel security (README "Security model"): the run secret for the handshake,
+        # Channel security (docs/SECURITY.md): the run secret for the handshake,
         # the job's own node addresses for the accept check, and a cap on connections.
         self.secret = ensure_run_secret(cfg.run_dir)
         self.allowed = job_node_addresses(os.environ.get("SLURM_JOB_NODELIST"),
                                           host_address())
         self.max_connections = 2 * max(self.recovery.expected, cfg.total_nodes) + 4
         self.connections = 0
-        # Failover (issue 23): the term this controller acts under and its fence.
+        # Failover: the term this controller acts under and its fence.
         self.takeover = takeover
         self.term = takeover.term if takeover else self.recovery.state.term + 1
         self.recovery.term = self.term
@@ -229,7 +229,7 @@ class Controller:
         return dict(rec.result)
 
     def alive(self) -> bool:
-        """Whether the tick loop still runs (agent 0 waits for a live, slow controller)."""
+        """Whether the tick loop still runs (its own agent waits for a live, slow controller)."""
         return self._thread is not None and self._thread.is_alive()
 
     def _loop(self) -> None:
@@ -363,12 +363,12 @@ class Controller:
         view.stacks.update(report.stacks)
         self.recovery.on_report(view, view.gen, report.progress, report.exits, now,
                                 diagnoses=report.diagnoses)
-        if report.findings or report.sample is not None:  # monitor (issue 14)
+        if report.findings or report.sample is not None:  # in-job monitor
             self.recovery.on_findings(view, report.findings, report.sample, now)
         return view
 
     def _fenced(self, view: AgentView) -> bool:
-        """Fencing (issue 20): an agent declared lost (a partitioned node whose link came
+        """Fencing: an agent declared lost (a partitioned node whose link came
         back) belongs to a generation that is gone and its slot to another node; it is
         told to stand down, and its reports feed nothing. Never agent 0's own node."""
         return view.lost and view.node != self.ident.node

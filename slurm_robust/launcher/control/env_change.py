@@ -2,7 +2,7 @@
 
 ByteRobust's third-largest incident class is the code/data change, and no log line tells
 an error a change caused from the same error in unchanged code (the classifier's
-``change_recorded``, issue 13). Changes made through ``slurm-robust update`` are recorded
+``change_recorded``). Changes made through ``slurm-robust update`` are recorded
 by hot_update.py; this module records the ones made outside it: the user edits
 ``train.py`` or upgrades a package in the run's virtualenv and the job is requeued or
 resubmitted into the same run directory.

@@ -62,7 +62,7 @@ class EventLog:
 
     def controller(self, term: int, node: str, agent: int,
                    takeover: Mapping[str, Any] | None) -> dict:
-        """A controller starts acting under ``term`` (issue 23); ``takeover`` says whom it
+        """A controller starts acting under ``term``; ``takeover`` says whom it
         replaced and how the old one was fenced (null for the first controller)."""
         return self.emit("controller", {"term": term, "node": node, "agent": agent,
                                         "takeover": dict(takeover) if takeover else None})

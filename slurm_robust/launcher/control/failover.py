@@ -1,4 +1,4 @@
-"""Controller failover (issue 23): terms, claims, the lease, and where the controller runs.
+"""Controller failover: terms, claims, the lease, and where the controller runs.
 
 The controller is not tied to one process for the whole run. Each controller acts under a
 **term** (an int in ``state.json``, ``controller.json`` and every plan). The rules that keep

@@ -1,4 +1,4 @@
-"""The controller's side of hot update and rollback (issue 16).
+"""The controller's side of hot update and rollback.
 
 :class:`HotUpdate` lives inside the recovery owner (recovery.py calls it at four small
 hooks) and owns which code version the workers run:

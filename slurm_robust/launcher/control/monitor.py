@@ -1,4 +1,4 @@
-"""The controller's side of the in-job monitor (issue 14): findings and implicit signals.
+"""The controller's side of the in-job monitor: findings and implicit signals.
 
 The agents' monitors (node/monitor.py) send :class:`Finding` records and a
 :class:`NodeSample` in their reports. Here, under the recovery owner:

@@ -150,7 +150,7 @@ def requeue_after_controller_loss(cfg: RunConfig, ident: Any, controller_node: s
     the controller's node and requeues the job. Returns whether this agent did it."""
     if controller_node is not None and controller_node == ident.node:
         # Losing contact with a controller on this very node says nothing against the
-        # node (issue 22: a busy controller made agent 0 blame its own healthy node).
+        # node (a busy controller made agent 0 blame its own healthy node).
         log.warning("controller on this node (%s) not answering: %s; nothing blamed",
                     ident.node, why)
         return False

@@ -2,7 +2,7 @@
 
 The controller answers every agent under one lock; a Slurm command that waits for an
 unreachable or busy slurmctld must never run under it, or the agents' heartbeats time out
-and a healthy node is blamed (issue 22). So recovery starts each Slurm action
+and a healthy node is blamed. So recovery starts each Slurm action
 (requeue, drain) as a :class:`SlurmAction`: a worker thread that runs the call, while the
 recovery owner polls :meth:`SlurmAction.outcome` on its tick.
 

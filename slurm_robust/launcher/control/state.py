@@ -35,7 +35,7 @@ class RunState:
     node_failures: dict[str, int] = field(default_factory=dict)
     slots: list[str] = field(default_factory=list)
     blamed: list[str] = field(default_factory=list)
-    # Every node an allocation of this run was given (issue 22): Slurm takes a DOWN node
+    # Every node an allocation of this run was given: Slurm takes a DOWN node
     # out of a --no-kill job, the run still answers for it (the epilog checks sacct).
     given_nodes: list[str] = field(default_factory=list)
     last_step: int | None = None
@@ -44,17 +44,17 @@ class RunState:
     incidents: int = 0
     finished: str | None = None
     verdict: str | None = None
-    # Failover (issue 23): the term of the controller that wrote this state (a successor
+    # Failover: the term of the controller that wrote this state (a successor
     # takes over at term + 1), the last plan generation it handed out (a successor starts
     # above it), the membership by agent index and the parked spares' nodes.
     term: int = 0
     gen: int = 0
     members: dict[str, str] = field(default_factory=dict)
     spares: list[str] = field(default_factory=list)
-    # The NaN ladder (issue 15, nan_ladder.NanLadder.to_state): an open episode and the
+    # The NaN ladder (nan_ladder.NanLadder.to_state): an open episode and the
     # skipped batches, so a requeue does not replay a data NaN once more.
     nan_ladder: dict[str, Any] | None = None
-    # Code/data changes made outside `slurm-robust update` (issue 13, env_change.py): the
+    # Code/data changes made outside `slurm-robust update` (env_change.py): the
     # last allocation's fingerprint of the training command, and the change a new one
     # found (step reached, attempt, what differs).
     fingerprint: dict[str, Any] | None = None

@@ -1,4 +1,4 @@
-"""What an agent does once it has lost the controller (issue 23): follow, take over, or
+"""What an agent does once it has lost the controller: follow, take over, or
 requeue.
 
 Called by the agent (node/agent.py) after ``heartbeat_timeout_s`` without an answer.

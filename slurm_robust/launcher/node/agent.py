@@ -1,6 +1,7 @@
 """The per-node agent: one per node of the allocation (one Slurm task per node).
 
-Agent 0 (SLURM_PROCID 0) also runs the controller in a thread. Every agent:
+Agent 1 (SLURM_PROCID 1; agent 0 when the run has one agent) also runs the first
+controller in a thread (control/failover.py says where, and why not on the batch node). Every agent:
 
 1. publishes ``<run_dir>/agents/<node>.json`` (``{"node", "agent_pid", "workers": {rank:
    pid}, ...}``; the stack capture and ``inject`` read this exact format);
@@ -17,7 +18,7 @@ Agent 0 (SLURM_PROCID 0) also runs the controller in a thread. Every agent:
    becomes the successor (control/succession.py: lowest index first, one term claim), or,
    with no spare parked, records the incident and requeues the job (one agent does it,
    under an O_EXCL lock file). It ignores plans of a controller term older than one it
-   has seen (an old controller that came back, issue 23).
+   has seen (an old controller that came back).
 """
 
 from __future__ import annotations
@@ -102,12 +103,12 @@ class Agent:
         self.ckpt_key = ckpt_job_key(ident.job_id, self.secret)
         self.zygotes = wk.ZygotePool(cfg.command, cfg.prewarm, {**os.environ, **cfg.env},
                                      cfg.workers_per_node)
-        # monitor (issue 14): the in-job node monitor, its own thread; findings ride on
+        # the in-job node monitor, its own thread; findings ride on
         # the reports until one is answered.
         self.monitor = start_monitor(ident.node, ident.job_id, self.site)
         self.findings: list[Finding] = []
-        #: Set on agent 0: whether the controller thread in this process still runs. A
-        #: live local controller that is slow to answer is waited for, never blamed.
+        #: Set on the agent that runs the controller: whether that thread still runs. A live
+        #: local controller that is slow to answer is waited for, never blamed.
         self.local_controller: Callable[[], bool] | None = None
         #: Controllers this process ran (the first one, or one it took over with).
         self.controllers: list[Controller] = []
@@ -119,7 +120,7 @@ class Agent:
         try:
             return self._run()
         finally:
-            if self.monitor is not None:  # monitor (issue 14)
+            if self.monitor is not None:  # in-job monitor
                 self.monitor.stop()
             self.zygotes.close()
 
@@ -138,14 +139,14 @@ class Agent:
                 reply = chan.request(self.report())
                 plan = plan_from_reply(reply)
                 if plan is not None and plan.term is not None and plan.term < self.term:
-                    # An old controller that came back (issue 23): not obeyed; the
+                    # An old controller that came back: not obeyed; the
                     # report is sent again to the newer one.
                     raise ChannelClosed(f"plan of term {plan.term} < {self.term}")
                 if plan is not None and plan.term is not None:
                     self.term = max(self.term, plan.term)
                 last_ok = time.time()
                 self.pending.clear()
-                self.findings.clear()  # monitor (issue 14): delivered with this report
+                self.findings.clear()  # in-job monitor findings: delivered with this report
             except BadMessage as exc:
                 # The report went through; only the answer is refused. Reconnect.
                 log.warning("agent %s: controller's answer refused: %s", self.ident.index, exc)
@@ -231,7 +232,7 @@ class Agent:
         states = {str(w.rank): wk.process_state(w.pid) for w in self.workers
                   if w.popen.poll() is None}
         sample = None
-        if self.monitor is not None:  # monitor (issue 14)
+        if self.monitor is not None:  # in-job monitor
             new, sample = self.monitor.take()
             self.findings.extend(new)
         return Report(op="report", agent=self.ident.index, node=self.ident.node,
@@ -258,7 +259,7 @@ class Agent:
                 continue
             self.exits.append(self._classified_exit(w, code, sig))
 
-    # --- issue 13 call site: classification from all the evidence --------------------
+    # --- call site: classification from all the evidence --------------------
     def _classified_exit(self, w: wk.Worker, code: int | None, sig: int | None) -> WorkerExit:
         """Classify a failed worker from its exit status, log tail, the trusted task-exit
         record, the kernel log and NVML (node/evidence.py), and carry side and action."""
@@ -271,7 +272,7 @@ class Agent:
                                    sig=sig, log_tail=wk.log_tail(w.log_path),
                                    since_monotonic=since)
         ev = got.evidence
-        if self.plan is not None and self.plan.code_change:  # issue 16: a recorded change
+        if self.plan is not None and self.plan.code_change:  # hot update: a recorded change
             ev = dataclasses.replace(ev, change_recorded=True)
         c = classify(ev)
         evidence = dict(c.evidence)
@@ -320,7 +321,7 @@ class Agent:
             t = threading.Thread(target=self._capture, args=(capture,), daemon=True)
             self._stack_threads[capture] = t
             t.start()
-        # --- issue 13 call site: stop-time diagnosis asked for by the plan -------------
+        # --- call site: stop-time diagnosis asked for by the plan -------------
         wanted = plan.diagnose
         if wanted and wanted not in self.diagnoses_done and \
                 wanted not in self._diagnosis_threads:
@@ -356,7 +357,7 @@ class Agent:
         if self.role is Role.ACTIVE:
             ckpt = self._ckpt_config()
             attempt = plan.attempt or 0
-            # issue 16: a hot-updated version brings its own command and environment.
+            # a hot-updated version brings its own command and environment.
             base = plan.command or self.cfg.command
             extra_env = plan.env if plan.env is not None else self.cfg.env
             command = worker_command(base, attempt, self.cfg.resume_args,
@@ -424,7 +425,7 @@ class Agent:
         """The controller is silent: stand down when this node is the one cut off, follow
         a controller that answers again or a newer one, or take over (None: go on), or
         requeue / end (the agent's exit code). See control/succession.py and fence.py."""
-        if standing_down(self.ident):  # issue 20: neither controller nor slurmctld answers
+        if standing_down(self.ident):  # cut off: neither controller nor slurmctld answers
             wk.stop_workers(self.workers, self.cfg.grace_s)
             return 0
         # A link that came back while slurmctld was asked: the controller, not this
@@ -479,7 +480,7 @@ def run_agent(cfg: RunConfig) -> dict[str, Any]:
     for ctl in agent.controllers:
         result = ctl.join()
         if result.get("status") == "stood_down":
-            continue  # replaced by a successor (issue 23): the run's end is not its own
+            continue  # replaced by a successor: the run's end is not its own
         summary.update(result)
         if result.get("status") == "stopped":
             raise RunStopped(result.get("verdict") or "run stopped", cfg.run_dir)

@@ -1,4 +1,4 @@
-"""Self-fencing of an agent that lost its controller (issue 20).
+"""Self-fencing of an agent that lost its controller.
 
 An agent that no longer hears the controller cannot tell from that alone whether the
 controller's node died or its own node was cut off (a network partition: the node alive,

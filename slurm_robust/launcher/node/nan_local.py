@@ -1,4 +1,4 @@
-"""A rank's own NaN evidence, taken before the gradient collective (issue 15).
+"""A rank's own NaN evidence, taken before the gradient collective.
 
 A non-finite value that appears on one rank reaches every rank through the gradient
 all-reduce: after it, every rank sees a NaN grad norm and the first one to report is

@@ -1,4 +1,4 @@
-"""The bitwise reference test (issue 15): one fixed forward and backward step, hashed.
+"""The bitwise reference test: one fixed forward and backward step, hashed.
 
 Every rank of the job runs the same computation at the same moment (fixed weights, input
 and seed, independent of the training): a two-layer MLP, its loss and its gradients,

@@ -40,7 +40,7 @@ def add_robust_options(p: argparse.ArgumentParser) -> None:
                         "working directory), e.g. out/ckpt.pt")
     p.add_argument("--auto-steps", action="store_true",
                    help="report a step per optimizer.step() of an unmodified Python "
-                        "script (hang detection, progress, ETTR; see README)")
+                        "script (hang detection, progress, ETTR; see docs/USER_GUIDE.md)")
     p.add_argument("--hang-timeout", type=float, default=None, metavar="S",
                    help="hang floor in seconds (hang = no step for max(S, factor x median))")
     p.add_argument("--hang-factor", type=float, default=None, metavar="M")

@@ -1,4 +1,4 @@
-"""The user's side of a hot update (issue 16): check, snapshot, ask the controller.
+"""The user's side of a hot update: check, snapshot, ask the controller.
 
 ``request_update`` refuses (UsageError, one line, nothing changed) a run that is not
 running, a path that is not a directory, an unknown revision, and a second update while

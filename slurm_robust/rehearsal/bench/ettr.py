@@ -12,7 +12,7 @@ downtime split over all incidents:
 - recover: localised -> first step after recovery (restart, restore, one step);
 - redo: step time of steps finished before the fault and undone by the rollback.
 
-Target (issue 21, after ByteRobust's 97 % over three months): ETTR >= 98 % with a fault
+Target (after ByteRobust's 97 % over three months): ETTR >= 98 % with a fault
 every 5 minutes over 30 minutes. A shorter run, or more frequent faults, is a
 rehearsal of the machinery, not a measurement against that target (``at_target_scale``).
 """

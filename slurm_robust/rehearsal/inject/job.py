@@ -88,7 +88,7 @@ def inject(fault: str, job_id: str, node: str | None = None, rank: int | None = 
         raise InjectionError(f"unknown fault {fault!r}; choose from {', '.join(FAULTS)}")
     run_dir = run_dir or resolve_run_dir(job_id)
     now = time.time()
-    if fault == "sdc" or (fault == "nan" and mode == "data"):  # issue 15
+    if fault == "sdc" or (fault == "nan" and mode == "data"):  # NaN ladder
         from slurm_robust.rehearsal.inject import nan_faults
 
         def mine(pid: int) -> bool:

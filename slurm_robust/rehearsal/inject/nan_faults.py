@@ -1,4 +1,4 @@
-"""Rehearsal NaN sources that a replay tells apart (issue 15), for a running robust job.
+"""Rehearsal NaN sources that a replay tells apart, for a running robust job.
 
 =====================  ==============================================================
 ``nan --mode data``    a poisoned sample: one rank's batch at a step a few steps ahead

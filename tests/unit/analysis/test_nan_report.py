@@ -1,4 +1,4 @@
-"""NaN incidents by resolution (issue 15): counts per ladder resolution and the mean time
+"""NaN incidents by resolution: counts per ladder resolution and the mean time
 of each stage, read from the incidents' ``evidence.nan``."""
 
 from __future__ import annotations

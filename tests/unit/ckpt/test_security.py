@@ -1,5 +1,5 @@
 """Checkpoint copies are data, never code; planted directories, links and damaged copies
-are refused or skipped (issue 12, findings 1 and 7)."""
+are refused or skipped."""
 
 from __future__ import annotations
 

@@ -130,8 +130,8 @@ def test_synthetic_trace_comes_back_through_the_report_within_half_a_point(tmp_p
     assert an.issues.total == 0
 
 
-def test_schemas_doc_prints_the_same_table():
-    doc = (Path(__file__).resolve().parents[3] / "docs" / "SCHEMAS.md").read_text()
+def test_taxonomy_doc_prints_the_same_table():
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "TAXONOMY.md").read_text()
     for row in TABLE:
         line = (f"| `{row.cls.value}` | {row.category.value} | {row.side.value} | "
                 f"{row.action.value} | {row.table1 or '-'} |")

@@ -1,4 +1,4 @@
-"""The one drain-reason format (issue 22 finding 7, issue 12 finding 5): flat, short, the
+"""The one drain-reason format: flat, short, the
 check or class and its evidence, "pending deep check" for a job's suspicion."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A check that raises is a check-program error, never a drain; /proc is decoded
-defensively (issue 12, finding 3)."""
+defensively."""
 
 from __future__ import annotations
 

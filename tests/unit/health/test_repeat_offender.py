@@ -39,7 +39,7 @@ def test_failure_soon_after_a_resume_is_a_repeat_offender(site):
     reason = repeat_offender("node2", "slurm_robust: gpu_ecc: actual 4", now=t0 + 5 * HOUR)
     assert reason is not None
     assert reason.startswith("slurm_robust: repeat offender: gpu_ecc: actual 4")
-    # Flat (issue 22): the new fault and how soon it came back, no nested earlier reason.
+    # Flat: the new fault and how soon it came back, no nested earlier reason.
     assert reason.endswith("again 4.0 h after return") and "Xid 79" not in reason
 
 

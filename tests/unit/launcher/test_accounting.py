@@ -1,4 +1,4 @@
-"""Issue 22 (accounting): the event log of a rehearsed run gives the report exact
+"""Accounting: the event log of a rehearsed run gives the report exact
 ``steps_redone`` / ``steps_lost`` and one incident per fault, whatever overlaps.
 
 Each test drives the real recovery owner (the harness of test_recovery_owner: fake clock,

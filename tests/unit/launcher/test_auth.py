@@ -1,5 +1,5 @@
-"""The control channel refuses strangers and bad messages; the run goes on (issue 12,
-findings 2 and 11)."""
+"""The control channel refuses strangers and bad messages; the run goes on (an
+unauthenticated peer, a wrong secret, oversized and malformed messages)."""
 
 from __future__ import annotations
 

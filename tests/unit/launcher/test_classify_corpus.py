@@ -44,7 +44,7 @@ def test_side_decisions_meet_their_targets():
 
 
 def test_the_change_record_decides_the_code_data_changes():
-    """Entries whose thread states a change get the launcher's change record (issue 13):
+    """Entries whose thread states a change get the launcher's change record:
     with it every code/data change is named, without it none; nothing else moves but
     for the better, and no side decision gets worse."""
     r, bare = _bench(), bench.score(ENTRIES, with_change=False)

@@ -1,5 +1,5 @@
 """Code and package changes made outside `slurm-robust update` between allocations
-(issue 13): the fingerprint, and a new controller passing `code_change` to the agents."""
+(classification): the fingerprint, and a new controller passing `code_change` to the agents."""
 
 from __future__ import annotations
 

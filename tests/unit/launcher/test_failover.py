@@ -1,4 +1,4 @@
-"""Controller failover (issue 23), in one process with tiny real workers (test_agents.py).
+"""Controller failover, in one process with tiny real workers (test_agents.py).
 
 The controller runs for agent 1 (as on a cluster, off the batch node). Holding its lock
 freezes it the way SIGSTOP would: no tick, no answer, no lease. Agent 0 must take over at

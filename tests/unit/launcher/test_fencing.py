@@ -1,4 +1,4 @@
-"""Fencing of a partitioned node (issue 20): the controller refuses an agent it declared
+"""Fencing of a partitioned node: the controller refuses an agent it declared
 lost, and an agent cut off from both its controller and slurmctld stands down."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hot update and rollback (issue 16) without a cluster: versions, the user's request,
+"""Hot update and rollback without a cluster: versions, the user's request,
 and the recovery owner switching versions (fake clock, scripted reports, real files)."""
 
 from __future__ import annotations

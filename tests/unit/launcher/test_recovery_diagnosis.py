@@ -1,4 +1,4 @@
-"""Stop-time diagnosis in the ladder (issue 13), through the recovery owner's harness.
+"""Stop-time diagnosis in the ladder, through the recovery owner's harness.
 
 An unclear crash (action ``diagnose``) with no node blamed is not restarted at once: the
 suspected node's agent is asked (``Plan.diagnose``) to run launcher/diagnose.py while the

@@ -293,7 +293,7 @@ def test_a_fault_during_recovery(tmp_path):
     h.settle()
     # the lost node is blamed at once: its slot goes to the spare
     assert h.rec.gen.slots == [0, 2] and h.gen() == 3
-    # The unfinished first recovery rides with the second (issue 22): both are written
+    # The unfinished first recovery rides with the second: both are written
     # once the run recovers from both, each naming the other.
     assert h.incidents() == []
     assert h.rec.state.open_incident["class"] == "node_lost"
@@ -349,7 +349,7 @@ def test_the_phase_table_refuses_a_wrong_transition(tmp_path):
 
 
 def test_a_requeue_in_flight_never_blocks_the_tick(tmp_path):
-    """Issue 22: slurmctld away during a requeue. The tick returns at once while the
+    """slurmctld away during a requeue. The tick returns at once while the
     requeue waits in its thread; the run fails only when the requeue does."""
     import threading
 

@@ -1,4 +1,4 @@
-"""A requeue the partition and reserve cannot serve (issue 17 item 8): the policy, pure and
+"""A requeue the partition and reserve cannot serve: the policy, pure and
 through the recovery owner (Slurm side injected: the count and the requeue recorded)."""
 
 from __future__ import annotations

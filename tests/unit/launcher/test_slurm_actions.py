@@ -1,5 +1,5 @@
 """Slurm actions off the control loop: transient retries within a budget, an applied
-request whose answer was lost, and the controller-loss guard (issue 22)."""
+request whose answer was lost, and the controller-loss guard."""
 
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ def test_sacct_nodes_reads_every_record_of_the_job() -> None:
 
 
 def test_a_node_slurm_took_out_of_the_job_is_still_its_own() -> None:
-    """Issue 22 finding 2: node2 went DOWN, Slurm shrank the job to node[1,3]."""
+    """node2 went DOWN, Slurm shrank the job to node[1,3]."""
     slurm = FakeSlurm("node[1-3]\n")
     given = GivenNodes(["node1", "node3"], lambda: sacct_nodes(slurm, "37"))
     assert "node1" in given and slurm.asked == 0  # the current list answers first

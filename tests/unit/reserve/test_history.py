@@ -56,7 +56,7 @@ def test_repeat_offender_fails_again_soon_after_return() -> None:
     now = t("2026-11-29T10:20:00")  # two hours after node3's return
     reason = repeat_offender_reason("node3", history, now, 72 * H, "gpu_xid: Xid 48")
     assert reason is not None
-    # Flat (issue 22): the new fault and how soon; the earlier reason is never nested.
+    # Flat: the new fault and how soon; the earlier reason is never nested.
     assert reason == "slurm_robust: repeat offender: gpu_xid: Xid 48; again 2.0 h after return"
 
 

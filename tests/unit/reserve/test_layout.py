@@ -1,4 +1,4 @@
-"""``reserve reset`` restores the configured partition layout (issue 22 finding 8)."""
+"""``reserve reset`` restores the configured partition layout."""
 
 from __future__ import annotations
 

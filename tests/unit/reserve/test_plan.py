@@ -174,7 +174,7 @@ def test_handoff_never_hands_more_spares_than_lost() -> None:
 
 
 def test_reconcile_never_borrows_train_below_what_a_queued_job_needs() -> None:
-    """Issue 22 finding 8: after a handoff, reconcile refilled the reserve from idle train
+    """after a handoff, reconcile refilled the reserve from idle train
     nodes until the train partition could no longer run the queued job."""
     s = snap([view("n1"), view("n2"), view("n3"), view("n4", drained=True)], [])
     assert borrowable(s, CFG, 3) == 0
