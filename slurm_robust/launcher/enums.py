@@ -70,7 +70,7 @@ class Role(StrEnum):
 
 
 class Rung(StrEnum):
-    """The recovery ladder's rungs, cheapest first (control/policy.py decides)."""
+    """The recovery ladder's rungs, cheapest first (control/ladder.py decides)."""
 
     IN_PLACE = "in_place"
     SPARE = "spare"

@@ -232,19 +232,22 @@ class HotUpdate:
                 self._incident(eff, fields, tier, now)
         eff.steps += 1
 
-    def on_failure(self, cls: str, last_step: int | None, now: float) -> str | None:
-        """A failure is being handled: roll back when it is the new version's (a user
-        class within the rollback window). Returns the reason when it rolled back."""
+    def rollback_reason(self, cls: str) -> str | None:
+        """Why a failure of class ``cls`` is the new version's (a user class within the
+        rollback window), or None. Changes nothing: the ladder takes the reason as a fact
+        and recovery calls :meth:`roll_back` with its decision."""
         eff = self.effective
         if eff is None or eff.mode == "rollback" or eff.steps >= eff.rollback_steps:
             return None
         c = canonical(cls)
         if c is None or not (ROWS[c].side is Side.USER or c in _ROLLBACK_EXTRA):
             return None
-        reason = (f"version {eff.version} failed with {c.value} {eff.steps} step(s) after "
-                  f"it took effect (rollback window {eff.rollback_steps})")
+        return (f"version {eff.version} failed with {c.value} {eff.steps} step(s) after "
+                f"it took effect (rollback window {eff.rollback_steps})")
+
+    def roll_back(self, reason: str, last_step: int | None, now: float) -> None:
+        """Go back to the previous version after its successor's failure."""
         self._roll_back(reason, last_step, now)
-        return reason
 
     # ------------------------------------------------------------------ records
     def _save(self) -> None:

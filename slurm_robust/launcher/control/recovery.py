@@ -13,12 +13,13 @@ Every phase change goes through :meth:`Recovery._enter`, which checks it against
 :data:`slurm_robust.launcher.enums.PHASE_TRANSITIONS` and raises PhaseError on a
 transition the table does not allow (docs/ARCHITECTURE.md shows the table).
 
-The ladder itself is pure (policy.py); this class gathers its input and applies the
-answer: in place (a new generation on the same slots), spare (the blamed node's slot
-goes to a parked agent), requeue (``scontrol requeue``, through the injectable
-:class:`SlurmSide`), stop (``run_end`` with a verdict). Incidents follow
-docs/SCHEMAS.md: detected when the controller first saw the failure, localized when the
-culprit was named, recovered when the first step after the restored one finished.
+The ladder itself is pure (ladder.py): :meth:`Recovery._handle` gathers its facts,
+calls ``decide`` once and applies the whole answer: in place (a new generation on the
+same slots), spare (the blamed node's slot goes to a parked agent), requeue
+(``scontrol requeue``, through the injectable :class:`SlurmSide`), stop (``run_end``
+with a verdict). Incidents follow docs/SCHEMAS.md: detected when the controller first
+saw the failure, localized when the culprit was named, recovered when the first step
+after the restored one finished.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from slurm_robust.launcher.control import monitor as node_monitor
 from slurm_robust.launcher.control.events import EventLog, last_logged_step, make_incident
 from slurm_robust.launcher.control.failover import StoodDown, Takeover
 from slurm_robust.launcher.control.hot_update import HotUpdate
+from slurm_robust.launcher.control.ladder import Decision, Facts, decide
 from slurm_robust.launcher.control.metrics import RunMetrics
 from slurm_robust.launcher.control.nan_ladder import (
     NAN_SETTLE_S,
@@ -48,11 +50,8 @@ from slurm_robust.launcher.control.nan_ladder import (
 )
 from slurm_robust.launcher.control.policy import (
     UNLOCALISED_CLASSES,
-    Decision,
-    LadderInput,
     assign_slots,
     blamed_nodes,
-    decide,
     is_hung,
     made_progress,
     rendezvous_port,
@@ -992,48 +991,17 @@ class Recovery:
             # The earlier recovery did not finish: both are kept and written together.
             accounting.cut_short(st.open_incident, incident, now)
             st.open_incident = None
-        progressed = made_progress(gen.steps_done, self._reports_steps(gen),
-                                   now - gen.started_at)
-        st.no_progress = 0 if progressed else st.no_progress + 1
-        if incident["class"] not in UNLOCALISED_CLASSES:
-            for node in nodes:
-                st.node_failures[node] = st.node_failures.get(node, 0) + 1
-        blamed = blamed_nodes(incident["class"], nodes, st.node_failures,
-                              self.cfg.node_failures_to_blame)
-        if evict or diagnosis_failed:
-            blamed = tuple(dict.fromkeys((*blamed, *nodes)))
-        decision = decide(LadderInput(
-            cls=incident["class"], blamed=blamed, controller_node=self.ident.node,
-            batch_node=self._batch_node(),
-            spares_left=len(self.spares), restarts=st.restarts,
-            max_restarts=self.cfg.max_restarts, signature=signature,
-            signature_seen=st.signatures.get(signature or "", 0),
-            no_progress=st.no_progress, max_no_progress=self.cfg.max_no_progress,
-            diagnosed_repeat=diagnosed_repeat))
-        batch = self._batch_node()
-        if incident["class"] == IncidentClass.NODE_LOST and batch is not None and \
-                batch in blamed:
+        facts = self._ladder_facts(gen, incident, signature, nodes, now, evict,
+                                   diagnosed_repeat, diagnosis_failed, override)
+        decision = decide(facts)
+        if decision.batch_lost:
             self.batch_lost = True
-        if override is not None and decision.rung is Rung.IN_PLACE:
-            decision = override  # the NaN ladder's call, unless a budget already stops
-        if evict:
-            decision = dataclasses.replace(decision, reason=f"{decision.reason}; {evict}")
-        # --- issue 16 call site: the new version's own failure rolls it back ----------
-        rolled = self.hot.on_failure(incident["class"], st.last_step, now)
-        if rolled is not None:
-            incident["evidence"]["rollback"] = rolled
-            if decision.rung == Rung.STOP:
-                decision = dataclasses.replace(decision, rung=Rung.IN_PLACE, evict=(),
-                                               reason=f"{decision.reason}; {rolled}")
+        if decision.rollback is not None:
+            # The new version's own failure: back to the previous one, restarted in place.
+            self.hot.roll_back(decision.rollback, st.last_step, now)
+            incident["evidence"]["rollback"] = decision.rollback
         if signature:
             st.signatures[signature] = st.signatures.get(signature, 0) + 1
-        diag_reason = incident["evidence"].get("diagnosis_reason")
-        if diagnosis_failed and diag_reason and decision.evict:
-            # The verdict names what the node's own checks found, not just the class.
-            decision = dataclasses.replace(decision, reason=f"{decision.reason}; {diag_reason}")
-        # issue 12: a run blames at most max_blamed_nodes nodes, then stops with a verdict.
-        decision = blame.capped(decision, st.blamed,
-                                self.cfg.max_blamed_nodes or self.cfg.total_nodes)
         incident["rung"] = decision.rung
         incident["localized_at"] = incident["localized_at"] or now
         incident["nodes"] = sorted(set(incident["nodes"]) | set(decision.evict))
@@ -1063,6 +1031,35 @@ class Recovery:
             self._begin_generation(self._replace(gen, decision), now)
         else:
             self._begin_generation(gen.slots, now)
+
+    def _ladder_facts(self, gen: Generation, incident: dict[str, Any], signature: str | None,
+                      nodes: list[str], now: float, evict: str | None,
+                      diagnosed_repeat: bool, diagnosis_failed: bool,
+                      override: Decision | None) -> Facts:
+        """What the ladder needs for this incident. Counts it first: the run's attempts
+        without progress and the named nodes' failures include this one."""
+        st = self.state
+        progressed = made_progress(gen.steps_done, self._reports_steps(gen),
+                                   now - gen.started_at)
+        st.no_progress = 0 if progressed else st.no_progress + 1
+        cls = incident["class"]
+        if cls not in UNLOCALISED_CLASSES:
+            for node in nodes:
+                st.node_failures[node] = st.node_failures.get(node, 0) + 1
+        return Facts(
+            cls=cls, controller_node=self.ident.node, spares_left=len(self.spares),
+            restarts=st.restarts, max_restarts=self.cfg.max_restarts, signature=signature,
+            signature_seen=st.signatures.get(signature or "", 0),
+            no_progress=st.no_progress, max_no_progress=self.cfg.max_no_progress,
+            named=tuple(nodes), failures={n: st.node_failures.get(n, 0) for n in nodes},
+            failures_to_blame=self.cfg.node_failures_to_blame,
+            blame_named=bool(evict) or diagnosis_failed, diagnosed_repeat=diagnosed_repeat,
+            batch_node=self._batch_node(), nan_advice=override, evict_reason=evict,
+            rollback=self.hot.rollback_reason(cls),
+            diagnosis_reason=(incident["evidence"].get("diagnosis_reason")
+                              if diagnosis_failed else None),
+            blamed_before=tuple(st.blamed),
+            max_blamed=self.cfg.max_blamed_nodes or self.cfg.total_nodes)
 
     def _batch_node(self) -> str | None:
         """The node of the batch step: agent 0's (Slurm starts the batch script and
