@@ -32,7 +32,7 @@ from typing import Any
 
 from slurm_robust.launcher import versions as vs
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.control.events import EventLog, make_incident
+from slurm_robust.launcher.control.events import EventLog, new_incident
 from slurm_robust.launcher.enums import Category, Rung
 from slurm_robust.taxonomy import ROWS, FailureClass, Side, canonical
 
@@ -265,13 +265,13 @@ class HotUpdate:
     def _incident(self, eff: Effective, fields: dict[str, Any], tier: str | None,
                   now: float) -> None:
         """The change as a manual ``code_data_change`` incident (see the docstring)."""
-        inc = make_incident(f"change-v{eff.version}-{int(eff.applied_at)}",
-                            FailureClass.CODE_DATA_CHANGE, Category.MANUAL, eff.requested_at,
-                            fault_time=eff.requested_at, nodes=[], ranks=[],
-                            last_step=eff.applied_step,
-                            evidence={**fields, "who": eff.who, "message": eff.message,
-                                      "digest": self.version.digest})
-        inc.update(localized_at=eff.requested_at, recovered_at=now, rung=Rung.IN_PLACE,
-                   restored_step=fields["restored_step"], restore_tier=tier,
-                   steps_lost=fields["steps_redone"])
+        inc = new_incident(f"change-v{eff.version}-{int(eff.applied_at)}",
+                           FailureClass.CODE_DATA_CHANGE, Category.MANUAL, eff.requested_at,
+                           fault_time=eff.requested_at, nodes=[], ranks=[],
+                           last_step=eff.applied_step,
+                           evidence={**fields, "who": eff.who, "message": eff.message,
+                                     "digest": self.version.digest})
+        inc.localized_at, inc.recovered_at, inc.rung = eff.requested_at, now, Rung.IN_PLACE
+        inc.restored_step, inc.restore_tier = fields["restored_step"], tier
+        inc.steps_lost = fields["steps_redone"]
         self.events.incident(inc)

@@ -35,7 +35,7 @@ from slurm_robust.ckpt.config import TIERS
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import accounting, bitwise, blame, env_change, failslow, replay
 from slurm_robust.launcher.control import monitor as node_monitor
-from slurm_robust.launcher.control.events import EventLog, last_logged_step, make_incident
+from slurm_robust.launcher.control.events import EventLog, last_logged_step, new_incident
 from slurm_robust.launcher.control.failover import StoodDown, Takeover
 from slurm_robust.launcher.control.hot_update import HotUpdate
 from slurm_robust.launcher.control.ladder import Decision, Facts, decide
@@ -88,6 +88,7 @@ from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.messages import (
     DiagnosisReport,
     Finding,
+    Incident,
     NodeSample,
     Plan,
     Progress,
@@ -167,7 +168,7 @@ class PendingDiagnosis:
     id: str
     agent: int
     node: str
-    incident: dict[str, Any]
+    incident: Incident
     signature: str | None
     asked_at: float
     deadline: float
@@ -718,7 +719,7 @@ class Recovery:
         return True
 
     def _incident_from_failure(self, gen: Generation, root: Failure,
-                               detected: float) -> dict[str, Any]:
+                               detected: float) -> Incident:
         st = self.state
         st.incidents += 1
         ex = root.exit
@@ -736,7 +737,7 @@ class Recovery:
             # and from which step, in the incident itself, not only in state.json.
             evidence["env_change"] = {k: ch[k] for k in ("step", "attempt", "what")
                                       if k in ch}
-        return make_incident(f"i{st.incidents}", str(ex.cls), str(ex.category), detected,
+        return new_incident(f"i{st.incidents}", str(ex.cls), str(ex.category), detected,
                              fault_time=ex.time, nodes=[root.node], ranks=[ex.rank],
                              last_step=st.last_step, evidence=evidence)
 
@@ -756,13 +757,13 @@ class Recovery:
         origin = attribute(gen.anomalies, rank_nodes)
         step = self.nan.decide(origin, now)
         prev = self.state.open_incident
-        if prev is not None and prev.get("restored_step") is None:
+        if prev is not None and prev.restored_step is None:
             # The replay failed before finishing a step: the restore itself happened.
-            prev["restored_step"], prev["restore_tier"] = restored_of(gen)
+            prev.restored_step, prev.restore_tier = restored_of(gen)
         incident = self._incident_from_failure(gen, root, detected)
         reporters = sorted(gen.anomalies)
-        incident.update(nodes=sorted(set(origin.nodes)), ranks=list(origin.ranks))
-        incident["evidence"]["nan"] = {**origin.to_json(), "resolution": step.resolution,
+        incident.nodes, incident.ranks = sorted(set(origin.nodes)), list(origin.ranks)
+        incident.evidence["nan"] = {**origin.to_json(), "resolution": step.resolution,
                                        "verdict": step.verdict, "reason": step.reason,
                                        "replay_s": step.replay_s,
                                        "first_reporter": {"rank": root.exit.rank,
@@ -781,7 +782,7 @@ class Recovery:
             # failure; a node that computes it wrongly is faulty whatever the NaN was.
             self.bitwise_req = bitwise.request(self.cfg.run_dir, self.state.attempt + 1,
                                                incident, now)
-            incident["evidence"]["nan"]["bitwise"] = {"requested": self.bitwise_req.id}
+            incident.evidence["nan"]["bitwise"] = {"requested": self.bitwise_req.id}
         # No node is blamed for a NaN here (nodes=[]): only a failed bitwise test may
         # evict one; no signature either, the NaN ladder replaces the repeat rule.
         self._handle(gen, incident, None, [], now, override=override)
@@ -805,27 +806,28 @@ class Recovery:
         result = bitwise.compare({r: d for r, d in gen.bitwise.items() if r in active},
                                  rank_nodes)
         incident = req.incident
-        nan_ev = incident["evidence"]["nan"]
+        nan_ev = incident.evidence["nan"]
         nan_ev["bitwise"] = {**nan_ev.get("bitwise", {}), **result.evidence,
                              "complete": complete, "seconds": round(now - req.asked_at, 3)}
         if result.passed:
             return False  # all agree: if the NaN moves again, dual-phase replay is next
         open_inc = self.state.open_incident
-        if open_inc is not None and open_inc.get("incident") == incident["incident"]:
+        if open_inc is not None and open_inc.incident == incident.incident:
             self.state.open_incident = None  # the same incident, now resolved by eviction
         else:
             self.state.incidents += 1
-            incident = {**incident, "incident": f"i{self.state.incidents}",
-                        "recovered_at": None, "restored_step": None, "steps_lost": None}
-        incident["evidence"]["nan"]["resolution"] = "evict"
-        incident["localized_at"] = now
+            incident = dataclasses.replace(incident, incident=f"i{self.state.incidents}",
+                                           recovered_at=None, restored_step=None,
+                                           steps_lost=None)
+        incident.evidence["nan"]["resolution"] = "evict"
+        incident.localized_at = now
         reason = (f"bitwise reference test: {', '.join(result.differing)} differ(s) from "
                   f"the other nodes' digest {result.reference and result.reference[:16]}")
         self._handle(gen, incident, None, list(result.differing), now, evict=reason)
         return True
 
     # ------------------------------------------------------------------ replay (issue 15)
-    def _start_replay(self, gen: Generation, incident: dict[str, Any], now: float) -> None:
+    def _start_replay(self, gen: Generation, incident: Incident, now: float) -> None:
         """The NaN moved again after a rollback: dual-phase replay (control/replay.py)
         from the last step every rank snapshotted, over the steps the NaN appeared at."""
         st = self.state
@@ -836,18 +838,18 @@ class Recovery:
         grid = replay.Grid.of(len(gen.slots))
         # Every rank finished (and snapshotted) the step before the NaN's: the memory
         # tier holds the last two, and the controller's count may lag behind them.
-        nan_step = incident["evidence"]["nan"].get("step")
+        nan_step = incident.evidence["nan"].get("step")
         restore = nan_step - 1 if isinstance(nan_step, int) and nan_step > 0 else \
             st.last_step
         until = replay.window(restore, self.nan.steps)
-        rp = replay.ReplayRun(f"replay-{incident['incident']}", grid, incident, gen,
+        rp = replay.ReplayRun(f"replay-{incident.incident}", grid, incident, gen,
                               restore, until, now)
-        incident["evidence"]["nan"]["replay"] = {"restore_step": restore,
+        incident.evidence["nan"]["replay"] = {"restore_step": restore,
                                                  "until_step": until,
                                                  "grid": [grid.m, grid.n]}
         self.replay = rp
         log.warning("incident %s: dual-phase replay of steps %s..%s on a %sx%s grid",
-                    incident["incident"], (restore or 0) + 1, until, grid.m, grid.n)
+                    incident.incident, (restore or 0) + 1, until, grid.m, grid.n)
         if grid.m == 1:  # one row is the whole job: it failed already, go by columns
             rp.outcomes[replay.ReplayPhase.HORIZONTAL.value] = {0: "implied"}
             self._begin_replay_phase(replay.ReplayPhase.VERTICAL, now)
@@ -948,7 +950,7 @@ class Recovery:
         assert rp is not None
         self.replay = None
         incident = rp.incident
-        nan_ev = incident["evidence"]["nan"]
+        nan_ev = incident.evidence["nan"]
         nan_ev["replay"] = {**nan_ev.get("replay", {}),
                             **replay.evidence(rp.grid, rp.outcomes, node),
                             "reason": why, "errors": rp.details,
@@ -959,7 +961,7 @@ class Recovery:
             # The lost agent's failure is the next incident; this one stays open until
             # the ladder's next generation recovers (it is then written, cut short).
             nan_ev["resolution"] = NanResolution.ROLLBACK
-            incident["rung"] = Rung.IN_PLACE
+            incident.rung = Rung.IN_PLACE
             self.state.open_incident = incident
             self._enter(Phase.RUNNING)
             return
@@ -972,12 +974,12 @@ class Recovery:
                                "again"))
             return
         nan_ev["resolution"] = NanResolution.REPLAY
-        incident["localized_at"] = now
+        incident.localized_at = now
         self.nan.on_evicted()
         self._handle(rp.origin_gen, incident, None, [node], now,
                      evict=f"dual-phase replay: {why}, crossing at {node}")
 
-    def _handle(self, gen: Generation, incident: dict[str, Any], signature: str | None,
+    def _handle(self, gen: Generation, incident: Incident, signature: str | None,
                 nodes: list[str], now: float, evict: str | None = None, *,
                 diagnosed_repeat: bool = False, diagnosis_failed: bool = False,
                 override: Decision | None = None) -> None:
@@ -999,27 +1001,27 @@ class Recovery:
         if decision.rollback is not None:
             # The new version's own failure: back to the previous one, restarted in place.
             self.hot.roll_back(decision.rollback, st.last_step, now)
-            incident["evidence"]["rollback"] = decision.rollback
+            incident.evidence["rollback"] = decision.rollback
         if signature:
             st.signatures[signature] = st.signatures.get(signature, 0) + 1
-        incident["rung"] = decision.rung
-        incident["localized_at"] = incident["localized_at"] or now
-        incident["nodes"] = sorted(set(incident["nodes"]) | set(decision.evict))
-        incident["evidence"]["decision"] = decision.reason
+        incident.rung = decision.rung
+        incident.localized_at = incident.localized_at or now
+        incident.nodes = sorted(set(incident.nodes) | set(decision.evict))
+        incident.evidence["decision"] = decision.reason
         if self.metrics is not None:
             self.metrics.on_incident(incident)  # the rung is decided
-        log.warning("incident %s: %s on %s -> %s (%s)", incident["incident"],
-                    incident["class"], incident["nodes"], decision.rung, decision.reason)
+        log.warning("incident %s: %s on %s -> %s (%s)", incident.incident,
+                    incident.cls, incident.nodes, decision.rung, decision.reason)
         if decision.rung == Rung.STOP:
             self._write_incident(incident)
             self.finish(RunStatus.STOPPED, decision.reason)
             return
         st.restarts += 1
         # The verdict names the class and its evidence (flat, "pending deep check").
-        reason = blame.verdict_reason(incident["class"], incident["evidence"], evict)
+        reason = blame.verdict_reason(incident.cls, incident.evidence, evict)
         for node in decision.evict:
             self.slurm.verdict(self.paths, self.ident.job_id, node, reason,
-                               incident["class"], incident["evidence"], incident["incident"],
+                               incident.cls, incident.evidence, incident.incident,
                                self.cfg.site_config)
         if decision.evict and self.cfg.drain:
             evict_nodes = list(decision.evict)
@@ -1032,7 +1034,7 @@ class Recovery:
         else:
             self._begin_generation(gen.slots, now)
 
-    def _ladder_facts(self, gen: Generation, incident: dict[str, Any], signature: str | None,
+    def _ladder_facts(self, gen: Generation, incident: Incident, signature: str | None,
                       nodes: list[str], now: float, evict: str | None,
                       diagnosed_repeat: bool, diagnosis_failed: bool,
                       override: Decision | None) -> Facts:
@@ -1042,7 +1044,7 @@ class Recovery:
         progressed = made_progress(gen.steps_done, self._reports_steps(gen),
                                    now - gen.started_at)
         st.no_progress = 0 if progressed else st.no_progress + 1
-        cls = incident["class"]
+        cls = incident.cls
         if cls not in UNLOCALISED_CLASSES:
             for node in nodes:
                 st.node_failures[node] = st.node_failures.get(node, 0) + 1
@@ -1056,7 +1058,7 @@ class Recovery:
             blame_named=bool(evict) or diagnosis_failed, diagnosed_repeat=diagnosed_repeat,
             batch_node=self._batch_node(), nan_advice=override, evict_reason=evict,
             rollback=self.hot.rollback_reason(cls),
-            diagnosis_reason=(incident["evidence"].get("diagnosis_reason")
+            diagnosis_reason=(incident.evidence.get("diagnosis_reason")
                               if diagnosis_failed else None),
             blamed_before=tuple(st.blamed),
             max_blamed=self.cfg.max_blamed_nodes or self.cfg.total_nodes)
@@ -1140,9 +1142,9 @@ class Recovery:
         incident = self.state.open_incident
         if incident is None:
             return
-        incident["evidence"]["shortfall"] = shortfall_evidence(cap, plan)
+        incident.evidence["shortfall"] = shortfall_evidence(cap, plan)
         if plan.choice is Choice.STOP:
-            incident["rung"] = Rung.STOP
+            incident.rung = Rung.STOP
         self.persist()
 
     def _handle_fail_slow(self, gen: Generation, decision: FailSlowDecision,
@@ -1208,16 +1210,16 @@ class Recovery:
     def _diagnosed_before(self, signature: str | None) -> bool:
         return signature is not None and signature in self.state.diagnosis_passed
 
-    def _start_diagnosis(self, gen: Generation, root: Failure, incident: dict[str, Any],
+    def _start_diagnosis(self, gen: Generation, root: Failure, incident: Incident,
                          now: float) -> None:
         """Ask the suspected node's agent to run diagnose(node); the others wait."""
-        did = f"{incident['incident']}-g{gen.number}"
+        did = f"{incident.incident}-g{gen.number}"
         gen.diagnosis = PendingDiagnosis(did, root.agent, root.node, incident,
                                          root.exit.signature, now, now + DIAGNOSIS_WAIT_S)
         self._set_plan(root.agent, dataclasses.replace(self._plans[root.agent], diagnose=did))
         self._enter(Phase.DIAGNOSING)
         log.warning("incident %s: %s on %s has no clear side; diagnosing %s (%s)",
-                    incident["incident"], incident["class"], root.node, root.node, did)
+                    incident.incident, incident.cls, root.node, root.node, did)
 
     def _check_diagnosis(self, gen: Generation, now: float) -> None:
         pending = gen.diagnosis
@@ -1230,13 +1232,13 @@ class Recovery:
         if answer is None and not lost and now < pending.deadline:
             return
         incident = pending.incident
-        ev = incident["evidence"]
+        ev = incident.evidence
         gen.diagnosis = None
         self._enter(Phase.RUNNING)
         if answer is not None:
             ev["diagnosis"] = {**answer.evidence, "id": answer.id, "reason": answer.reason}
             # Localisation is the diagnosis: detected + the time the node's checks took.
-            incident["localized_at"] = incident["detected_at"] + answer.elapsed_s
+            incident.localized_at = incident.detected_at + answer.elapsed_s
         failed = answer is not None and not answer.passed
         if answer is None:
             ev["diagnosis"] = {"id": pending.id, "node": pending.node,
@@ -1283,11 +1285,11 @@ class Recovery:
             # It outranks the stack grouping, which needs a clear majority to name anyone.
             evidence["stopped_ranks"] = sorted(stopped)
             ranks, nodes = sorted(stopped), sorted(set(stopped.values()))
-        incident = make_incident(f"i{self.state.incidents}", IncidentClass.JOB_HANG,
+        incident = new_incident(f"i{self.state.incidents}", IncidentClass.JOB_HANG,
                                  Category.IMPLICIT, gen.hang_detected or now,
                                  fault_time=gen.last_progress, nodes=nodes, ranks=ranks,
                                  last_step=self.state.last_step, evidence=evidence)
-        incident["localized_at"] = now
+        incident.localized_at = now
         self._enter(Phase.RUNNING)
         self._handle(gen, incident, None, [], now)
 
@@ -1311,22 +1313,23 @@ class Recovery:
         restored, tier = restored_of(gen)
         if incident is None or (restored is not None and step <= restored):
             return
-        last = incident.get("last_step")
+        last = incident.last_step
         if restored is not None and (last is None or restored > last):
             # A controller lost with its node may not have logged the newest finished
             # step, but the snapshot holds it: that step was done before the fault.
             last = restored
-            incident["last_step"] = last
-        incident.update(recovered_at=now, restored_step=restored, restore_tier=tier,
-                        steps_lost=max(0, (last or 0) - (restored or 0)))
+            incident.last_step = last
+        incident.recovered_at, incident.restored_step = now, restored
+        incident.restore_tier = tier
+        incident.steps_lost = max(0, (last or 0) - (restored or 0))
         self._write_incident(incident)
         if self.metrics is not None:
             self.metrics.on_recovered(incident)
         self.state.open_incident = None
         self.persist()
         log.info("incident %s recovered in %.2f s (restored step %s from %s)",
-                 incident["incident"],
-                 now - (incident["fault_time"] or incident["detected_at"]), restored, tier)
+                 incident.incident,
+                 now - (incident.fault_time or incident.detected_at), restored, tier)
 
     def _reports_steps(self, gen: Generation) -> bool:
         """Whether this run reports steps at all (a plain script may never do)."""
@@ -1341,17 +1344,18 @@ class Recovery:
         if incident is None:
             return
         restored, tier = restored_of(gen) if gen is not None else (None, None)
-        incident.update(recovered_at=gen.started_at if gen is not None else now,
-                        restored_step=restored, restore_tier=tier, steps_lost=None)
-        incident["evidence"]["recovery"] = ("closed at run completion: the restarted "
+        incident.recovered_at = gen.started_at if gen is not None else now
+        incident.restored_step, incident.restore_tier = restored, tier
+        incident.steps_lost = None
+        incident.evidence["recovery"] = ("closed at run completion: the restarted "
                                             "workers finished, no step report after the "
                                             "restore")
         self._write_incident(incident)
         self.state.open_incident = None
 
-    def _write_incident(self, incident: dict[str, Any]) -> None:
-        if incident.get("rung") is None:
-            incident["rung"] = Rung.STOP
+    def _write_incident(self, incident: Incident) -> None:
+        if incident.rung is None:
+            incident.rung = Rung.STOP
         for cut in accounting.settle(incident):  # incidents it cut short, first
             self.events.incident(accounting.ordered_times(cut))
         self.events.incident(accounting.ordered_times(incident))

@@ -135,7 +135,7 @@ def test_monitor_follows_the_config():
         now += 0.25
         decision = mon.poll(now)
     assert decision is not None and decision.eviction.nodes == ("n3",)
-    inc = failslow.incident_of(decision, "i1", 12, now, 1.0)
+    inc = failslow.incident_of(decision, "i1", 12, now, 1.0).record()
     assert (inc["class"], inc["category"], inc["nodes"], inc["ranks"]) == \
         ("mfu_decline", "implicit", ["n3"], [2])
     assert inc["detected_at"] == inc["localized_at"] == now

@@ -70,7 +70,7 @@ def test_shrink_requeues_with_fewer_spares(tmp_path):
     node_fault_to_requeue(h)
     assert ("requeue", "42", ["n1"], 2) in h.slurm.calls
     assert h.rec.phase is Phase.REQUEUED
-    short = h.rec.state.open_incident["evidence"]["shortfall"]
+    short = h.rec.state.open_incident.to_json()["evidence"]["shortfall"]
     assert (short["needs"], short["has"], short["choice"]) == (3, 2, "shrink")
 
 
@@ -98,7 +98,7 @@ def test_enough_nodes_requeues_as_asked(tmp_path):
     h = Counted(tmp_path, has=3, nodes=2, spares=1)
     node_fault_to_requeue(h)
     assert ("requeue", "42", ["n1"], None) in h.slurm.calls
-    assert "shortfall" not in h.rec.state.open_incident["evidence"]
+    assert "shortfall" not in h.rec.state.open_incident.to_json()["evidence"]
     assert run_status(h.cfg.run_dir)["pending"] is None
 
 
