@@ -28,15 +28,24 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
-from slurm_robust.ckpt.config import TIERS
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import accounting, bitwise, blame, env_change, failslow, replay
 from slurm_robust.launcher.control import monitor as node_monitor
 from slurm_robust.launcher.control.events import EventLog, last_logged_step, new_incident
 from slurm_robust.launcher.control.failover import StoodDown, Takeover
+from slurm_robust.launcher.control.generation import (
+    Failure,
+    Generation,
+    Member,
+    PendingDiagnosis,
+    new_exits,
+    note_takeover,
+    restored_of,
+)
+from slurm_robust.launcher.control.hang import capture_incident
 from slurm_robust.launcher.control.hot_update import HotUpdate
 from slurm_robust.launcher.control.ladder import Decision, Facts, decide
 from slurm_robust.launcher.control.metrics import RunMetrics
@@ -48,13 +57,14 @@ from slurm_robust.launcher.control.nan_ladder import (
     attribute,
     write_skips,
 )
+from slurm_robust.launcher.control.outcome import RunOutcome
+from slurm_robust.launcher.control.plans import PlanContext, generation_plans, replay_plans
 from slurm_robust.launcher.control.policy import (
     UNLOCALISED_CLASSES,
     assign_slots,
     blamed_nodes,
     is_hung,
     made_progress,
-    rendezvous_port,
 )
 from slurm_robust.launcher.control.requeue import (
     cancel_job,
@@ -95,8 +105,6 @@ from slurm_robust.launcher.messages import (
     WorkerExit,
 )
 from slurm_robust.launcher.paths import RunPaths
-from slurm_robust.stacks.analyze import analyze
-from slurm_robust.stacks.dumps import read_capture
 from slurm_robust.stacks.failslow import FailSlowDecision, FailSlowMonitor
 from slurm_robust.taxonomy import ROWS, Action, canonical
 
@@ -122,18 +130,6 @@ GATHER_TIMEOUT_S = 60.0
 DIAGNOSIS_WAIT_S = 45.0
 
 
-class Member(Protocol):
-    """What recovery reads of one agent (the controller's membership record)."""
-
-    index: int
-    node: str
-    addr: str
-    last_seen: float
-    lost: bool
-    stacks: dict[str, Any]
-    states: dict[str, str | None]
-
-
 @dataclass
 class SlurmSide:
     """The Slurm calls recovery makes, injectable so a test can record them.
@@ -149,76 +145,6 @@ class SlurmSide:
     #: count, the requeue goes ahead as asked. Recovery sets the real one by default.
     capacity: Callable[[str, Sequence[str]], Capacity | None] | None = None
     cancel: Callable[[str], None] = cancel_job
-
-
-@dataclass
-class Failure:
-    """A worker exit of the current generation as the controller saw it."""
-
-    exit: WorkerExit
-    node: str
-    agent: int
-    seen: float  # when the controller first heard of it
-
-
-@dataclass
-class PendingDiagnosis:
-    """A stop-time diagnosis asked of one agent; the incident waits for its answer."""
-
-    id: str
-    agent: int
-    node: str
-    incident: Incident
-    signature: str | None
-    asked_at: float
-    deadline: float
-
-
-@dataclass
-class Generation:
-    """One start of the worker group: the plan's generation and what it has done."""
-
-    number: int
-    attempt: int
-    slots: list[int]
-    started_at: float
-    last_progress: float = 0.0
-    steps_done: int = 0
-    restored: dict[int, tuple[int | None, str | None]] = field(default_factory=dict)
-    pending: dict[int, dict[int, Progress]] = field(default_factory=dict)
-    finals: dict[int, Progress] = field(default_factory=dict)
-    succeeded: set[int] = field(default_factory=set)
-    failures: list[Failure] = field(default_factory=list)
-    exits_seen: set[tuple[int, int]] = field(default_factory=set)
-    first_failure_seen: float | None = None
-    capture: str | None = None
-    hang_detected: float | None = None
-    # The monitor's implicit-hang evidence (idle GPUs, silent RDMA ports), when it was
-    # the monitor and not a missing step report that declared the hang.
-    hang_signal: dict[str, Any] | None = None
-    capture_deadline: float = 0.0
-    announced: bool = False
-    diagnosis: PendingDiagnosis | None = None
-    #: Each rank's anomaly line (issue 15: where a NaN began).
-    anomalies: dict[int, dict[str, Any]] = field(default_factory=dict)
-    #: Each rank's bitwise reference digest, when this attempt was asked for one.
-    bitwise: dict[int, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.last_progress = self.last_progress or self.started_at
-
-
-def _new_exits(gen: Generation, member: Member,
-               exits: Sequence[WorkerExit]) -> list[WorkerExit]:
-    """The exits of ``gen`` in an agent's report not seen before (agents repeat them
-    until acknowledged); marks them seen."""
-    fresh = []
-    for ex in exits:
-        seen = (member.index, ex.rank)
-        if ex.gen == gen.number and seen not in gen.exits_seen:
-            gen.exits_seen.add(seen)
-            fresh.append(ex)
-    return fresh
 
 
 class Recovery:
@@ -252,7 +178,7 @@ class Recovery:
         self.step_times: list[float] = []
         self.last_step_time: float | None = None
         self.last_persist = 0.0
-        self.result: dict[str, Any] = {}
+        self.result: RunOutcome | None = None
         self.done_at: float | None = None
         #: The batch step's node was lost: Slurm (22.05, ``--no-kill``) then keeps the job
         #: RUNNING after everything else ended ("batch step received ... This should
@@ -365,7 +291,7 @@ class Recovery:
             return
         for item in progress:
             self._on_progress(gen, item, now)
-        for ex in _new_exits(gen, member, exits):
+        for ex in new_exits(gen, member, exits):
             if ex.exit_code == 0:
                 gen.succeeded.add(ex.rank)
             else:
@@ -404,51 +330,84 @@ class Recovery:
 
     # ------------------------------------------------------------------ the tick
     def tick(self, now: float) -> None:
+        """The clock: the current phase's handler (the phase table, docs/ARCHITECTURE.md)."""
         if self._phase is Phase.GATHER:
             self._gather(now)
             return
         if self._phase is Phase.REQUEUED:
             self._poll_requeue()
             return
-        if self._phase not in (Phase.RUNNING, Phase.DUMPING, Phase.DIAGNOSING,
-                               Phase.REPLAYING):
-            return
         gen = self.gen
         if gen is None:
             return
-        if self._phase is Phase.REPLAYING:
-            self._replay_tick(gen, now)
-            return
-        if self._phase is Phase.DIAGNOSING:
-            # The others wait: exits of the stopped generation are not new incidents.
-            self._check_diagnosis(gen, now)
-            return
-        if self._bitwise_tick(gen, now):  # issue 15: before a NaN of the faulty node
-            return
+        handler = {Phase.RUNNING: self._running_tick, Phase.DUMPING: self._running_tick,
+                   Phase.DIAGNOSING: self._check_diagnosis,
+                   Phase.REPLAYING: self._replay_tick}.get(self._phase)
+        if handler is not None:  # DONE: nothing more to do
+            handler(gen, now)
+
+    def _running_tick(self, gen: Generation, now: float) -> None:
+        """Running (or capturing a hang's stacks): the first detector, in priority order,
+        whose condition holds acts, and the tick ends there."""
+        # While DIAGNOSING (its own handler) the others wait: exits of the stopped
+        # generation are not new incidents.
+        detectors = (self._bitwise_tick,  # before a NaN of the faulty node
+                     self._completion_tick,
+                     # Before a pending capture: a crash or a lost node during the capture
+                     # is the better-localized fault, and a lost agent cannot restart in
+                     # place.
+                     self._failures_tick,
+                     self._hot_update_tick,
+                     self._monitor_tick,
+                     self._capture_tick,
+                     self._hang_tick,
+                     self._failslow_tick)
+        for detector in detectors:
+            if detector(gen, now):
+                return
+
+    def _completion_tick(self, gen: Generation, now: float) -> bool:
         active = {r for i in gen.slots for r in self.ranks_of(i)}
-        if active and active <= gen.succeeded:
-            self.finish(RunStatus.COMPLETED, None)
-        elif gen.failures:
-            # Before a pending capture: a crash or a lost node during the capture is
-            # the better-localized fault, and a lost agent cannot restart in place.
-            self._maybe_handle_failures(gen, now)
-        elif self._phase is Phase.RUNNING and \
-                self.hot.tick(self.state.last_step, self._reports_steps(gen), now):
-            # --- issue 16 call site: a hot update at a step boundary, in place --------
-            self.hot.apply_due(self.state.last_step, now)
-            self._begin_generation(gen.slots, now)
-        elif self._monitor_tick(gen, now):  # monitor (issue 14)
-            pass
-        elif self._phase is Phase.DUMPING:
-            self._check_capture(gen, now)
-        elif is_hung(gen.last_progress, now, self.step_times, self.cfg.hang_floor_s,
-                     self.cfg.hang_factor, gen.steps_done > 0, self.cfg.startup_timeout_s,
-                     self._reports_steps(gen)):
-            self._start_hang_capture(gen, now)
-        elif self.failslow is not None:
-            decision = self.failslow.poll(now)
-            if decision is not None:
-                self._handle_fail_slow(gen, decision, now)
+        if not (active and active <= gen.succeeded):
+            return False
+        self.finish(RunStatus.COMPLETED, None)
+        return True
+
+    def _failures_tick(self, gen: Generation, now: float) -> bool:
+        if not gen.failures:
+            return False
+        self._maybe_handle_failures(gen, now)
+        return True
+
+    def _hot_update_tick(self, gen: Generation, now: float) -> bool:
+        """A hot update due at a step boundary: a new generation in place."""
+        if self._phase is not Phase.RUNNING or \
+                not self.hot.tick(self.state.last_step, self._reports_steps(gen), now):
+            return False
+        self.hot.apply_due(self.state.last_step, now)
+        self._begin_generation(gen.slots, now)
+        return True
+
+    def _capture_tick(self, gen: Generation, now: float) -> bool:
+        if self._phase is not Phase.DUMPING:
+            return False
+        self._check_capture(gen, now)
+        return True
+
+    def _hang_tick(self, gen: Generation, now: float) -> bool:
+        if not is_hung(gen.last_progress, now, self.step_times, self.cfg.hang_floor_s,
+                       self.cfg.hang_factor, gen.steps_done > 0, self.cfg.startup_timeout_s,
+                       self._reports_steps(gen)):
+            return False
+        self._start_hang_capture(gen, now)
+        return True
+
+    def _failslow_tick(self, gen: Generation, now: float) -> bool:
+        decision = self.failslow.poll(now) if self.failslow is not None else None
+        if decision is None:
+            return False
+        self._handle_fail_slow(gen, decision, now)
+        return True
 
     def _gather(self, now: float) -> None:
         if self.state.finished:
@@ -576,17 +535,12 @@ class Recovery:
         st.last_step = max((s for s in (st.last_step, logged) if s is not None), default=None)
         # The old controller announced this attempt once a step finished; not again.
         gen.announced = st.last_step is not None
-        self._plans = self._make_plans(gen)
+        self._plans = generation_plans(self._plan_context(), gen)
         self._enter(Phase.RUNNING)
         for member in self.members.values():
             if member.lost:
                 self.on_agent_lost(member, False, now)
-        for failure in gen.failures:
-            failure.exit.evidence.update(takeover.evidence)
-            if takeover.last_heard is not None and failure.agent == takeover.lost_agent:
-                # Its fault time: the successor's last contact (it may have reported
-                # again since, a frozen process resumed).
-                failure.exit = dataclasses.replace(failure.exit, time=takeover.last_heard)
+        note_takeover(gen, takeover)
         self.persist()
         log.warning("took over generation %s (attempt %s, term %s) on %s; lost %s",
                     gen.number, gen.attempt, self.term, st.slots,
@@ -609,7 +563,7 @@ class Recovery:
         rank_nodes = [self.members[i].node for i in slots for _ in range(g)]
         self.failslow = failslow.new_monitor(self.cfg, rank_nodes)
         self.findings.new_generation(self.cfg, rank_nodes)  # monitor (issue 14)
-        self._plans = self._make_plans(gen)
+        self._plans = generation_plans(self._plan_context(), gen)
         # What a successor needs (issue 23): the generation, membership and spares.
         st.gen = gen.number
         st.members = {str(i): m.node for i, m in self.members.items() if not m.lost}
@@ -651,26 +605,9 @@ class Recovery:
             code = {**code, "code_change": True}
         return code
 
-    def _make_plans(self, gen: Generation) -> dict[int, Plan]:
-        """Every agent's plan for ``gen`` (deterministic: a successor rebuilds the same)."""
-        st, slots, g = self.state, gen.slots, self.cfg.workers_per_node
-        rank_nodes = [self.members[i].node for i in slots for _ in range(g)]
-        port = rendezvous_port(self.cfg.master_port, self.ident.job_id, gen.attempt)
-        code = self._code_fields()  # issue 16: the code version the workers run
-        plans: dict[int, Plan] = {}
-        for slot, index in enumerate(slots):
-            plans[index] = Plan(role=Role.ACTIVE, gen=gen.number, attempt=gen.attempt,
-                                world_size=self.cfg.world_size,
-                                master_addr=self.members[slots[0]].addr, master_port=port,
-                                rank_nodes=rank_nodes, run_id=st.run_id,
-                                max_restarts=self.cfg.max_restarts, slot=slot,
-                                ranks=list(range(slot * g, (slot + 1) * g)), **code)
-        for index, member in self.members.items():
-            if index in slots or member.lost:
-                continue
-            role = Role.SPARE if index in self.spares else Role.EVICTED
-            plans[index] = Plan(role=role, gen=gen.number, attempt=gen.attempt)
-        return plans
+    def _plan_context(self) -> PlanContext:
+        return PlanContext(self.cfg, self.ident.job_id, self.state.run_id, self.members,
+                           tuple(self.spares), self._code_fields())
 
     def _announce_attempt(self, gen: Generation) -> None:
         """Write ``attempt_start`` once the ranks said what they restored (or stepped)."""
@@ -867,41 +804,11 @@ class Recovery:
         self.gen_count += 1
         gen = Generation(self.gen_count, first, list(rp.origin_gen.slots), now)
         self.gen = gen
-        self._plans = self._replay_plans(gen, groups, rp)
+        self._plans = replay_plans(self._plan_context(), gen, groups, rp)
         self._enter(Phase.REPLAYING)
         self.persist()
         log.info("replay %s: %s phase, groups %s", rp.id, phase.value,
                  [[self.members[gen.slots[m]].node for m in grp] for grp in groups])
-
-    def _replay_plans(self, gen: Generation, groups: list[list[int]],
-                      rp: replay.ReplayRun) -> dict[int, Plan]:
-        """Each group a world of its own: its ranks renumbered from 0, its own master
-        and port; each worker told its rank in the run (for its own snapshot)."""
-        g, slots = self.cfg.workers_per_node, gen.slots
-        code = self._code_fields()
-        env = dict(code.get("env") if code.get("env") is not None else self.cfg.env)
-        plans: dict[int, Plan] = {}
-        for number, members in enumerate(groups):
-            attempt = gen.attempt + number
-            port = rendezvous_port(self.cfg.master_port, self.ident.job_id, attempt)
-            rank_nodes = [self.members[slots[m]].node for m in members for _ in range(g)]
-            for pos, m in enumerate(members):
-                spec = replay.ReplaySpec(rp.id, rp.phase.value, number,
-                                         tuple(range(m * g, (m + 1) * g)),
-                                         self.cfg.world_size, rp.restore_step,
-                                         rp.until_step)
-                plans[slots[m]] = Plan(
-                    role=Role.ACTIVE, gen=gen.number, attempt=attempt,
-                    world_size=len(members) * g,
-                    master_addr=self.members[slots[members[0]]].addr, master_port=port,
-                    rank_nodes=rank_nodes, run_id=self.state.run_id, max_restarts=0,
-                    slot=pos, ranks=list(range(pos * g, (pos + 1) * g)),
-                    **{**code, "env": {**env, replay.REPLAY_ENV: spec.to_env()}})
-        for index, member in self.members.items():
-            if index not in slots and not member.lost:
-                role = Role.SPARE if index in self.spares else Role.EVICTED
-                plans[index] = Plan(role=role, gen=gen.number, attempt=gen.attempt)
-        return plans
 
     def _on_replay_report(self, member: Member, gen: Generation,
                           progress: Sequence[Progress], exits: Sequence[WorkerExit]) -> None:
@@ -914,7 +821,7 @@ class Recovery:
         for item in progress:
             if item.kind is ProgressKind.ANOMALY and item.extra.get("what") == "nan":
                 out[group] = "nan"
-        for ex in _new_exits(gen, member, exits):
+        for ex in new_exits(gen, member, exits):
             if ex.exit_code == 0:
                 rp.done[member.index] = rp.done.get(member.index, 0) + 1
             elif ex.cls == IncidentClass.NAN:
@@ -1267,45 +1174,17 @@ class Recovery:
                     now - gen.last_progress, gen.capture)
 
     def _check_capture(self, gen: Generation, now: float) -> None:
+        """The capture is done once every live agent sent its stacks, or at its deadline;
+        then the hang is an incident (restarted in place, the suspects named)."""
         views = [self.members[i] for i in gen.slots if not self.members[i].lost]
         done = [v for v in views if gen.capture in v.stacks]
         if len(done) < len(views) and now < gen.capture_deadline:
             return
         self.state.incidents += 1
-        evidence: dict[str, Any] = {"stacks": str(self.paths.stacks / str(gen.capture)),
-                                    "no_step_for_s": round(now - gen.last_progress, 3),
-                                    "captured_nodes": sorted(v.node for v in done),
-                                    "process_states": {v.node: v.states for v in views}}
-        if gen.hang_signal:
-            evidence.update(gen.hang_signal)
-        nodes, ranks = self._analyze_capture(gen, evidence)
-        stopped = {int(r): v.node for v in views for r, s in v.states.items() if s == "T"}
-        if stopped:
-            # A worker in state T (stopped) cannot make progress: the plainest suspect.
-            # It outranks the stack grouping, which needs a clear majority to name anyone.
-            evidence["stopped_ranks"] = sorted(stopped)
-            ranks, nodes = sorted(stopped), sorted(set(stopped.values()))
-        incident = new_incident(f"i{self.state.incidents}", IncidentClass.JOB_HANG,
-                                 Category.IMPLICIT, gen.hang_detected or now,
-                                 fault_time=gen.last_progress, nodes=nodes, ranks=ranks,
-                                 last_step=self.state.last_step, evidence=evidence)
-        incident.localized_at = now
+        incident = capture_incident(f"i{self.state.incidents}", gen, views,
+                                    self.paths.stacks, self.state.last_step, now)
         self._enter(Phase.RUNNING)
         self._handle(gen, incident, None, [], now)
-
-    def _analyze_capture(self, gen: Generation,
-                         evidence: dict[str, Any]) -> tuple[list[str], list[int]]:
-        """Group the captured stacks; the minority groups are the suspects (evidence only:
-        a hang is restarted in place, the suspects' nodes are named in the incident)."""
-        try:
-            result = analyze(read_capture(self.paths.stacks / str(gen.capture)))
-        except Exception as exc:  # noqa: BLE001 - analysis is evidence, never a blocker
-            evidence["analysis_error"] = f"{type(exc).__name__}: {exc}"
-            return [], []
-        evidence["analysis"] = {"verdict": result.verdict, "reason": result.reason,
-                                "outlier_ranks": list(result.outlier_ranks),
-                                "nodes": result.nodes}
-        return result.nodes, list(result.outlier_ranks)
 
     # ------------------------------------------------------------------ endings
     def _resolve_open_incident(self, gen: Generation, step: int, now: float) -> None:
@@ -1384,19 +1263,8 @@ class Recovery:
         # The snapshots are keyed by job id: a resubmission (new job) cannot use them, and
         # tmpfs pages are node memory, so every ending frees them (the durable tier stays).
         self._plans = {i: Plan(role=Role.EXIT, exit_code=0, purge=True) for i in self.members}
-        self.result = {"status": status, "verdict": verdict, "step": step,
-                       "params_sha256": digest,
-                       "attempt": self.state.attempt, "restarts": self.state.restarts}
+        self.result = RunOutcome(RunStatus(status), verdict, step, digest,
+                                 self.state.attempt, self.state.restarts)
         self._enter(Phase.DONE)
         self.done_at = self.clock()
         log.info("run %s: %s%s", self.state.run_id, status, f" ({verdict})" if verdict else "")
-
-
-def restored_of(gen: Generation) -> tuple[int | None, str | None]:
-    """The common restored step and the slowest tier that served a rank."""
-    steps = {s for s, _ in gen.restored.values()}
-    tiers = [t for _, t in gen.restored.values() if t in TIERS]
-    step = steps.pop() if len(steps) == 1 else (min((s for s in steps if s is not None),
-                                                    default=None))
-    tier = max(tiers, key=TIERS.index) if tiers else None
-    return step, tier

@@ -142,7 +142,7 @@ def test_the_incident_that_ends_a_run_reaches_the_log(tmp_path):
     h.fail(h.members[0], "gpu_unavailable")  # controller's own node: requeue
     h.settle()
     h.wait_slurm()
-    assert h.rec.phase is Phase.DONE and h.rec.result["status"] == "failed"
+    assert h.rec.phase is Phase.DONE and h.rec.result.status == "failed"
     inc, = h.incidents()
     assert inc["rung"] == "requeue" and inc["class"] == "gpu_unavailable"
     assert [e["event"] for e in h.events()][-2:] == ["incident", "run_end"]

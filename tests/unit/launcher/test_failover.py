@@ -94,9 +94,9 @@ def test_frozen_controller_is_replaced_and_stands_down(cfg):
     for t in threads:
         t.join(60)
     assert not any(t.is_alive() for t in threads), "agents did not end"
-    assert old.join()["status"] == "stood_down"
+    assert old.join().status == "stood_down"
     result = agents[0].controllers[0].join()
-    assert result["status"] == "completed", result
+    assert result.status == "completed", result
     [takeover] = events(cfg, "controller")
     assert takeover["term"] == first_term + 1 and takeover["node"] == "n1"
     assert takeover["takeover"]["previous_agent"] == 1

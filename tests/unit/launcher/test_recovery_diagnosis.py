@@ -75,8 +75,8 @@ def test_ambiguous_crash_diagnosis_passes_in_place_then_repeat_stops(tmp_path):
     # The same signature after a passed diagnosis: user code, no second diagnosis.
     crash(h, h.members[1])
     h.settle()
-    assert h.rec.phase is Phase.DONE and h.rec.result["status"] == "stopped"
-    assert "passed stop-time diagnosis" in h.rec.result["verdict"]
+    assert h.rec.phase is Phase.DONE and h.rec.result.status == "stopped"
+    assert "passed stop-time diagnosis" in h.rec.result.verdict
     assert not [c for c in h.slurm.calls if c[0] in ("verdict", "drain")]
     assert h.incidents()[-1]["rung"] == "stop"
 

@@ -273,8 +273,8 @@ def test_the_same_user_error_after_a_clean_restart_stops(tmp_path):
     h.fail(h.members[0], "user_code", signature="TypeError@train.py:3")
     h.settle()
     assert h.rec.phase is Phase.DONE
-    assert h.rec.result["status"] == "stopped"
-    assert "same user-code error" in h.rec.result["verdict"]
+    assert h.rec.result.status == "stopped"
+    assert "same user-code error" in h.rec.result.verdict
     assert {h.rec.plan_for(i).role for i in h.members} == {Role.EXIT}
     assert h.incidents()[-1]["rung"] == "stop"
     assert load_state(RunPaths.of(h.cfg.run_dir).state).finished == "stopped"
@@ -330,8 +330,8 @@ def test_a_refused_requeue_ends_the_run(tmp_path):
     h.fail(h.members[1], "kernel_panic")
     h.settle()
     assert h.rec.phase is Phase.DONE
-    assert h.rec.result["status"] == "failed"
-    assert "requeue refused" in h.rec.result["verdict"]
+    assert h.rec.result.status == "failed"
+    assert "requeue refused" in h.rec.result.verdict
     inc, = h.incidents()  # the incident that ended the run is in the event log
     assert inc["class"] == "kernel_panic" and inc["rung"] == "requeue"
     assert h.rec.state.open_incident is None
@@ -372,7 +372,7 @@ def test_a_requeue_in_flight_never_blocks_the_tick(tmp_path):
     assert h.rec.plan_for(0).role == Role.HOLD
     release.set()
     h.wait_slurm()
-    assert h.rec.phase is Phase.DONE and "denied" in h.rec.result["verdict"]
+    assert h.rec.phase is Phase.DONE and "denied" in h.rec.result.verdict
 
 
 def test_losing_the_batch_node_marks_the_job_for_cancelling_at_its_end(tmp_path):

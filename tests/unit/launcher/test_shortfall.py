@@ -78,8 +78,8 @@ def test_stop_ends_the_run_with_a_verdict_instead_of_pending(tmp_path):
     h = Counted(tmp_path, has=1, nodes=2, spares=1)
     node_fault_to_requeue(h)
     assert not [c for c in h.slurm.calls if c[0] == "requeue"]
-    assert h.rec.phase is Phase.DONE and h.rec.result["status"] == "stopped"
-    assert "reserve shortfall (needs 3, has 1)" in h.rec.result["verdict"]
+    assert h.rec.phase is Phase.DONE and h.rec.result.status == "stopped"
+    assert "reserve shortfall (needs 3, has 1)" in h.rec.result.verdict
     inc = h.incidents()[-1]
     assert inc["rung"] == "stop" and inc["evidence"]["shortfall"]["choice"] == "stop"
     assert h.rec.state.requeues == 0

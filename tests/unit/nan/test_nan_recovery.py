@@ -73,8 +73,8 @@ def test_data_nan_stops_after_one_replay_and_evicts_nothing(tmp_path):
     _nan_everywhere(h, 4)
     h.restored(3)
     _nan_everywhere(h, 4)  # the replay hits it again at the same step and origin
-    assert h.rec.phase is Phase.DONE and h.rec.result["status"] == "stopped"
-    verdict = h.rec.result["verdict"]
+    assert h.rec.phase is Phase.DONE and h.rec.result.status == "stopped"
+    verdict = h.rec.result.verdict
     assert "step 4" in verdict and "data position 3" in verdict and "n3 rank 2" in verdict
     assert not any(c[0] in ("verdict", "drain") for c in h.slurm.calls)
     inc = h.incidents()[-1]
@@ -101,7 +101,7 @@ def test_a_requeue_between_the_nan_and_its_replay_keeps_the_ladder(tmp_path):
     h2 = _three(tmp_path)  # the next allocation's controller, on the same run dir
     h2.restored(3)
     _nan_everywhere(h2, 4)  # the replay on the new allocation: the same place again
-    assert h2.rec.phase is Phase.DONE and h2.rec.result["status"] == "stopped"
+    assert h2.rec.phase is Phase.DONE and h2.rec.result.status == "stopped"
     assert h2.incidents()[-1]["evidence"]["nan"]["verdict"] == "data_or_model"
 
 
