@@ -13,11 +13,17 @@ Every phase change goes through :meth:`Recovery._enter`, which checks it against
 :data:`slurm_robust.launcher.enums.PHASE_TRANSITIONS` and raises PhaseError on a
 transition the table does not allow (docs/ARCHITECTURE.md shows the table).
 
-The ladder itself is pure (ladder.py): :meth:`Recovery._handle` gathers its facts,
-calls ``decide`` once and applies the whole answer: in place (a new generation on the
+:meth:`Recovery.tick` runs the phase's handler; while running, detectors in priority
+order (bitwise test, completion, failures, a due hot update, monitor findings, a hang
+capture, a hang, fail-slow), and the first whose condition holds acts. The ladder itself
+is pure (ladder.py): :meth:`Recovery._handle` gathers its facts, calls ``decide`` once
+and :meth:`Recovery._apply` applies the whole answer: in place (a new generation on the
 same slots), spare (the blamed node's slot goes to a parked agent), requeue
-(``scontrol requeue``, through the injectable :class:`SlurmSide`), stop (``run_end``
-with a verdict). Incidents follow docs/SCHEMAS.md: detected when the controller first
+(``scontrol requeue``, through the injectable :class:`SlurmSide`, requeue_action.py),
+stop (``run_end`` with a verdict). The NaN ladder's side (origin, bitwise test,
+dual-phase replay) is nan_recovery.py; plans, a hang's incident and a stop-time
+diagnosis's conclusion are built by pure helpers (plans.py, hang.py,
+stop_diagnosis.py). Incidents follow docs/SCHEMAS.md: detected when the controller first
 saw the failure, localized when the culprit was named, recovered when the first step
 after the restored one finished.
 """
@@ -50,19 +56,15 @@ from slurm_robust.launcher.control.hot_update import HotUpdate
 from slurm_robust.launcher.control.ladder import Decision, Facts, decide
 from slurm_robust.launcher.control.metrics import RunMetrics
 from slurm_robust.launcher.control.nan_ladder import (
-    NAN_SETTLE_S,
     NanLadder,
     NanPolicy,
-    NanResolution,
-    attribute,
-    write_skips,
 )
+from slurm_robust.launcher.control.nan_recovery import NanRecovery
 from slurm_robust.launcher.control.outcome import RunOutcome
-from slurm_robust.launcher.control.plans import PlanContext, generation_plans, replay_plans
+from slurm_robust.launcher.control.plans import PlanContext, generation_plans
 from slurm_robust.launcher.control.policy import (
     UNLOCALISED_CLASSES,
     assign_slots,
-    blamed_nodes,
     is_hung,
     made_progress,
 )
@@ -72,18 +74,24 @@ from slurm_robust.launcher.control.requeue import (
     requeue_job,
     write_verdict,
 )
+from slurm_robust.launcher.control.requeue_action import PendingRequeue
 from slurm_robust.launcher.control.shortfall import (
     Capacity,
     Choice,
     RequeuePlan,
     ShortfallPolicy,
     job_capacity,
-    plan_requeue,
     reserve_partition,
 )
 from slurm_robust.launcher.control.shortfall import evidence as shortfall_evidence
-from slurm_robust.launcher.control.slurm_actions import ActionState, SlurmAction
+from slurm_robust.launcher.control.slurm_actions import SlurmAction
 from slurm_robust.launcher.control.state import RunState, load_state, save_state
+from slurm_robust.launcher.control.stop_diagnosis import (
+    DIAGNOSIS_WAIT_S,
+    conclude,
+    diagnosed_before,
+    wants_diagnosis,
+)
 from slurm_robust.launcher.enums import (
     Category,
     IncidentClass,
@@ -106,7 +114,6 @@ from slurm_robust.launcher.messages import (
 )
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.stacks.failslow import FailSlowDecision, FailSlowMonitor
-from slurm_robust.taxonomy import ROWS, Action, canonical
 
 log = logging.getLogger("slurm_robust.launcher.control.recovery")
 
@@ -125,9 +132,6 @@ HURRY_POLL_S = 0.05
 CAPTURE_BUDGET_S = 20.0
 #: Longest wait for every agent of the allocation before starting with those present.
 GATHER_TIMEOUT_S = 60.0
-#: Longest wait for a stop-time diagnosis: launcher/diagnose.py's own budget, plus the
-#: agent's stopping its workers and a few reports' worth of slack.
-DIAGNOSIS_WAIT_S = 45.0
 
 
 @dataclass
@@ -190,25 +194,34 @@ class Recovery:
         self.metrics: RunMetrics | None = None
         #: Slurm actions started by this owner (in flight or finished), oldest first.
         self.actions: list[SlurmAction] = []
-        self._requeue_action: SlurmAction | None = None
+        self._requeue: PendingRequeue | None = None  # in flight
         # Failover (issue 23, failover.py): this controller's term, the fence it checks
         # before writing the state, and what it took over (None: the first controller).
         self.term = 0
         self.superseded: Callable[[], bool] = lambda: False
         self.takeover: Takeover | None = None
-        self.nan = NanLadder.from_state(NanPolicy(cfg.nan_policy), self.state.nan_ladder)
-        self.bitwise_req: bitwise.BitwiseRequest | None = None
-        self.replay: replay.ReplayRun | None = None  # issue 15: dual-phase replay
+        self.nans = NanRecovery(self, NanLadder.from_state(NanPolicy(cfg.nan_policy),
+                                                           self.state.nan_ladder))
         #: issue 16: the code version the workers run, hot updates and rollbacks.
         self.hot = HotUpdate(cfg, self.events, clock)
         self._fingerprinted = False  # issue 13: once per controller (env_change.py)
-        #: The count and plan of the requeue in flight, set by its thread (shortfall.py).
-        self._requeue_plan: tuple[Capacity | None, RequeuePlan] | None = None
 
     # ------------------------------------------------------------------ read side
     @property
     def phase(self) -> Phase:
         return self._phase
+
+    @property
+    def nan(self) -> NanLadder:
+        return self.nans.nan
+
+    @property
+    def bitwise_req(self) -> bitwise.BitwiseRequest | None:
+        return self.nans.bitwise_req
+
+    @property
+    def replay(self) -> replay.ReplayRun | None:
+        return self.nans.replay
 
     def plan_for(self, index: int) -> Plan | None:
         """The plan to send agent ``index`` (None: nothing yet), stamped with the term.
@@ -287,7 +300,7 @@ class Recovery:
         if gen is None or gen_number != gen.number:
             return
         if self._phase is Phase.REPLAYING:
-            self._on_replay_report(member, gen, progress, exits)
+            self.nans.on_replay_report(member, gen, progress, exits)
             return
         for item in progress:
             self._on_progress(gen, item, now)
@@ -342,7 +355,7 @@ class Recovery:
             return
         handler = {Phase.RUNNING: self._running_tick, Phase.DUMPING: self._running_tick,
                    Phase.DIAGNOSING: self._check_diagnosis,
-                   Phase.REPLAYING: self._replay_tick}.get(self._phase)
+                   Phase.REPLAYING: self.nans.replay_tick}.get(self._phase)
         if handler is not None:  # DONE: nothing more to do
             handler(gen, now)
 
@@ -351,7 +364,7 @@ class Recovery:
         whose condition holds acts, and the tick ends there."""
         # While DIAGNOSING (its own handler) the others wait: exits of the stopped
         # generation are not new incidents.
-        detectors = (self._bitwise_tick,  # before a NaN of the faulty node
+        detectors = (self.nans.bitwise_tick,  # before a NaN of the faulty node
                      self._completion_tick,
                      # Before a pending capture: a crash or a lost node during the capture
                      # is the better-localized fault, and a lost agent cannot restart in
@@ -634,17 +647,18 @@ class Recovery:
         else:
             root = min(gen.failures, key=lambda f: f.exit.time)
         if root.exit.cls == IncidentClass.NAN:  # issue 15: the NaN ladder
-            if self._nan_settling(gen, primary, now):
+            if self.nans.settling(gen, primary, now):
                 return
-            self._handle_nan(gen, root, first_seen, now)
+            self.nans.handle(gen, root, first_seen, now)
             return
         incident = self._incident_from_failure(gen, root, first_seen)
         # --- issue 13 call site: unclear side, nobody blamed -> stop-time diagnosis -----
         if self._wants_diagnosis(root):
             self._start_diagnosis(gen, root, incident, now)
             return
+        repeat = diagnosed_before(root.exit.signature, self.state.diagnosis_passed)
         self._handle(gen, incident, root.exit.signature, [root.node], now,
-                     diagnosed_repeat=self._diagnosed_before(root.exit.signature))
+                     diagnosed_repeat=repeat)
 
     def _all_heard_since(self, gen: Generation, t: float) -> bool:
         """Whether every agent of the generation's slots has reported at ``t`` or later
@@ -678,214 +692,6 @@ class Recovery:
                              fault_time=ex.time, nodes=[root.node], ranks=[ex.rank],
                              last_step=st.last_step, evidence=evidence)
 
-    # ------------------------------------------------------------------ NaN (issue 15)
-    def _nan_settling(self, gen: Generation, primary: list[Failure], now: float) -> bool:
-        """Wait (up to NAN_SETTLE_S) until every active rank's anomaly line is in: the
-        origin's may come in a later report than the first reporter's."""
-        active = {r for i in gen.slots for r in self.ranks_of(i)}
-        first = min(f.seen for f in primary)
-        return not active <= set(gen.anomalies) and now - first < NAN_SETTLE_S
-
-    def _handle_nan(self, gen: Generation, root: Failure, detected: float,
-                    now: float) -> None:
-        """A NaN: name its origin, not the first reporter, and take the NaN ladder."""
-        rank_nodes = [self.members[i].node for i in gen.slots
-                      for _ in range(self.cfg.workers_per_node)]
-        origin = attribute(gen.anomalies, rank_nodes)
-        step = self.nan.decide(origin, now)
-        prev = self.state.open_incident
-        if prev is not None and prev.restored_step is None:
-            # The replay failed before finishing a step: the restore itself happened.
-            prev.restored_step, prev.restore_tier = restored_of(gen)
-        incident = self._incident_from_failure(gen, root, detected)
-        reporters = sorted(gen.anomalies)
-        incident.nodes, incident.ranks = sorted(set(origin.nodes)), list(origin.ranks)
-        incident.evidence["nan"] = {**origin.to_json(), "resolution": step.resolution,
-                                       "verdict": step.verdict, "reason": step.reason,
-                                       "replay_s": step.replay_s,
-                                       "first_reporter": {"rank": root.exit.rank,
-                                                          "node": root.node},
-                                       "reporting_ranks": reporters}
-        override = Decision(Rung.STOP if step.resolution == "stop" else Rung.IN_PLACE,
-                            step.reason)
-        if step.skip_step is not None:
-            write_skips(self.cfg.run_dir, self.nan.skipped)
-        if step.resolution is NanResolution.REPLAY:
-            self._start_replay(gen, incident, now)
-            return
-        if step.verdict != "data_or_model":
-            # The replaying attempt's ranks all run the reference step at their start:
-            # milliseconds, so it is asked with the reattempt rather than after a second
-            # failure; a node that computes it wrongly is faulty whatever the NaN was.
-            self.bitwise_req = bitwise.request(self.cfg.run_dir, self.state.attempt + 1,
-                                               incident, now)
-            incident.evidence["nan"]["bitwise"] = {"requested": self.bitwise_req.id}
-        # No node is blamed for a NaN here (nodes=[]): only a failed bitwise test may
-        # evict one; no signature either, the NaN ladder replaces the repeat rule.
-        self._handle(gen, incident, None, [], now, override=override)
-
-    def _bitwise_tick(self, gen: Generation, now: float) -> bool:
-        """Compare the bitwise digests once every active rank sent one (or the wait is
-        over); a node that differs is evicted as the NaN incident's resolution."""
-        req = self.bitwise_req
-        if req is None or self._phase is not Phase.RUNNING or gen.attempt < req.attempt:
-            return False
-        if gen.attempt > req.attempt:
-            self.bitwise_req = None  # that attempt ended before answering
-            return False
-        active = {r for i in gen.slots for r in self.ranks_of(i)}
-        complete = active <= set(gen.bitwise)
-        if not complete and now - req.asked_at < bitwise.BITWISE_WAIT_S:
-            return False
-        self.bitwise_req = None
-        rank_nodes = [self.members[i].node for i in gen.slots
-                      for _ in range(self.cfg.workers_per_node)]
-        result = bitwise.compare({r: d for r, d in gen.bitwise.items() if r in active},
-                                 rank_nodes)
-        incident = req.incident
-        nan_ev = incident.evidence["nan"]
-        nan_ev["bitwise"] = {**nan_ev.get("bitwise", {}), **result.evidence,
-                             "complete": complete, "seconds": round(now - req.asked_at, 3)}
-        if result.passed:
-            return False  # all agree: if the NaN moves again, dual-phase replay is next
-        open_inc = self.state.open_incident
-        if open_inc is not None and open_inc.incident == incident.incident:
-            self.state.open_incident = None  # the same incident, now resolved by eviction
-        else:
-            self.state.incidents += 1
-            incident = dataclasses.replace(incident, incident=f"i{self.state.incidents}",
-                                           recovered_at=None, restored_step=None,
-                                           steps_lost=None)
-        incident.evidence["nan"]["resolution"] = "evict"
-        incident.localized_at = now
-        reason = (f"bitwise reference test: {', '.join(result.differing)} differ(s) from "
-                  f"the other nodes' digest {result.reference and result.reference[:16]}")
-        self._handle(gen, incident, None, list(result.differing), now, evict=reason)
-        return True
-
-    # ------------------------------------------------------------------ replay (issue 15)
-    def _start_replay(self, gen: Generation, incident: Incident, now: float) -> None:
-        """The NaN moved again after a rollback: dual-phase replay (control/replay.py)
-        from the last step every rank snapshotted, over the steps the NaN appeared at."""
-        st = self.state
-        self.events.flush_step()
-        if st.open_incident is not None:  # the rollback's incident did not recover
-            accounting.cut_short(st.open_incident, incident, now)
-            st.open_incident = None
-        grid = replay.Grid.of(len(gen.slots))
-        # Every rank finished (and snapshotted) the step before the NaN's: the memory
-        # tier holds the last two, and the controller's count may lag behind them.
-        nan_step = incident.evidence["nan"].get("step")
-        restore = nan_step - 1 if isinstance(nan_step, int) and nan_step > 0 else \
-            st.last_step
-        until = replay.window(restore, self.nan.steps)
-        rp = replay.ReplayRun(f"replay-{incident.incident}", grid, incident, gen,
-                              restore, until, now)
-        incident.evidence["nan"]["replay"] = {"restore_step": restore,
-                                                 "until_step": until,
-                                                 "grid": [grid.m, grid.n]}
-        self.replay = rp
-        log.warning("incident %s: dual-phase replay of steps %s..%s on a %sx%s grid",
-                    incident.incident, (restore or 0) + 1, until, grid.m, grid.n)
-        if grid.m == 1:  # one row is the whole job: it failed already, go by columns
-            rp.outcomes[replay.ReplayPhase.HORIZONTAL.value] = {0: "implied"}
-            self._begin_replay_phase(replay.ReplayPhase.VERTICAL, now)
-        else:
-            self._begin_replay_phase(replay.ReplayPhase.HORIZONTAL, now)
-
-    def _begin_replay_phase(self, phase: replay.ReplayPhase, now: float) -> None:
-        rp, st = self.replay, self.state
-        assert rp is not None
-        groups = rp.grid.groups(phase)
-        rp.phase, rp.phase_started_at, rp.done = phase, now, {}
-        rp.outcomes[phase.value] = {}
-        first = st.attempt + 1
-        st.attempt += len(groups)  # an attempt per group: its own port and draws
-        self.gen_count += 1
-        gen = Generation(self.gen_count, first, list(rp.origin_gen.slots), now)
-        self.gen = gen
-        self._plans = replay_plans(self._plan_context(), gen, groups, rp)
-        self._enter(Phase.REPLAYING)
-        self.persist()
-        log.info("replay %s: %s phase, groups %s", rp.id, phase.value,
-                 [[self.members[gen.slots[m]].node for m in grp] for grp in groups])
-
-    def _on_replay_report(self, member: Member, gen: Generation,
-                          progress: Sequence[Progress], exits: Sequence[WorkerExit]) -> None:
-        """A replay's reports: a NaN fails the agent's group; steps are not the run's."""
-        rp = self.replay
-        if rp is None or member.index not in gen.slots:
-            return
-        group = rp.group_of(gen.slots.index(member.index))
-        out = rp.outcomes[rp.phase.value]
-        for item in progress:
-            if item.kind is ProgressKind.ANOMALY and item.extra.get("what") == "nan":
-                out[group] = "nan"
-        for ex in new_exits(gen, member, exits):
-            if ex.exit_code == 0:
-                rp.done[member.index] = rp.done.get(member.index, 0) + 1
-            elif ex.cls == IncidentClass.NAN:
-                out[group] = "nan"
-            elif out.get(group) != "nan":
-                out[group] = "error"
-                rp.details.append(f"{member.node} rank {ex.rank}: {ex.cls} ({ex.line})")
-
-    def _replay_tick(self, gen: Generation, now: float) -> None:
-        rp = self.replay
-        assert rp is not None
-        if gen.failures:  # a lost agent: the ladder handles it, the replay is over
-            self._end_replay(None, "an agent was lost during the replay", now, lost=gen)
-            return
-        if not rp.settle(gen.slots, self.cfg.workers_per_node, now):
-            return
-        why = rp.inconclusive()
-        if why is not None:
-            self._end_replay(None, why, now)
-        elif rp.phase is replay.ReplayPhase.HORIZONTAL:
-            self._begin_replay_phase(replay.ReplayPhase.VERTICAL, now)
-        else:
-            h, v = replay.ReplayPhase.HORIZONTAL, replay.ReplayPhase.VERTICAL
-            slot = rp.grid.locate(rp.failed(h), rp.failed(v))
-            node = None if slot is None else self.members[rp.origin_gen.slots[slot]].node
-            self._end_replay(node, f"row {rp.failed(h)} and column {rp.failed(v)} "
-                                   f"reproduced the NaN", now)
-
-    def _end_replay(self, node: str | None, why: str, now: float,
-                    lost: Generation | None = None) -> None:
-        """Evict the located node (spare or requeue), or roll back in place."""
-        rp = self.replay
-        assert rp is not None
-        self.replay = None
-        incident = rp.incident
-        nan_ev = incident.evidence["nan"]
-        nan_ev["replay"] = {**nan_ev.get("replay", {}),
-                            **replay.evidence(rp.grid, rp.outcomes, node),
-                            "reason": why, "errors": rp.details,
-                            "seconds": round(now - rp.started_at, 3)}
-        log.warning("replay %s: %s -> %s", rp.id, why,
-                    f"evicting {node}" if node else "inconclusive")
-        if lost is not None:
-            # The lost agent's failure is the next incident; this one stays open until
-            # the ladder's next generation recovers (it is then written, cut short).
-            nan_ev["resolution"] = NanResolution.ROLLBACK
-            incident.rung = Rung.IN_PLACE
-            self.state.open_incident = incident
-            self._enter(Phase.RUNNING)
-            return
-        # The ladder goes on from the generation the NaN ended (its slots, its progress);
-        # self.gen stays the replay's, so the next plans' numbers keep increasing.
-        if node is None:
-            nan_ev["resolution"] = NanResolution.ROLLBACK
-            self._handle(rp.origin_gen, incident, None, [], now, override=Decision(
-                Rung.IN_PLACE, f"dual-phase replay inconclusive ({why}): rolling back "
-                               "again"))
-            return
-        nan_ev["resolution"] = NanResolution.REPLAY
-        incident.localized_at = now
-        self.nan.on_evicted()
-        self._handle(rp.origin_gen, incident, None, [node], now,
-                     evict=f"dual-phase replay: {why}, crossing at {node}")
-
     def _handle(self, gen: Generation, incident: Incident, signature: str | None,
                 nodes: list[str], now: float, evict: str | None = None, *,
                 diagnosed_repeat: bool = False, diagnosis_failed: bool = False,
@@ -902,7 +708,14 @@ class Recovery:
             st.open_incident = None
         facts = self._ladder_facts(gen, incident, signature, nodes, now, evict,
                                    diagnosed_repeat, diagnosis_failed, override)
-        decision = decide(facts)
+        self._apply(gen, incident, signature, decide(facts), evict, now)
+
+    def _apply(self, gen: Generation, incident: Incident, signature: str | None,
+               decision: Decision, evict: str | None, now: float) -> None:
+        """Apply the ladder's decision: the run's counters and the incident, then the
+        rung (stop; or a verdict and drain for each evicted node, and a new generation in
+        place, on a spare, or a requeue)."""
+        st = self.state
         if decision.batch_lost:
             self.batch_lost = True
         if decision.rollback is not None:
@@ -935,7 +748,7 @@ class Recovery:
             self._start_action("drain", lambda: self.slurm.drain(evict_nodes, reason))
         st.open_incident = incident
         if decision.rung == Rung.REQUEUE:
-            self._requeue(decision)
+            self._start_requeue(decision)
         elif decision.rung == Rung.SPARE:
             self._begin_generation(self._replace(gen, decision), now)
         else:
@@ -986,7 +799,7 @@ class Recovery:
         self.state.blamed = sorted(set(self.state.blamed) | set(decision.evict))
         return slots
 
-    def _requeue(self, decision: Decision) -> None:
+    def _start_requeue(self, decision: Decision) -> None:
         st = self.state
         st.requeues += 1
         st.blamed = sorted(set(st.blamed) | set(decision.evict))
@@ -995,23 +808,10 @@ class Recovery:
         self._plans = {i: Plan(role=Role.HOLD, gen=gen_no, attempt=st.attempt)
                        for i in self.members}
         self._enter(Phase.REQUEUED)
-        job_id, exclude = self.ident.job_id, list(st.blamed)
-        count, requeue = self.slurm.capacity, self.slurm.requeue
-        policy, world_nodes = ShortfallPolicy(self.cfg.on_shortfall), self.cfg.nodes
-        self._requeue_plan = None
-
-        def count_then_requeue() -> None:
-            # Counted first: a requeue the partition and reserve cannot serve would pend
-            # with nothing left running to say so.
-            cap = count(job_id, exclude) if count is not None else None
-            plan = plan_requeue(cap, policy, world_nodes)
-            self._requeue_plan = (cap, plan)
-            if plan.choice is Choice.SHRINK:
-                requeue(job_id, exclude, num_nodes=plan.nodes)
-            elif plan.choice is Choice.REQUEUE:
-                requeue(job_id, exclude)
-
-        self._requeue_action = self._start_action("requeue", count_then_requeue)
+        self._requeue = PendingRequeue(self._start_action, self.ident.job_id,
+                                       list(st.blamed), self.slurm.capacity,
+                                       self.slurm.requeue,
+                                       ShortfallPolicy(self.cfg.on_shortfall), self.cfg.nodes)
 
     def _count_capacity(self, job_id: str, exclude: Sequence[str]) -> Capacity | None:
         return job_capacity(job_id, exclude, reserve_partition(self.cfg.site_config))
@@ -1024,23 +824,22 @@ class Recovery:
     def _poll_requeue(self) -> None:
         """The requeue runs in its own thread; a refusal (after the retry budget, and
         after Slurm said the job was not requeued after all) ends the run."""
-        action = self._requeue_action
-        if action is None:
+        pending = self._requeue
+        done = pending.result() if pending is not None else None
+        if done is None:
             return
-        outcome = action.outcome()
-        if outcome.state is ActionState.FAILED:
-            self._requeue_action = None
-            self.finish(RunStatus.FAILED, f"requeue refused by Slurm: {outcome.error}")
-        elif outcome.state is ActionState.DONE:
-            self._requeue_action = None
-            cap, plan = self._requeue_plan or (None, RequeuePlan(Choice.REQUEUE))
-            if cap is not None and cap.short:
-                self._note_shortfall(cap, plan)
-            if plan.choice is Choice.STOP:
-                self.state.requeues -= 1  # it never happened
-                self.finish(RunStatus.STOPPED, plan.reason)
-                return
-            log.info("job %s requeued; holding until the allocation ends", self.ident.job_id)
+        self._requeue = None
+        if done.refused is not None:
+            self.finish(RunStatus.FAILED, f"requeue refused by Slurm: {done.refused}")
+            return
+        cap, plan = done.capacity, done.plan
+        if cap is not None and cap.short:
+            self._note_shortfall(cap, plan)
+        if plan.choice is Choice.STOP:
+            self.state.requeues -= 1  # it never happened
+            self.finish(RunStatus.STOPPED, plan.reason)
+            return
+        log.info("job %s requeued; holding until the allocation ends", self.ident.job_id)
 
     def _note_shortfall(self, cap: Capacity, plan: RequeuePlan) -> None:
         """The count goes into the open incident (its evidence, and ``status`` reads it
@@ -1098,24 +897,11 @@ class Recovery:
     # Issue 13: ByteRobust's stop-time diagnosis (EUD) before blaming a node for an
     # unclear crash. See docs/ARCHITECTURE.md, phase `diagnosing`.
     def _wants_diagnosis(self, root: Failure) -> bool:
-        """Diagnose when the failure's action is ``diagnose``, no node is blamed yet, its
-        signature has not passed a diagnosis before, and its agent can still answer."""
-        ex = root.exit
-        action = ex.action
-        if action is None:  # an older agent: the class's default action
-            cls = canonical(str(ex.cls))
-            action = ROWS[cls].action if cls is not None else None
-        if action is not Action.DIAGNOSE or self._diagnosed_before(ex.signature):
-            return False
-        failures = {**self.state.node_failures,
-                    root.node: self.state.node_failures.get(root.node, 0) + 1}
-        if blamed_nodes(str(ex.cls), [root.node], failures, self.cfg.node_failures_to_blame):
-            return False
         member = self.members.get(root.agent)
-        return member is not None and not member.lost and root.agent not in self.spares
-
-    def _diagnosed_before(self, signature: str | None) -> bool:
-        return signature is not None and signature in self.state.diagnosis_passed
+        can_answer = member is not None and not member.lost and root.agent not in self.spares
+        return wants_diagnosis(root, self.state.node_failures,
+                               self.cfg.node_failures_to_blame, self.state.diagnosis_passed,
+                               can_answer)
 
     def _start_diagnosis(self, gen: Generation, root: Failure, incident: Incident,
                          now: float) -> None:
@@ -1133,33 +919,21 @@ class Recovery:
         if pending is None:  # cannot happen: DIAGNOSING is only entered with one
             self.fail("recovery: diagnosing without a pending diagnosis")
             return
-        answer = self.diagnoses.get((pending.agent, pending.id))
         member = self.members.get(pending.agent)
         lost = member is None or member.lost
-        if answer is None and not lost and now < pending.deadline:
+        done = conclude(pending, self.diagnoses.get((pending.agent, pending.id)), lost, now)
+        if done is None:
             return
         incident = pending.incident
-        ev = incident.evidence
         gen.diagnosis = None
         self._enter(Phase.RUNNING)
-        if answer is not None:
-            ev["diagnosis"] = {**answer.evidence, "id": answer.id, "reason": answer.reason}
-            # Localisation is the diagnosis: detected + the time the node's checks took.
-            incident.localized_at = incident.detected_at + answer.elapsed_s
-        failed = answer is not None and not answer.passed
-        if answer is None:
-            ev["diagnosis"] = {"id": pending.id, "node": pending.node,
-                               "answer": "agent lost" if lost else
-                               f"no answer within {DIAGNOSIS_WAIT_S:g} s"}
-            failed = lost  # a node that vanished while checking itself is blamed
-        elif answer.passed and answer.complete and pending.signature:
-            # A clean bill of health: the same signature again is the user's code.
-            self.state.diagnosis_passed = sorted({*self.state.diagnosis_passed,
-                                                  pending.signature})
-        if failed and answer is not None:
-            ev["diagnosis_reason"] = answer.reason
+        incident.evidence.update(done.evidence)
+        if done.localized_at is not None:
+            incident.localized_at = done.localized_at
+        if done.cleared:
+            self.state.diagnosis_passed = sorted({*self.state.diagnosis_passed, done.cleared})
         self._handle(gen, incident, pending.signature, [pending.node], now,
-                     diagnosis_failed=failed)
+                     diagnosis_failed=done.failed)
 
     # ------------------------------------------------------------------ hangs
     def _start_hang_capture(self, gen: Generation, now: float) -> None:
