@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
+from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import accounting, bitwise, replay
+from slurm_robust.launcher.control.events import EventLog
 from slurm_robust.launcher.control.generation import (
     Failure,
     Generation,
@@ -29,12 +31,42 @@ from slurm_robust.launcher.control.nan_ladder import (
     attribute,
     write_skips,
 )
-from slurm_robust.launcher.control.plans import replay_plans
+from slurm_robust.launcher.control.plans import PlanContext, replay_plans
+from slurm_robust.launcher.control.state import RunState
 from slurm_robust.launcher.enums import IncidentClass, Phase, ProgressKind, Rung
-from slurm_robust.launcher.messages import Incident, Progress, WorkerExit
+from slurm_robust.launcher.messages import Incident, Plan, Progress, WorkerExit
 
-if TYPE_CHECKING:  # recovery imports this module
-    from slurm_robust.launcher.control.recovery import Recovery
+
+class Owner(Protocol):
+    """What this module uses of its recovery owner (recovery.Recovery)."""
+
+    cfg: RunConfig
+    state: RunState
+    events: EventLog
+    members: Mapping[int, Member]
+    gen: Generation | None
+    gen_count: int
+    _plans: dict[int, Plan]
+
+    @property
+    def phase(self) -> Phase: ...
+
+    def ranks_of(self, agent_index: int) -> list[int]: ...
+
+    def persist(self) -> None: ...
+
+    def _enter(self, new: Phase) -> None: ...
+
+    def _plan_context(self) -> PlanContext: ...
+
+    def _incident_from_failure(self, gen: Generation, root: Failure,
+                               detected: float) -> Incident: ...
+
+    def _handle(self, gen: Generation, incident: Incident, signature: str | None,
+                nodes: list[str], now: float, evict: str | None = None, *,
+                diagnosed_repeat: bool = False, diagnosis_failed: bool = False,
+                override: Decision | None = None) -> None: ...
+
 
 log = logging.getLogger("slurm_robust.launcher.control.recovery")
 
@@ -42,7 +74,7 @@ log = logging.getLogger("slurm_robust.launcher.control.recovery")
 class NanRecovery:
     """See the module docstring. Runs under the controller's lock, like its owner."""
 
-    def __init__(self, rec: Recovery, ladder: NanLadder) -> None:
+    def __init__(self, rec: Owner, ladder: NanLadder) -> None:
         self.rec = rec
         self.nan = ladder
         self.bitwise_req: bitwise.BitwiseRequest | None = None
