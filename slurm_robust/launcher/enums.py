@@ -70,7 +70,7 @@ class Role(StrEnum):
 
 
 class Rung(StrEnum):
-    """The recovery ladder's rungs, cheapest first (control/policy.py decides)."""
+    """The recovery ladder's rungs, cheapest first (control/ladder.py decides)."""
 
     IN_PLACE = "in_place"
     SPARE = "spare"
@@ -79,11 +79,14 @@ class Rung(StrEnum):
 
 
 class RunStatus(StrEnum):
-    """How a run ended (``run_end.status``)."""
+    """How a run ended (``run_end.status``), or how one controller's part in it did."""
 
     COMPLETED = "completed"
     STOPPED = "stopped"
     FAILED = "failed"
+    #: A controller replaced by a successor (failover.py): the run's end is not its own.
+    #: Never in a ``run_end`` record.
+    STOOD_DOWN = "stood_down"
 
 
 class ProgressKind(StrEnum):

@@ -413,5 +413,23 @@ class Incident(Message):
     last_step: int | None = None
     restored_step: int | None = None
     restore_tier: str | None = None
-    steps_lost: int = 0
+    steps_lost: int | None = 0
     evidence: dict[str, Any] = field(default_factory=dict)
+    #: Earlier incidents this one cut short (control/accounting.py): they ride inside it,
+    #: in ``state.json`` too, until it recovers; then each is written before it.
+    cut_short: list[Incident] = field(default_factory=list,
+                                      metadata={"wire": "_cut_short"})
+
+    def to_json(self) -> dict[str, Any]:
+        """The record, plus ``_cut_short`` while it carries earlier incidents (the form
+        ``state.json`` keeps an open incident in)."""
+        out = super().to_json()
+        if not self.cut_short:
+            del out["_cut_short"]
+        return out
+
+    def record(self) -> dict[str, Any]:
+        """The event log's incident record: the documented fields, in their order."""
+        out = super().to_json()
+        del out["_cut_short"]
+        return out

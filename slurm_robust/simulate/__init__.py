@@ -1,9 +1,9 @@
 """A discrete-event fleet simulator that runs this project's own decision code.
 
 One long training job on a synthetic fleet goes through the real recovery ladder
-(:func:`slurm_robust.launcher.control.policy.decide`), the real fail-slow vote, and a warm reserve
-sized and refilled by the real reserve planning; the simulator writes the run event log
-that ``slurm-robust report`` reads. Modules, one job each:
+(:func:`slurm_robust.launcher.control.ladder.decide`), the real fail-slow vote, and a
+warm reserve sized and refilled by the real reserve planning; the simulator writes the
+run event log that ``slurm-robust report`` reads. Modules, one job each:
 
 - :mod:`.dists`: time distributions (fixed, exponential, uniform, empirical).
 - :mod:`.paper`: the ByteRobust paper's numbers used as defaults (failure mix, times).

@@ -3,8 +3,7 @@
 Per incident: the fault ends the running segment (the step in flight is lost: the
 recompute time; every step is checkpointed, so nothing else is), detection and
 localisation take their drawn (or detector-decided) time, then
-:func:`slurm_robust.launcher.control.policy.blamed_nodes` and
-:func:`slurm_robust.launcher.control.policy.decide` choose the rung from the same facts the
+:func:`slurm_robust.launcher.control.ladder.decide` chooses the rung from the same facts the
 controller gathers (restarts, no-progress streak, signatures, spares left, the
 controller's node), and the rung is applied:
 
@@ -29,7 +28,7 @@ from typing import Any
 
 import simpy
 
-from slurm_robust.launcher.control.policy import LadderInput, blamed_nodes, decide
+from slurm_robust.launcher.control.ladder import Facts, decide
 from slurm_robust.simulate import paper
 from slurm_robust.simulate.config import FAIL_SLOW_VOTE, HANG_TIMEOUT
 from slurm_robust.simulate.detectors import fail_slow_vote, hang_detection_s, launch_default
@@ -125,6 +124,20 @@ class Job:
         self.count()
         return self.env.timeout(max(seconds, 0.0))
 
+    def _facts(self, cls: str, named: list[str], signature: str) -> Facts:
+        """The ladder's facts from the simulated state (counted with this incident).
+        What the simulator does not model keeps its default: no NaN ladder, hot update,
+        stop-time diagnosis, batch-step node or blame cap."""
+        st = self.state
+        return Facts(
+            cls=cls, controller_node=self._name(self.slots[0]),
+            spares_left=10**9 if self.unlimited else len(self.spares),
+            restarts=st.restarts, max_restarts=self.limits.max_restarts,
+            signature=signature, signature_seen=st.signatures.get(signature, 0),
+            no_progress=st.no_progress, max_no_progress=self.limits.max_no_progress,
+            named=tuple(named), failures={n: st.failures_by_node.get(n, 0) for n in named},
+            failures_to_blame=self.limits.node_failures_to_blame)
+
     # -- the run ---------------------------------------------------------------------
 
     def run(self) -> Generator[Any, Any, None]:
@@ -197,16 +210,8 @@ class Job:
         st.no_progress = 0 if steps > 0 else st.no_progress + 1
         for n in named:
             st.failures_by_node[n] = st.failures_by_node.get(n, 0) + 1
-        blamed = blamed_nodes(cls, named, st.failures_by_node,
-                              self.limits.node_failures_to_blame)
         signature = f"{cls}:{inc.index}"
-        spares_left = 10**9 if self.unlimited else len(self.spares)
-        decision = decide(LadderInput(
-            cls=cls, blamed=blamed, controller_node=self._name(self.slots[0]),
-            spares_left=spares_left, restarts=st.restarts,
-            max_restarts=self.limits.max_restarts, signature=signature,
-            signature_seen=st.signatures.get(signature, 0), no_progress=st.no_progress,
-            max_no_progress=self.limits.max_no_progress))
+        decision = decide(self._facts(cls, named, signature))
         st.signatures[signature] = st.signatures.get(signature, 0) + 1
         result = IncidentResult(inc.index * 100 + k, fc.name, cls, fault, detected,
                                 localized, None, decision.rung, tuple(decision.evict or named),

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurm_robust.launcher.messages import Incident
 from slurm_robust.launcher.node.nan_local import BITWISE_FILE, NAN_FILES_VERSION, nan_dir
 from slurm_robust.records import write_json_atomic
 
@@ -29,7 +30,7 @@ class BitwiseRequest:
 
     id: str
     attempt: int
-    incident: dict[str, Any]
+    incident: Incident
     asked_at: float
 
 
@@ -44,10 +45,10 @@ class BitwiseResult:
         return not self.differing
 
 
-def request(run_dir: str | Path, attempt: int, incident: dict[str, Any],
+def request(run_dir: str | Path, attempt: int, incident: Incident,
             now: float | None = None) -> BitwiseRequest:
     now = time.time() if now is None else now
-    req = BitwiseRequest(f"{incident['incident']}-a{attempt}", attempt, incident, now)
+    req = BitwiseRequest(f"{incident.incident}-a{attempt}", attempt, incident, now)
     write_json_atomic(nan_dir(run_dir) / BITWISE_FILE,
                       {"v": NAN_FILES_VERSION, "id": req.id, "attempt": attempt,
                        "time": now}, mode=0o664)

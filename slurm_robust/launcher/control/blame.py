@@ -1,21 +1,19 @@
-"""What a run says when it blames a node, and how many nodes it may blame.
+"""What a run says when it blames a node.
 
 Blame from a job is a suspicion: the verdict drains the node "pending deep
 check" and the deep suite decides whether it returns. So the verdict's reason is the
 flat drain reason of :func:`slurm_robust.health.drain.drain_reason` (kind PENDING): the
 fault class and its evidence, never the ladder's wording ("1 node(s) blamed ... but 0
-spare(s) left" says nothing about the node). :func:`capped` stops a run that would
-blame more than ``RunConfig.max_blamed_nodes`` nodes over its life.
+spare(s) left" says nothing about the node). How many nodes one run may blame is the
+ladder's last refinement (ladder.capped).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from slurm_robust.health.drain import ReasonKind, drain_reason, flat_reason
-from slurm_robust.launcher.control.policy import Decision
-from slurm_robust.launcher.enums import Rung
 
 #: How the in-job monitor's eviction text starts (launcher/control/monitor.verdict_reason).
 MONITOR_MARK = "in-job monitor on "
@@ -56,15 +54,3 @@ def verdict_reason(cls: str, evidence: Mapping[str, Any], extra: str | None = No
         extra = flat_reason(extra)
         summary = f"{extra}; {summary}" if summary != cls else extra
     return drain_reason(cls, summary, ReasonKind.PENDING)
-
-
-def capped(decision: Decision, blamed_before: Collection[str], limit: int) -> Decision:
-    """``decision`` unchanged, or a STOP when its evictions would take the run over
-    ``limit`` blamed nodes in all (each blamed node is drained and replaced)."""
-    total = set(blamed_before) | set(decision.evict)
-    if not decision.evict or len(total) <= limit:
-        return decision
-    return Decision(Rung.STOP, f"blame cap: this fault would make {len(total)} blamed "
-                               f"node(s) in this run ({', '.join(sorted(total))}), over "
-                               f"max_blamed_nodes={limit}; stopping instead of draining "
-                               "more (an admin should look at the job and these nodes)")

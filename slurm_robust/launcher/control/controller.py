@@ -32,9 +32,10 @@ from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import failover
 from slurm_robust.launcher.control.failover import StoodDown, Takeover
 from slurm_robust.launcher.control.metrics import start_for_controller
+from slurm_robust.launcher.control.outcome import RunOutcome
 from slurm_robust.launcher.control.policy import port_span
 from slurm_robust.launcher.control.recovery import Recovery, SlurmSide
-from slurm_robust.launcher.enums import Phase, Role
+from slurm_robust.launcher.enums import Phase, Role, RunStatus
 from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.messages import BadMessage, Plan, Report
 from slurm_robust.launcher.paths import RunPaths
@@ -158,7 +159,7 @@ class Controller:
             log.warning("controller term %s on %s stands down: %s", self.term,
                         self.ident.node, why)
         self.stood_down = True
-        self.recovery.result = {"status": "stood_down", "term": self.term, "verdict": None}
+        self.recovery.result = RunOutcome(RunStatus.STOOD_DOWN, term=self.term)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -208,7 +209,7 @@ class Controller:
         if overlap:
             log.warning("%s", overlap)
 
-    def join(self) -> dict[str, Any]:
+    def join(self) -> RunOutcome | None:
         if self._thread is not None:
             self._thread.join()
         if self._server is not None:
@@ -226,7 +227,7 @@ class Controller:
                 rec.slurm.cancel(self.ident.job_id)
             except SlurmRobustError as exc:
                 log.error("could not cancel job %s: %s; scancel it", self.ident.job_id, exc)
-        return dict(rec.result)
+        return rec.result
 
     def alive(self) -> bool:
         """Whether the tick loop still runs (its own agent waits for a live, slow controller)."""
@@ -298,19 +299,10 @@ class Controller:
                 check_report(raw, self.cfg.world_size)
                 report = Report.from_json(raw)
                 with self.lock:
-                    if report.term > self.term:
-                        self.stand_down(f"agent {report.agent} reports term {report.term}")
-                    if self.superseded():
-                        break  # never answer once replaced: the agent reconnects
-                    view = self.on_report(report, time.time())
-                    plan = self._plan_for(view)
-                    if plan is not None and plan.role is Role.EXIT and view is not None:
-                        view.exit_sent = True
-                    if view is not None:
-                        view.chan = chan
-                    self._wake_agents(view)
-                    if self.recovery.decision_pending():
-                        self._tick_now.set()
+                    answer = self._answer(report, chan)
+                if answer is None:
+                    break  # never answer once replaced: the agent reconnects
+                view, plan = answer
                 chan.send({"plan": plan.to_json() if plan is not None else {}})
         except (AuthError, BadMessage) as exc:
             # Refused at the boundary: this connection ends, the run goes on (an agent
@@ -320,15 +312,38 @@ class Controller:
         except (OSError, ChannelClosed):
             pass
         finally:
+            self._closed(view, chan)
+
+    def _answer(self, report: Report, chan: Channel
+                ) -> tuple[AgentView | None, Plan | None] | None:
+        """One report, under the lock: the reporting agent's view and plan (None: this
+        controller was replaced and must not answer)."""
+        if report.term > self.term:
+            self.stand_down(f"agent {report.agent} reports term {report.term}")
+        if self.superseded():
+            return None
+        view = self.on_report(report, time.time())
+        plan = self._plan_for(view)
+        if plan is not None and plan.role is Role.EXIT and view is not None:
+            view.exit_sent = True
+        if view is not None:
+            view.chan = chan
+        self._wake_agents(view)
+        if self.recovery.decision_pending():
+            self._tick_now.set()
+        return view, plan
+
+    def _closed(self, view: AgentView | None, chan: Channel) -> None:
+        """A connection ended: its agent gets no wake-up on it and counts as closed."""
+        with self.lock:
+            self.connections -= 1
+            if view is not None and view.chan is chan:
+                view.chan = None  # no wake-up for a closed channel
+        chan.close()
+        if view is not None:
             with self.lock:
-                self.connections -= 1
-                if view is not None and view.chan is chan:
-                    view.chan = None  # no wake-up for a closed channel
-            chan.close()
-            if view is not None:
-                with self.lock:
-                    view.connected = False
-                    view.closed_at = time.time()
+                view.connected = False
+                view.closed_at = time.time()
 
     def _wake_agents(self, answered: AgentView | None) -> None:
         """Wake every connected agent but ``answered`` (its answer carries the plan) once

@@ -90,7 +90,10 @@ class EventLog:
         self.emit("step", held["fields"], now=held["time"])
         return True
 
-    def incident(self, incident: Mapping[str, Any]) -> dict:
+    def incident(self, incident: Incident | Mapping[str, Any]) -> dict:
+        """Write an incident record (a mapping: a tool's or a test's hand-made one)."""
+        if isinstance(incident, Incident):
+            return self.emit("incident", incident.record())
         missing = [k for k in INCIDENT_FIELDS if k not in incident]
         if missing:
             raise ValueError(f"incident record lacks {missing}")
@@ -112,16 +115,26 @@ def _finite(value: float | None) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def new_incident(incident_id: str, cls: str, category: str, detected_at: float, *,
+                 fault_time: float | None = None, nodes: list[str] | None = None,
+                 ranks: list[int] | None = None, last_step: int | None = None,
+                 evidence: Mapping[str, Any] | None = None) -> Incident:
+    """A new, unresolved incident."""
+    return Incident(incident=incident_id, category=Category(category), cls=str(cls),
+                    fault_time=fault_time, detected_at=detected_at, nodes=list(nodes or []),
+                    ranks=list(ranks or []), last_step=last_step,
+                    evidence=dict(evidence or {}))
+
+
 def make_incident(incident_id: str, cls: str, category: str, detected_at: float, *,
                   fault_time: float | None = None, nodes: list[str] | None = None,
                   ranks: list[int] | None = None, last_step: int | None = None,
                   evidence: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A new, unresolved incident with every documented field present (built by the
-    :class:`~slurm_robust.launcher.messages.Incident` record, in the documented order)."""
-    return Incident(incident=incident_id, category=Category(category), cls=cls,
-                    fault_time=fault_time, detected_at=detected_at, nodes=list(nodes or []),
-                    ranks=list(ranks or []), last_step=last_step,
-                    evidence=dict(evidence or {})).to_json()
+    """:func:`new_incident` as its JSON record, every documented field present in the
+    documented order (for tools and tests that write an event log by hand)."""
+    return new_incident(incident_id, cls, category, detected_at, fault_time=fault_time,
+                        nodes=nodes, ranks=ranks, last_step=last_step,
+                        evidence=evidence).record()
 
 
 def last_logged_step(path: str | os.PathLike[str], tail_bytes: int = 1 << 16) -> int | None:

@@ -24,8 +24,9 @@ import math
 from typing import Any
 
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.control.events import make_incident
+from slurm_robust.launcher.control.events import new_incident
 from slurm_robust.launcher.enums import IncidentClass
+from slurm_robust.launcher.messages import Incident
 from slurm_robust.layout import ParallelLayout
 from slurm_robust.stacks.failslow import FailSlowDecision, FailSlowMonitor
 
@@ -53,16 +54,16 @@ def busy_of(item: dict[str, Any]) -> float | None:
 
 
 def incident_of(decision: FailSlowDecision, incident_id: str, last_step: int | None,
-                now: float, interval_s: float) -> dict[str, Any]:
+                now: float, interval_s: float) -> Incident:
     """The incident for a decision: detected and localized now (the vote names the
     group); the fault time is estimated as the start of the first round that flagged it."""
     key = decision.eviction.key
     flagged = [r.time for r in decision.rounds if r.flagged is not None
                and r.flagged.key == key]
     fault_time = min(flagged) - interval_s if flagged else None
-    incident = make_incident(incident_id, CLASS, CATEGORY, now, fault_time=fault_time,
-                             nodes=list(decision.eviction.nodes),
-                             ranks=list(decision.eviction.ranks), last_step=last_step,
-                             evidence=decision.evidence())
-    incident["localized_at"] = now
+    incident = new_incident(incident_id, CLASS, CATEGORY, now, fault_time=fault_time,
+                            nodes=list(decision.eviction.nodes),
+                            ranks=list(decision.eviction.ranks), last_step=last_step,
+                            evidence=decision.evidence())
+    incident.localized_at = now
     return incident

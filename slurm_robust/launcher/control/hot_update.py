@@ -32,7 +32,7 @@ from typing import Any
 
 from slurm_robust.launcher import versions as vs
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.control.events import EventLog, make_incident
+from slurm_robust.launcher.control.events import EventLog, new_incident
 from slurm_robust.launcher.enums import Category, Rung
 from slurm_robust.taxonomy import ROWS, FailureClass, Side, canonical
 
@@ -232,19 +232,22 @@ class HotUpdate:
                 self._incident(eff, fields, tier, now)
         eff.steps += 1
 
-    def on_failure(self, cls: str, last_step: int | None, now: float) -> str | None:
-        """A failure is being handled: roll back when it is the new version's (a user
-        class within the rollback window). Returns the reason when it rolled back."""
+    def rollback_reason(self, cls: str) -> str | None:
+        """Why a failure of class ``cls`` is the new version's (a user class within the
+        rollback window), or None. Changes nothing: the ladder takes the reason as a fact
+        and recovery calls :meth:`roll_back` with its decision."""
         eff = self.effective
         if eff is None or eff.mode == "rollback" or eff.steps >= eff.rollback_steps:
             return None
         c = canonical(cls)
         if c is None or not (ROWS[c].side is Side.USER or c in _ROLLBACK_EXTRA):
             return None
-        reason = (f"version {eff.version} failed with {c.value} {eff.steps} step(s) after "
-                  f"it took effect (rollback window {eff.rollback_steps})")
+        return (f"version {eff.version} failed with {c.value} {eff.steps} step(s) after "
+                f"it took effect (rollback window {eff.rollback_steps})")
+
+    def roll_back(self, reason: str, last_step: int | None, now: float) -> None:
+        """Go back to the previous version after its successor's failure."""
         self._roll_back(reason, last_step, now)
-        return reason
 
     # ------------------------------------------------------------------ records
     def _save(self) -> None:
@@ -262,13 +265,13 @@ class HotUpdate:
     def _incident(self, eff: Effective, fields: dict[str, Any], tier: str | None,
                   now: float) -> None:
         """The change as a manual ``code_data_change`` incident (see the docstring)."""
-        inc = make_incident(f"change-v{eff.version}-{int(eff.applied_at)}",
-                            FailureClass.CODE_DATA_CHANGE, Category.MANUAL, eff.requested_at,
-                            fault_time=eff.requested_at, nodes=[], ranks=[],
-                            last_step=eff.applied_step,
-                            evidence={**fields, "who": eff.who, "message": eff.message,
-                                      "digest": self.version.digest})
-        inc.update(localized_at=eff.requested_at, recovered_at=now, rung=Rung.IN_PLACE,
-                   restored_step=fields["restored_step"], restore_tier=tier,
-                   steps_lost=fields["steps_redone"])
+        inc = new_incident(f"change-v{eff.version}-{int(eff.applied_at)}",
+                           FailureClass.CODE_DATA_CHANGE, Category.MANUAL, eff.requested_at,
+                           fault_time=eff.requested_at, nodes=[], ranks=[],
+                           last_step=eff.applied_step,
+                           evidence={**fields, "who": eff.who, "message": eff.message,
+                                     "digest": self.version.digest})
+        inc.localized_at, inc.recovered_at, inc.rung = eff.requested_at, now, Rung.IN_PLACE
+        inc.restored_step, inc.restore_tier = fields["restored_step"], tier
+        inc.steps_lost = fields["steps_redone"]
         self.events.incident(inc)

@@ -30,6 +30,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from slurm_robust.launcher.control.live_ettr import LiveEttr
+from slurm_robust.launcher.messages import Incident
 from slurm_robust.metric_labels import label_value
 from slurm_robust.records import write_json_atomic
 
@@ -118,29 +119,29 @@ class RunMetrics:
         if step_time_s is not None:
             self._step_hist.observe(step_time_s)
 
-    def on_incident(self, incident: Mapping[str, Any]) -> None:
-        """An incident whose rung is decided (an ``slurm_robust.event`` incident record)."""
-        rung = label_value(incident.get("rung"))
-        self.incidents.labels(*self._ids, label_value(incident.get("class")),
-                              label_value(incident.get("category")), rung).inc()
+    def on_incident(self, incident: Incident) -> None:
+        """An incident whose rung is decided."""
+        rung = label_value(incident.rung)
+        self.incidents.labels(*self._ids, label_value(incident.cls),
+                              label_value(incident.category), rung).inc()
         if rung != "stop":
             self.restarts.labels(*self._ids, rung).inc()
-        fault, detected = incident.get("fault_time"), incident.get("detected_at")
-        localized = incident.get("localized_at")
-        if fault is not None and detected is not None:
+        fault, detected = incident.fault_time, incident.detected_at
+        localized = incident.localized_at
+        if fault is not None:
             self.detect.labels(*self._ids).observe(max(0.0, detected - fault))
-        if detected is not None and localized is not None:
+        if localized is not None:
             self.localize.labels(*self._ids).observe(max(0.0, localized - detected))
 
-    def on_recovered(self, incident: Mapping[str, Any]) -> None:
+    def on_recovered(self, incident: Incident) -> None:
         """The incident's recovery finished (``recovered_at``, ``restored_step`` set)."""
-        start = incident.get("fault_time") or incident.get("detected_at")
-        if start is not None and incident.get("recovered_at") is not None:
-            self.recover.labels(*self._ids).observe(max(0.0, incident["recovered_at"] - start))
-        self.restores.labels(*self._ids, label_value(incident.get("restore_tier"))).inc()
-        self.steps_lost.labels(*self._ids).inc(max(0, int(incident.get("steps_lost") or 0)))
+        start = incident.fault_time or incident.detected_at
+        if incident.recovered_at is not None:
+            self.recover.labels(*self._ids).observe(max(0.0, incident.recovered_at - start))
+        self.restores.labels(*self._ids, label_value(incident.restore_tier)).inc()
+        self.steps_lost.labels(*self._ids).inc(max(0, int(incident.steps_lost or 0)))
         with self._lock:
-            self._ettr.rollback(incident.get("restored_step"))
+            self._ettr.rollback(incident.restored_step)
 
     def watch(self, phase: Callable[[], str] | None = None,
               spares_parked: Callable[[], int] | None = None,

@@ -26,9 +26,9 @@ from typing import Any
 
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import failslow
-from slurm_robust.launcher.control.events import EventLog, make_incident
+from slurm_robust.launcher.control.events import EventLog, new_incident
 from slurm_robust.launcher.enums import Category, Severity
-from slurm_robust.launcher.messages import Finding, NodeSample
+from slurm_robust.launcher.messages import Finding, Incident, NodeSample
 from slurm_robust.stacks.failslow import FailSlowMonitor
 
 EVENT = "finding"
@@ -170,16 +170,16 @@ def _gpu_score(sample: NodeSample | None) -> float | None:
 
 
 def incident_of(pending: PendingFatal, incident_id: str, last_step: int | None,
-                ranks: list[int], now: float) -> dict[str, Any]:
+                ranks: list[int], now: float) -> Incident:
     """The incident for a fatal finding: its class, the node, the check and its evidence;
     the fault time is when the node saw it, detected when the controller heard of it."""
     f = pending.finding
     evidence = {"monitor": {"check": f.check, "kind": f.kind, "reason": f.reason,
                             "seen_at": f.time, **f.evidence}}
-    incident = make_incident(incident_id, str(f.cls), Category.EXPLICIT, pending.seen,
-                             fault_time=f.time, nodes=[pending.node], ranks=ranks,
-                             last_step=last_step, evidence=evidence)
-    incident["localized_at"] = now
+    incident = new_incident(incident_id, str(f.cls), Category.EXPLICIT, pending.seen,
+                            fault_time=f.time, nodes=[pending.node], ranks=ranks,
+                            last_step=last_step, evidence=evidence)
+    incident.localized_at = now
     return incident
 
 

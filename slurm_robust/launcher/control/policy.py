@@ -1,18 +1,8 @@
-"""Detection thresholds and the recovery ladder, as pure functions.
+"""Detection thresholds, blame, rendezvous ports and slots, as pure functions.
 
 Nothing here touches a process, a socket or Slurm: the controller gathers facts,
 calls these functions, and the recovery owner (recovery.py) applies what they return:
-decisions stay testable without a cluster.
-
-The ladder (docs/ARCHITECTURE.md, "The recovery ladder")::
-
-    stop      the same user-code error after a clean restart (or the same unclear error
-              after its node passed stop-time diagnosis), no progress across
-              max_no_progress attempts, or the restart budget spent
-    requeue   a node is blamed and no spare is left, or the controller's node is lost
-    spare     a node is blamed (explicit node fault, lost heartbeat, repeated failures,
-              a persistently slow rank)
-    in_place  anything else: transient or unclear
+decisions stay testable without a cluster. The ladder itself is ladder.py.
 """
 
 from __future__ import annotations
@@ -20,11 +10,9 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from slurm_robust.launcher.classify import NODE_CLASSES
 from slurm_robust.launcher.enums import IncidentClass, Rung
-from slurm_robust.taxonomy import stops_on_repeat
 
 RUNGS = tuple(Rung)
 #: Step values needed before the spike test applies (early losses fall fast).
@@ -110,73 +98,6 @@ def blamed_nodes(cls: str, nodes: Sequence[str], failures_by_node: dict[str, int
     if cls in UNLOCALISED_CLASSES:
         return ()
     return tuple(n for n in dict.fromkeys(nodes) if failures_by_node.get(n, 0) >= threshold)
-
-
-@dataclass(frozen=True)
-class LadderInput:
-    """The facts one ladder decision needs.
-
-    signature_seen: how many earlier incidents of this run ended in a restart with the
-    same error signature (a user-code error that repeats after a clean restart stops).
-    no_progress: attempts in a row, this one included, that finished no new step.
-    """
-
-    cls: str
-    blamed: tuple[str, ...]
-    controller_node: str
-    spares_left: int
-    restarts: int
-    max_restarts: int
-    signature: str | None
-    signature_seen: int
-    no_progress: int
-    max_no_progress: int
-    # The same signature came back after its node passed stop-time diagnosis (issue 13).
-    diagnosed_repeat: bool = False
-    # The batch step's node (issue 23): losing it ends the job in Slurm's eyes.
-    batch_node: str | None = None
-
-
-@dataclass(frozen=True)
-class Decision:
-    rung: Rung
-    reason: str
-    evict: tuple[str, ...] = ()
-
-
-def decide(x: LadderInput) -> Decision:
-    """Choose the ladder rung for one incident."""
-    if x.diagnosed_repeat and x.signature is not None and not x.blamed:
-        return Decision(Rung.STOP, f"the same error ({x.signature}) came back after its node "
-                                "passed stop-time diagnosis: user code; fix the training code "
-                                "and resubmit")
-    if stops_on_repeat(x.cls) and x.signature is not None and x.signature_seen >= 1:
-        return Decision(Rung.STOP, f"the same user-code error ({x.signature}) came back after "
-                                "a clean restart; fix the training code and resubmit")
-    if x.cls in (IncidentClass.NAN, IncidentClass.LOSS_SPIKE) and x.signature_seen >= 2 \
-            and x.no_progress >= 2:
-        return Decision(Rung.STOP, f"{x.cls} recurs at the same place after restoring the last "
-                                "good snapshot; the data or the hyper-parameters need a look")
-    if x.no_progress >= x.max_no_progress:
-        return Decision(Rung.STOP, f"no step finished in {x.no_progress} attempts in a row "
-                                f"(limit {x.max_no_progress}); last failure: {x.cls}")
-    if x.restarts >= x.max_restarts:
-        return Decision(Rung.STOP, f"restart budget spent ({x.restarts} of {x.max_restarts}); "
-                                f"last failure: {x.cls}")
-    if x.batch_node is not None and x.batch_node in x.blamed and \
-            x.cls == IncidentClass.NODE_LOST:
-        return Decision(Rung.REQUEUE, f"the batch step's node {x.batch_node} is lost; Slurm "
-                                   "ends the job with it, requeueing", x.blamed)
-    if x.controller_node in x.blamed:
-        return Decision(Rung.REQUEUE, f"the controller's node {x.controller_node} is blamed "
-                                   f"({x.cls}); requeueing the job", x.blamed)
-    if x.blamed and len(x.blamed) > x.spares_left:
-        return Decision(Rung.REQUEUE, f"{len(x.blamed)} node(s) blamed ({', '.join(x.blamed)}) "
-                                   f"but {x.spares_left} spare(s) left", x.blamed)
-    if x.blamed:
-        return Decision(Rung.SPARE, f"node(s) {', '.join(x.blamed)} blamed ({x.cls}); "
-                                 "activating spare(s)", x.blamed)
-    return Decision(Rung.IN_PLACE, f"{x.cls}: restarting in place from the latest snapshot")
 
 
 PORT_SPAN = 8192  # at most this many rendezvous ports above the configured base

@@ -13,12 +13,19 @@ Every phase change goes through :meth:`Recovery._enter`, which checks it against
 :data:`slurm_robust.launcher.enums.PHASE_TRANSITIONS` and raises PhaseError on a
 transition the table does not allow (docs/ARCHITECTURE.md shows the table).
 
-The ladder itself is pure (policy.py); this class gathers its input and applies the
-answer: in place (a new generation on the same slots), spare (the blamed node's slot
-goes to a parked agent), requeue (``scontrol requeue``, through the injectable
-:class:`SlurmSide`), stop (``run_end`` with a verdict). Incidents follow
-docs/SCHEMAS.md: detected when the controller first saw the failure, localized when the
-culprit was named, recovered when the first step after the restored one finished.
+:meth:`Recovery.tick` runs the phase's handler; while running, detectors in priority
+order (bitwise test, completion, failures, a due hot update, monitor findings, a hang
+capture, a hang, fail-slow), and the first whose condition holds acts. The ladder itself
+is pure (ladder.py): :meth:`Recovery._handle` gathers its facts, calls ``decide`` once
+and :meth:`Recovery._apply` applies the whole answer: in place (a new generation on the
+same slots), spare (the blamed node's slot goes to a parked agent), requeue
+(``scontrol requeue``, through the injectable :class:`SlurmSide`, requeue_action.py),
+stop (``run_end`` with a verdict). The NaN ladder's side (origin, bitwise test,
+dual-phase replay) is nan_recovery.py; plans, a hang's incident and a stop-time
+diagnosis's conclusion are built by pure helpers (plans.py, hang.py,
+stop_diagnosis.py). Incidents follow docs/SCHEMAS.md: detected when the controller first
+saw the failure, localized when the culprit was named, recovered when the first step
+after the restored one finished.
 """
 
 from __future__ import annotations
@@ -27,35 +34,39 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
-from slurm_robust.ckpt.config import TIERS
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import accounting, bitwise, blame, env_change, failslow, replay
 from slurm_robust.launcher.control import monitor as node_monitor
-from slurm_robust.launcher.control.events import EventLog, last_logged_step, make_incident
+from slurm_robust.launcher.control.events import EventLog, last_logged_step, new_incident
 from slurm_robust.launcher.control.failover import StoodDown, Takeover
+from slurm_robust.launcher.control.generation import (
+    Failure,
+    Generation,
+    Member,
+    PendingDiagnosis,
+    new_exits,
+    note_takeover,
+    restored_of,
+)
+from slurm_robust.launcher.control.hang import capture_incident
 from slurm_robust.launcher.control.hot_update import HotUpdate
+from slurm_robust.launcher.control.ladder import Decision, Facts, decide
 from slurm_robust.launcher.control.metrics import RunMetrics
 from slurm_robust.launcher.control.nan_ladder import (
-    NAN_SETTLE_S,
     NanLadder,
     NanPolicy,
-    NanResolution,
-    attribute,
-    write_skips,
 )
+from slurm_robust.launcher.control.nan_recovery import NanRecovery
+from slurm_robust.launcher.control.outcome import RunOutcome
+from slurm_robust.launcher.control.plans import PlanContext, generation_plans
 from slurm_robust.launcher.control.policy import (
     UNLOCALISED_CLASSES,
-    Decision,
-    LadderInput,
     assign_slots,
-    blamed_nodes,
-    decide,
     is_hung,
     made_progress,
-    rendezvous_port,
 )
 from slurm_robust.launcher.control.requeue import (
     cancel_job,
@@ -63,18 +74,24 @@ from slurm_robust.launcher.control.requeue import (
     requeue_job,
     write_verdict,
 )
+from slurm_robust.launcher.control.requeue_action import PendingRequeue
 from slurm_robust.launcher.control.shortfall import (
     Capacity,
     Choice,
     RequeuePlan,
     ShortfallPolicy,
     job_capacity,
-    plan_requeue,
     reserve_partition,
 )
 from slurm_robust.launcher.control.shortfall import evidence as shortfall_evidence
-from slurm_robust.launcher.control.slurm_actions import ActionState, SlurmAction
+from slurm_robust.launcher.control.slurm_actions import SlurmAction
 from slurm_robust.launcher.control.state import RunState, load_state, save_state
+from slurm_robust.launcher.control.stop_diagnosis import (
+    DIAGNOSIS_WAIT_S,
+    conclude,
+    diagnosed_before,
+    wants_diagnosis,
+)
 from slurm_robust.launcher.enums import (
     Category,
     IncidentClass,
@@ -89,16 +106,14 @@ from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.messages import (
     DiagnosisReport,
     Finding,
+    Incident,
     NodeSample,
     Plan,
     Progress,
     WorkerExit,
 )
 from slurm_robust.launcher.paths import RunPaths
-from slurm_robust.stacks.analyze import analyze
-from slurm_robust.stacks.dumps import read_capture
 from slurm_robust.stacks.failslow import FailSlowDecision, FailSlowMonitor
-from slurm_robust.taxonomy import ROWS, Action, canonical
 
 log = logging.getLogger("slurm_robust.launcher.control.recovery")
 
@@ -117,21 +132,6 @@ HURRY_POLL_S = 0.05
 CAPTURE_BUDGET_S = 20.0
 #: Longest wait for every agent of the allocation before starting with those present.
 GATHER_TIMEOUT_S = 60.0
-#: Longest wait for a stop-time diagnosis: launcher/diagnose.py's own budget, plus the
-#: agent's stopping its workers and a few reports' worth of slack.
-DIAGNOSIS_WAIT_S = 45.0
-
-
-class Member(Protocol):
-    """What recovery reads of one agent (the controller's membership record)."""
-
-    index: int
-    node: str
-    addr: str
-    last_seen: float
-    lost: bool
-    stacks: dict[str, Any]
-    states: dict[str, str | None]
 
 
 @dataclass
@@ -149,76 +149,6 @@ class SlurmSide:
     #: count, the requeue goes ahead as asked. Recovery sets the real one by default.
     capacity: Callable[[str, Sequence[str]], Capacity | None] | None = None
     cancel: Callable[[str], None] = cancel_job
-
-
-@dataclass
-class Failure:
-    """A worker exit of the current generation as the controller saw it."""
-
-    exit: WorkerExit
-    node: str
-    agent: int
-    seen: float  # when the controller first heard of it
-
-
-@dataclass
-class PendingDiagnosis:
-    """A stop-time diagnosis asked of one agent; the incident waits for its answer."""
-
-    id: str
-    agent: int
-    node: str
-    incident: dict[str, Any]
-    signature: str | None
-    asked_at: float
-    deadline: float
-
-
-@dataclass
-class Generation:
-    """One start of the worker group: the plan's generation and what it has done."""
-
-    number: int
-    attempt: int
-    slots: list[int]
-    started_at: float
-    last_progress: float = 0.0
-    steps_done: int = 0
-    restored: dict[int, tuple[int | None, str | None]] = field(default_factory=dict)
-    pending: dict[int, dict[int, Progress]] = field(default_factory=dict)
-    finals: dict[int, Progress] = field(default_factory=dict)
-    succeeded: set[int] = field(default_factory=set)
-    failures: list[Failure] = field(default_factory=list)
-    exits_seen: set[tuple[int, int]] = field(default_factory=set)
-    first_failure_seen: float | None = None
-    capture: str | None = None
-    hang_detected: float | None = None
-    # The monitor's implicit-hang evidence (idle GPUs, silent RDMA ports), when it was
-    # the monitor and not a missing step report that declared the hang.
-    hang_signal: dict[str, Any] | None = None
-    capture_deadline: float = 0.0
-    announced: bool = False
-    diagnosis: PendingDiagnosis | None = None
-    #: Each rank's anomaly line (issue 15: where a NaN began).
-    anomalies: dict[int, dict[str, Any]] = field(default_factory=dict)
-    #: Each rank's bitwise reference digest, when this attempt was asked for one.
-    bitwise: dict[int, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.last_progress = self.last_progress or self.started_at
-
-
-def _new_exits(gen: Generation, member: Member,
-               exits: Sequence[WorkerExit]) -> list[WorkerExit]:
-    """The exits of ``gen`` in an agent's report not seen before (agents repeat them
-    until acknowledged); marks them seen."""
-    fresh = []
-    for ex in exits:
-        seen = (member.index, ex.rank)
-        if ex.gen == gen.number and seen not in gen.exits_seen:
-            gen.exits_seen.add(seen)
-            fresh.append(ex)
-    return fresh
 
 
 class Recovery:
@@ -252,7 +182,7 @@ class Recovery:
         self.step_times: list[float] = []
         self.last_step_time: float | None = None
         self.last_persist = 0.0
-        self.result: dict[str, Any] = {}
+        self.result: RunOutcome | None = None
         self.done_at: float | None = None
         #: The batch step's node was lost: Slurm (22.05, ``--no-kill``) then keeps the job
         #: RUNNING after everything else ended ("batch step received ... This should
@@ -264,25 +194,34 @@ class Recovery:
         self.metrics: RunMetrics | None = None
         #: Slurm actions started by this owner (in flight or finished), oldest first.
         self.actions: list[SlurmAction] = []
-        self._requeue_action: SlurmAction | None = None
+        self._requeue: PendingRequeue | None = None  # in flight
         # Failover (issue 23, failover.py): this controller's term, the fence it checks
         # before writing the state, and what it took over (None: the first controller).
         self.term = 0
         self.superseded: Callable[[], bool] = lambda: False
         self.takeover: Takeover | None = None
-        self.nan = NanLadder.from_state(NanPolicy(cfg.nan_policy), self.state.nan_ladder)
-        self.bitwise_req: bitwise.BitwiseRequest | None = None
-        self.replay: replay.ReplayRun | None = None  # issue 15: dual-phase replay
+        self.nans = NanRecovery(self, NanLadder.from_state(NanPolicy(cfg.nan_policy),
+                                                           self.state.nan_ladder))
         #: issue 16: the code version the workers run, hot updates and rollbacks.
         self.hot = HotUpdate(cfg, self.events, clock)
         self._fingerprinted = False  # issue 13: once per controller (env_change.py)
-        #: The count and plan of the requeue in flight, set by its thread (shortfall.py).
-        self._requeue_plan: tuple[Capacity | None, RequeuePlan] | None = None
 
     # ------------------------------------------------------------------ read side
     @property
     def phase(self) -> Phase:
         return self._phase
+
+    @property
+    def nan(self) -> NanLadder:
+        return self.nans.nan
+
+    @property
+    def bitwise_req(self) -> bitwise.BitwiseRequest | None:
+        return self.nans.bitwise_req
+
+    @property
+    def replay(self) -> replay.ReplayRun | None:
+        return self.nans.replay
 
     def plan_for(self, index: int) -> Plan | None:
         """The plan to send agent ``index`` (None: nothing yet), stamped with the term.
@@ -361,11 +300,11 @@ class Recovery:
         if gen is None or gen_number != gen.number:
             return
         if self._phase is Phase.REPLAYING:
-            self._on_replay_report(member, gen, progress, exits)
+            self.nans.on_replay_report(member, gen, progress, exits)
             return
         for item in progress:
             self._on_progress(gen, item, now)
-        for ex in _new_exits(gen, member, exits):
+        for ex in new_exits(gen, member, exits):
             if ex.exit_code == 0:
                 gen.succeeded.add(ex.rank)
             else:
@@ -404,51 +343,84 @@ class Recovery:
 
     # ------------------------------------------------------------------ the tick
     def tick(self, now: float) -> None:
+        """The clock: the current phase's handler (the phase table, docs/ARCHITECTURE.md)."""
         if self._phase is Phase.GATHER:
             self._gather(now)
             return
         if self._phase is Phase.REQUEUED:
             self._poll_requeue()
             return
-        if self._phase not in (Phase.RUNNING, Phase.DUMPING, Phase.DIAGNOSING,
-                               Phase.REPLAYING):
-            return
         gen = self.gen
         if gen is None:
             return
-        if self._phase is Phase.REPLAYING:
-            self._replay_tick(gen, now)
-            return
-        if self._phase is Phase.DIAGNOSING:
-            # The others wait: exits of the stopped generation are not new incidents.
-            self._check_diagnosis(gen, now)
-            return
-        if self._bitwise_tick(gen, now):  # issue 15: before a NaN of the faulty node
-            return
+        handler = {Phase.RUNNING: self._running_tick, Phase.DUMPING: self._running_tick,
+                   Phase.DIAGNOSING: self._check_diagnosis,
+                   Phase.REPLAYING: self.nans.replay_tick}.get(self._phase)
+        if handler is not None:  # DONE: nothing more to do
+            handler(gen, now)
+
+    def _running_tick(self, gen: Generation, now: float) -> None:
+        """Running (or capturing a hang's stacks): the first detector, in priority order,
+        whose condition holds acts, and the tick ends there."""
+        # While DIAGNOSING (its own handler) the others wait: exits of the stopped
+        # generation are not new incidents.
+        detectors = (self.nans.bitwise_tick,  # before a NaN of the faulty node
+                     self._completion_tick,
+                     # Before a pending capture: a crash or a lost node during the capture
+                     # is the better-localized fault, and a lost agent cannot restart in
+                     # place.
+                     self._failures_tick,
+                     self._hot_update_tick,
+                     self._monitor_tick,
+                     self._capture_tick,
+                     self._hang_tick,
+                     self._failslow_tick)
+        for detector in detectors:
+            if detector(gen, now):
+                return
+
+    def _completion_tick(self, gen: Generation, now: float) -> bool:
         active = {r for i in gen.slots for r in self.ranks_of(i)}
-        if active and active <= gen.succeeded:
-            self.finish(RunStatus.COMPLETED, None)
-        elif gen.failures:
-            # Before a pending capture: a crash or a lost node during the capture is
-            # the better-localized fault, and a lost agent cannot restart in place.
-            self._maybe_handle_failures(gen, now)
-        elif self._phase is Phase.RUNNING and \
-                self.hot.tick(self.state.last_step, self._reports_steps(gen), now):
-            # --- issue 16 call site: a hot update at a step boundary, in place --------
-            self.hot.apply_due(self.state.last_step, now)
-            self._begin_generation(gen.slots, now)
-        elif self._monitor_tick(gen, now):  # monitor (issue 14)
-            pass
-        elif self._phase is Phase.DUMPING:
-            self._check_capture(gen, now)
-        elif is_hung(gen.last_progress, now, self.step_times, self.cfg.hang_floor_s,
-                     self.cfg.hang_factor, gen.steps_done > 0, self.cfg.startup_timeout_s,
-                     self._reports_steps(gen)):
-            self._start_hang_capture(gen, now)
-        elif self.failslow is not None:
-            decision = self.failslow.poll(now)
-            if decision is not None:
-                self._handle_fail_slow(gen, decision, now)
+        if not (active and active <= gen.succeeded):
+            return False
+        self.finish(RunStatus.COMPLETED, None)
+        return True
+
+    def _failures_tick(self, gen: Generation, now: float) -> bool:
+        if not gen.failures:
+            return False
+        self._maybe_handle_failures(gen, now)
+        return True
+
+    def _hot_update_tick(self, gen: Generation, now: float) -> bool:
+        """A hot update due at a step boundary: a new generation in place."""
+        if self._phase is not Phase.RUNNING or \
+                not self.hot.tick(self.state.last_step, self._reports_steps(gen), now):
+            return False
+        self.hot.apply_due(self.state.last_step, now)
+        self._begin_generation(gen.slots, now)
+        return True
+
+    def _capture_tick(self, gen: Generation, now: float) -> bool:
+        if self._phase is not Phase.DUMPING:
+            return False
+        self._check_capture(gen, now)
+        return True
+
+    def _hang_tick(self, gen: Generation, now: float) -> bool:
+        if not is_hung(gen.last_progress, now, self.step_times, self.cfg.hang_floor_s,
+                       self.cfg.hang_factor, gen.steps_done > 0, self.cfg.startup_timeout_s,
+                       self._reports_steps(gen)):
+            return False
+        self._start_hang_capture(gen, now)
+        return True
+
+    def _failslow_tick(self, gen: Generation, now: float) -> bool:
+        decision = self.failslow.poll(now) if self.failslow is not None else None
+        if decision is None:
+            return False
+        self._handle_fail_slow(gen, decision, now)
+        return True
 
     def _gather(self, now: float) -> None:
         if self.state.finished:
@@ -576,17 +548,12 @@ class Recovery:
         st.last_step = max((s for s in (st.last_step, logged) if s is not None), default=None)
         # The old controller announced this attempt once a step finished; not again.
         gen.announced = st.last_step is not None
-        self._plans = self._make_plans(gen)
+        self._plans = generation_plans(self._plan_context(), gen)
         self._enter(Phase.RUNNING)
         for member in self.members.values():
             if member.lost:
                 self.on_agent_lost(member, False, now)
-        for failure in gen.failures:
-            failure.exit.evidence.update(takeover.evidence)
-            if takeover.last_heard is not None and failure.agent == takeover.lost_agent:
-                # Its fault time: the successor's last contact (it may have reported
-                # again since, a frozen process resumed).
-                failure.exit = dataclasses.replace(failure.exit, time=takeover.last_heard)
+        note_takeover(gen, takeover)
         self.persist()
         log.warning("took over generation %s (attempt %s, term %s) on %s; lost %s",
                     gen.number, gen.attempt, self.term, st.slots,
@@ -609,7 +576,7 @@ class Recovery:
         rank_nodes = [self.members[i].node for i in slots for _ in range(g)]
         self.failslow = failslow.new_monitor(self.cfg, rank_nodes)
         self.findings.new_generation(self.cfg, rank_nodes)  # monitor (issue 14)
-        self._plans = self._make_plans(gen)
+        self._plans = generation_plans(self._plan_context(), gen)
         # What a successor needs (issue 23): the generation, membership and spares.
         st.gen = gen.number
         st.members = {str(i): m.node for i, m in self.members.items() if not m.lost}
@@ -651,26 +618,9 @@ class Recovery:
             code = {**code, "code_change": True}
         return code
 
-    def _make_plans(self, gen: Generation) -> dict[int, Plan]:
-        """Every agent's plan for ``gen`` (deterministic: a successor rebuilds the same)."""
-        st, slots, g = self.state, gen.slots, self.cfg.workers_per_node
-        rank_nodes = [self.members[i].node for i in slots for _ in range(g)]
-        port = rendezvous_port(self.cfg.master_port, self.ident.job_id, gen.attempt)
-        code = self._code_fields()  # issue 16: the code version the workers run
-        plans: dict[int, Plan] = {}
-        for slot, index in enumerate(slots):
-            plans[index] = Plan(role=Role.ACTIVE, gen=gen.number, attempt=gen.attempt,
-                                world_size=self.cfg.world_size,
-                                master_addr=self.members[slots[0]].addr, master_port=port,
-                                rank_nodes=rank_nodes, run_id=st.run_id,
-                                max_restarts=self.cfg.max_restarts, slot=slot,
-                                ranks=list(range(slot * g, (slot + 1) * g)), **code)
-        for index, member in self.members.items():
-            if index in slots or member.lost:
-                continue
-            role = Role.SPARE if index in self.spares else Role.EVICTED
-            plans[index] = Plan(role=role, gen=gen.number, attempt=gen.attempt)
-        return plans
+    def _plan_context(self) -> PlanContext:
+        return PlanContext(self.cfg, self.ident.job_id, self.state.run_id, self.members,
+                           tuple(self.spares), self._code_fields())
 
     def _announce_attempt(self, gen: Generation) -> None:
         """Write ``attempt_start`` once the ranks said what they restored (or stepped)."""
@@ -697,17 +647,18 @@ class Recovery:
         else:
             root = min(gen.failures, key=lambda f: f.exit.time)
         if root.exit.cls == IncidentClass.NAN:  # issue 15: the NaN ladder
-            if self._nan_settling(gen, primary, now):
+            if self.nans.settling(gen, primary, now):
                 return
-            self._handle_nan(gen, root, first_seen, now)
+            self.nans.handle(gen, root, first_seen, now)
             return
         incident = self._incident_from_failure(gen, root, first_seen)
         # --- issue 13 call site: unclear side, nobody blamed -> stop-time diagnosis -----
         if self._wants_diagnosis(root):
             self._start_diagnosis(gen, root, incident, now)
             return
+        repeat = diagnosed_before(root.exit.signature, self.state.diagnosis_passed)
         self._handle(gen, incident, root.exit.signature, [root.node], now,
-                     diagnosed_repeat=self._diagnosed_before(root.exit.signature))
+                     diagnosed_repeat=repeat)
 
     def _all_heard_since(self, gen: Generation, t: float) -> bool:
         """Whether every agent of the generation's slots has reported at ``t`` or later
@@ -719,7 +670,7 @@ class Recovery:
         return True
 
     def _incident_from_failure(self, gen: Generation, root: Failure,
-                               detected: float) -> dict[str, Any]:
+                               detected: float) -> Incident:
         st = self.state
         st.incidents += 1
         ex = root.exit
@@ -737,248 +688,11 @@ class Recovery:
             # and from which step, in the incident itself, not only in state.json.
             evidence["env_change"] = {k: ch[k] for k in ("step", "attempt", "what")
                                       if k in ch}
-        return make_incident(f"i{st.incidents}", str(ex.cls), str(ex.category), detected,
+        return new_incident(f"i{st.incidents}", str(ex.cls), str(ex.category), detected,
                              fault_time=ex.time, nodes=[root.node], ranks=[ex.rank],
                              last_step=st.last_step, evidence=evidence)
 
-    # ------------------------------------------------------------------ NaN (issue 15)
-    def _nan_settling(self, gen: Generation, primary: list[Failure], now: float) -> bool:
-        """Wait (up to NAN_SETTLE_S) until every active rank's anomaly line is in: the
-        origin's may come in a later report than the first reporter's."""
-        active = {r for i in gen.slots for r in self.ranks_of(i)}
-        first = min(f.seen for f in primary)
-        return not active <= set(gen.anomalies) and now - first < NAN_SETTLE_S
-
-    def _handle_nan(self, gen: Generation, root: Failure, detected: float,
-                    now: float) -> None:
-        """A NaN: name its origin, not the first reporter, and take the NaN ladder."""
-        rank_nodes = [self.members[i].node for i in gen.slots
-                      for _ in range(self.cfg.workers_per_node)]
-        origin = attribute(gen.anomalies, rank_nodes)
-        step = self.nan.decide(origin, now)
-        prev = self.state.open_incident
-        if prev is not None and prev.get("restored_step") is None:
-            # The replay failed before finishing a step: the restore itself happened.
-            prev["restored_step"], prev["restore_tier"] = restored_of(gen)
-        incident = self._incident_from_failure(gen, root, detected)
-        reporters = sorted(gen.anomalies)
-        incident.update(nodes=sorted(set(origin.nodes)), ranks=list(origin.ranks))
-        incident["evidence"]["nan"] = {**origin.to_json(), "resolution": step.resolution,
-                                       "verdict": step.verdict, "reason": step.reason,
-                                       "replay_s": step.replay_s,
-                                       "first_reporter": {"rank": root.exit.rank,
-                                                          "node": root.node},
-                                       "reporting_ranks": reporters}
-        override = Decision(Rung.STOP if step.resolution == "stop" else Rung.IN_PLACE,
-                            step.reason)
-        if step.skip_step is not None:
-            write_skips(self.cfg.run_dir, self.nan.skipped)
-        if step.resolution is NanResolution.REPLAY:
-            self._start_replay(gen, incident, now)
-            return
-        if step.verdict != "data_or_model":
-            # The replaying attempt's ranks all run the reference step at their start:
-            # milliseconds, so it is asked with the reattempt rather than after a second
-            # failure; a node that computes it wrongly is faulty whatever the NaN was.
-            self.bitwise_req = bitwise.request(self.cfg.run_dir, self.state.attempt + 1,
-                                               incident, now)
-            incident["evidence"]["nan"]["bitwise"] = {"requested": self.bitwise_req.id}
-        # No node is blamed for a NaN here (nodes=[]): only a failed bitwise test may
-        # evict one; no signature either, the NaN ladder replaces the repeat rule.
-        self._handle(gen, incident, None, [], now, override=override)
-
-    def _bitwise_tick(self, gen: Generation, now: float) -> bool:
-        """Compare the bitwise digests once every active rank sent one (or the wait is
-        over); a node that differs is evicted as the NaN incident's resolution."""
-        req = self.bitwise_req
-        if req is None or self._phase is not Phase.RUNNING or gen.attempt < req.attempt:
-            return False
-        if gen.attempt > req.attempt:
-            self.bitwise_req = None  # that attempt ended before answering
-            return False
-        active = {r for i in gen.slots for r in self.ranks_of(i)}
-        complete = active <= set(gen.bitwise)
-        if not complete and now - req.asked_at < bitwise.BITWISE_WAIT_S:
-            return False
-        self.bitwise_req = None
-        rank_nodes = [self.members[i].node for i in gen.slots
-                      for _ in range(self.cfg.workers_per_node)]
-        result = bitwise.compare({r: d for r, d in gen.bitwise.items() if r in active},
-                                 rank_nodes)
-        incident = req.incident
-        nan_ev = incident["evidence"]["nan"]
-        nan_ev["bitwise"] = {**nan_ev.get("bitwise", {}), **result.evidence,
-                             "complete": complete, "seconds": round(now - req.asked_at, 3)}
-        if result.passed:
-            return False  # all agree: if the NaN moves again, dual-phase replay is next
-        open_inc = self.state.open_incident
-        if open_inc is not None and open_inc.get("incident") == incident["incident"]:
-            self.state.open_incident = None  # the same incident, now resolved by eviction
-        else:
-            self.state.incidents += 1
-            incident = {**incident, "incident": f"i{self.state.incidents}",
-                        "recovered_at": None, "restored_step": None, "steps_lost": None}
-        incident["evidence"]["nan"]["resolution"] = "evict"
-        incident["localized_at"] = now
-        reason = (f"bitwise reference test: {', '.join(result.differing)} differ(s) from "
-                  f"the other nodes' digest {result.reference and result.reference[:16]}")
-        self._handle(gen, incident, None, list(result.differing), now, evict=reason)
-        return True
-
-    # ------------------------------------------------------------------ replay (issue 15)
-    def _start_replay(self, gen: Generation, incident: dict[str, Any], now: float) -> None:
-        """The NaN moved again after a rollback: dual-phase replay (control/replay.py)
-        from the last step every rank snapshotted, over the steps the NaN appeared at."""
-        st = self.state
-        self.events.flush_step()
-        if st.open_incident is not None:  # the rollback's incident did not recover
-            accounting.cut_short(st.open_incident, incident, now)
-            st.open_incident = None
-        grid = replay.Grid.of(len(gen.slots))
-        # Every rank finished (and snapshotted) the step before the NaN's: the memory
-        # tier holds the last two, and the controller's count may lag behind them.
-        nan_step = incident["evidence"]["nan"].get("step")
-        restore = nan_step - 1 if isinstance(nan_step, int) and nan_step > 0 else \
-            st.last_step
-        until = replay.window(restore, self.nan.steps)
-        rp = replay.ReplayRun(f"replay-{incident['incident']}", grid, incident, gen,
-                              restore, until, now)
-        incident["evidence"]["nan"]["replay"] = {"restore_step": restore,
-                                                 "until_step": until,
-                                                 "grid": [grid.m, grid.n]}
-        self.replay = rp
-        log.warning("incident %s: dual-phase replay of steps %s..%s on a %sx%s grid",
-                    incident["incident"], (restore or 0) + 1, until, grid.m, grid.n)
-        if grid.m == 1:  # one row is the whole job: it failed already, go by columns
-            rp.outcomes[replay.ReplayPhase.HORIZONTAL.value] = {0: "implied"}
-            self._begin_replay_phase(replay.ReplayPhase.VERTICAL, now)
-        else:
-            self._begin_replay_phase(replay.ReplayPhase.HORIZONTAL, now)
-
-    def _begin_replay_phase(self, phase: replay.ReplayPhase, now: float) -> None:
-        rp, st = self.replay, self.state
-        assert rp is not None
-        groups = rp.grid.groups(phase)
-        rp.phase, rp.phase_started_at, rp.done = phase, now, {}
-        rp.outcomes[phase.value] = {}
-        first = st.attempt + 1
-        st.attempt += len(groups)  # an attempt per group: its own port and draws
-        self.gen_count += 1
-        gen = Generation(self.gen_count, first, list(rp.origin_gen.slots), now)
-        self.gen = gen
-        self._plans = self._replay_plans(gen, groups, rp)
-        self._enter(Phase.REPLAYING)
-        self.persist()
-        log.info("replay %s: %s phase, groups %s", rp.id, phase.value,
-                 [[self.members[gen.slots[m]].node for m in grp] for grp in groups])
-
-    def _replay_plans(self, gen: Generation, groups: list[list[int]],
-                      rp: replay.ReplayRun) -> dict[int, Plan]:
-        """Each group a world of its own: its ranks renumbered from 0, its own master
-        and port; each worker told its rank in the run (for its own snapshot)."""
-        g, slots = self.cfg.workers_per_node, gen.slots
-        code = self._code_fields()
-        env = dict(code.get("env") if code.get("env") is not None else self.cfg.env)
-        plans: dict[int, Plan] = {}
-        for number, members in enumerate(groups):
-            attempt = gen.attempt + number
-            port = rendezvous_port(self.cfg.master_port, self.ident.job_id, attempt)
-            rank_nodes = [self.members[slots[m]].node for m in members for _ in range(g)]
-            for pos, m in enumerate(members):
-                spec = replay.ReplaySpec(rp.id, rp.phase.value, number,
-                                         tuple(range(m * g, (m + 1) * g)),
-                                         self.cfg.world_size, rp.restore_step,
-                                         rp.until_step)
-                plans[slots[m]] = Plan(
-                    role=Role.ACTIVE, gen=gen.number, attempt=attempt,
-                    world_size=len(members) * g,
-                    master_addr=self.members[slots[members[0]]].addr, master_port=port,
-                    rank_nodes=rank_nodes, run_id=self.state.run_id, max_restarts=0,
-                    slot=pos, ranks=list(range(pos * g, (pos + 1) * g)),
-                    **{**code, "env": {**env, replay.REPLAY_ENV: spec.to_env()}})
-        for index, member in self.members.items():
-            if index not in slots and not member.lost:
-                role = Role.SPARE if index in self.spares else Role.EVICTED
-                plans[index] = Plan(role=role, gen=gen.number, attempt=gen.attempt)
-        return plans
-
-    def _on_replay_report(self, member: Member, gen: Generation,
-                          progress: Sequence[Progress], exits: Sequence[WorkerExit]) -> None:
-        """A replay's reports: a NaN fails the agent's group; steps are not the run's."""
-        rp = self.replay
-        if rp is None or member.index not in gen.slots:
-            return
-        group = rp.group_of(gen.slots.index(member.index))
-        out = rp.outcomes[rp.phase.value]
-        for item in progress:
-            if item.kind is ProgressKind.ANOMALY and item.extra.get("what") == "nan":
-                out[group] = "nan"
-        for ex in _new_exits(gen, member, exits):
-            if ex.exit_code == 0:
-                rp.done[member.index] = rp.done.get(member.index, 0) + 1
-            elif ex.cls == IncidentClass.NAN:
-                out[group] = "nan"
-            elif out.get(group) != "nan":
-                out[group] = "error"
-                rp.details.append(f"{member.node} rank {ex.rank}: {ex.cls} ({ex.line})")
-
-    def _replay_tick(self, gen: Generation, now: float) -> None:
-        rp = self.replay
-        assert rp is not None
-        if gen.failures:  # a lost agent: the ladder handles it, the replay is over
-            self._end_replay(None, "an agent was lost during the replay", now, lost=gen)
-            return
-        if not rp.settle(gen.slots, self.cfg.workers_per_node, now):
-            return
-        why = rp.inconclusive()
-        if why is not None:
-            self._end_replay(None, why, now)
-        elif rp.phase is replay.ReplayPhase.HORIZONTAL:
-            self._begin_replay_phase(replay.ReplayPhase.VERTICAL, now)
-        else:
-            h, v = replay.ReplayPhase.HORIZONTAL, replay.ReplayPhase.VERTICAL
-            slot = rp.grid.locate(rp.failed(h), rp.failed(v))
-            node = None if slot is None else self.members[rp.origin_gen.slots[slot]].node
-            self._end_replay(node, f"row {rp.failed(h)} and column {rp.failed(v)} "
-                                   f"reproduced the NaN", now)
-
-    def _end_replay(self, node: str | None, why: str, now: float,
-                    lost: Generation | None = None) -> None:
-        """Evict the located node (spare or requeue), or roll back in place."""
-        rp = self.replay
-        assert rp is not None
-        self.replay = None
-        incident = rp.incident
-        nan_ev = incident["evidence"]["nan"]
-        nan_ev["replay"] = {**nan_ev.get("replay", {}),
-                            **replay.evidence(rp.grid, rp.outcomes, node),
-                            "reason": why, "errors": rp.details,
-                            "seconds": round(now - rp.started_at, 3)}
-        log.warning("replay %s: %s -> %s", rp.id, why,
-                    f"evicting {node}" if node else "inconclusive")
-        if lost is not None:
-            # The lost agent's failure is the next incident; this one stays open until
-            # the ladder's next generation recovers (it is then written, cut short).
-            nan_ev["resolution"] = NanResolution.ROLLBACK
-            incident["rung"] = Rung.IN_PLACE
-            self.state.open_incident = incident
-            self._enter(Phase.RUNNING)
-            return
-        # The ladder goes on from the generation the NaN ended (its slots, its progress);
-        # self.gen stays the replay's, so the next plans' numbers keep increasing.
-        if node is None:
-            nan_ev["resolution"] = NanResolution.ROLLBACK
-            self._handle(rp.origin_gen, incident, None, [], now, override=Decision(
-                Rung.IN_PLACE, f"dual-phase replay inconclusive ({why}): rolling back "
-                               "again"))
-            return
-        nan_ev["resolution"] = NanResolution.REPLAY
-        incident["localized_at"] = now
-        self.nan.on_evicted()
-        self._handle(rp.origin_gen, incident, None, [node], now,
-                     evict=f"dual-phase replay: {why}, crossing at {node}")
-
-    def _handle(self, gen: Generation, incident: dict[str, Any], signature: str | None,
+    def _handle(self, gen: Generation, incident: Incident, signature: str | None,
                 nodes: list[str], now: float, evict: str | None = None, *,
                 diagnosed_repeat: bool = False, diagnosis_failed: bool = False,
                 override: Decision | None = None) -> None:
@@ -992,77 +706,82 @@ class Recovery:
             # The earlier recovery did not finish: both are kept and written together.
             accounting.cut_short(st.open_incident, incident, now)
             st.open_incident = None
-        progressed = made_progress(gen.steps_done, self._reports_steps(gen),
-                                   now - gen.started_at)
-        st.no_progress = 0 if progressed else st.no_progress + 1
-        if incident["class"] not in UNLOCALISED_CLASSES:
-            for node in nodes:
-                st.node_failures[node] = st.node_failures.get(node, 0) + 1
-        blamed = blamed_nodes(incident["class"], nodes, st.node_failures,
-                              self.cfg.node_failures_to_blame)
-        if evict or diagnosis_failed:
-            blamed = tuple(dict.fromkeys((*blamed, *nodes)))
-        decision = decide(LadderInput(
-            cls=incident["class"], blamed=blamed, controller_node=self.ident.node,
-            batch_node=self._batch_node(),
-            spares_left=len(self.spares), restarts=st.restarts,
-            max_restarts=self.cfg.max_restarts, signature=signature,
-            signature_seen=st.signatures.get(signature or "", 0),
-            no_progress=st.no_progress, max_no_progress=self.cfg.max_no_progress,
-            diagnosed_repeat=diagnosed_repeat))
-        batch = self._batch_node()
-        if incident["class"] == IncidentClass.NODE_LOST and batch is not None and \
-                batch in blamed:
+        facts = self._ladder_facts(gen, incident, signature, nodes, now, evict,
+                                   diagnosed_repeat, diagnosis_failed, override)
+        self._apply(gen, incident, signature, decide(facts), evict, now)
+
+    def _apply(self, gen: Generation, incident: Incident, signature: str | None,
+               decision: Decision, evict: str | None, now: float) -> None:
+        """Apply the ladder's decision: the run's counters and the incident, then the
+        rung (stop; or a verdict and drain for each evicted node, and a new generation in
+        place, on a spare, or a requeue)."""
+        st = self.state
+        if decision.batch_lost:
             self.batch_lost = True
-        if override is not None and decision.rung is Rung.IN_PLACE:
-            decision = override  # the NaN ladder's call, unless a budget already stops
-        if evict:
-            decision = dataclasses.replace(decision, reason=f"{decision.reason}; {evict}")
-        # --- issue 16 call site: the new version's own failure rolls it back ----------
-        rolled = self.hot.on_failure(incident["class"], st.last_step, now)
-        if rolled is not None:
-            incident["evidence"]["rollback"] = rolled
-            if decision.rung == Rung.STOP:
-                decision = dataclasses.replace(decision, rung=Rung.IN_PLACE, evict=(),
-                                               reason=f"{decision.reason}; {rolled}")
+        if decision.rollback is not None:
+            # The new version's own failure: back to the previous one, restarted in place.
+            self.hot.roll_back(decision.rollback, st.last_step, now)
+            incident.evidence["rollback"] = decision.rollback
         if signature:
             st.signatures[signature] = st.signatures.get(signature, 0) + 1
-        diag_reason = incident["evidence"].get("diagnosis_reason")
-        if diagnosis_failed and diag_reason and decision.evict:
-            # The verdict names what the node's own checks found, not just the class.
-            decision = dataclasses.replace(decision, reason=f"{decision.reason}; {diag_reason}")
-        # issue 12: a run blames at most max_blamed_nodes nodes, then stops with a verdict.
-        decision = blame.capped(decision, st.blamed,
-                                self.cfg.max_blamed_nodes or self.cfg.total_nodes)
-        incident["rung"] = decision.rung
-        incident["localized_at"] = incident["localized_at"] or now
-        incident["nodes"] = sorted(set(incident["nodes"]) | set(decision.evict))
-        incident["evidence"]["decision"] = decision.reason
+        incident.rung = decision.rung
+        incident.localized_at = incident.localized_at or now
+        incident.nodes = sorted(set(incident.nodes) | set(decision.evict))
+        incident.evidence["decision"] = decision.reason
         if self.metrics is not None:
             self.metrics.on_incident(incident)  # the rung is decided
-        log.warning("incident %s: %s on %s -> %s (%s)", incident["incident"],
-                    incident["class"], incident["nodes"], decision.rung, decision.reason)
+        log.warning("incident %s: %s on %s -> %s (%s)", incident.incident,
+                    incident.cls, incident.nodes, decision.rung, decision.reason)
         if decision.rung == Rung.STOP:
             self._write_incident(incident)
             self.finish(RunStatus.STOPPED, decision.reason)
             return
         st.restarts += 1
         # The verdict names the class and its evidence (flat, "pending deep check").
-        reason = blame.verdict_reason(incident["class"], incident["evidence"], evict)
+        reason = blame.verdict_reason(incident.cls, incident.evidence, evict)
         for node in decision.evict:
             self.slurm.verdict(self.paths, self.ident.job_id, node, reason,
-                               incident["class"], incident["evidence"], incident["incident"],
+                               incident.cls, incident.evidence, incident.incident,
                                self.cfg.site_config)
         if decision.evict and self.cfg.drain:
             evict_nodes = list(decision.evict)
             self._start_action("drain", lambda: self.slurm.drain(evict_nodes, reason))
         st.open_incident = incident
         if decision.rung == Rung.REQUEUE:
-            self._requeue(decision)
+            self._start_requeue(decision)
         elif decision.rung == Rung.SPARE:
             self._begin_generation(self._replace(gen, decision), now)
         else:
             self._begin_generation(gen.slots, now)
+
+    def _ladder_facts(self, gen: Generation, incident: Incident, signature: str | None,
+                      nodes: list[str], now: float, evict: str | None,
+                      diagnosed_repeat: bool, diagnosis_failed: bool,
+                      override: Decision | None) -> Facts:
+        """What the ladder needs for this incident. Counts it first: the run's attempts
+        without progress and the named nodes' failures include this one."""
+        st = self.state
+        progressed = made_progress(gen.steps_done, self._reports_steps(gen),
+                                   now - gen.started_at)
+        st.no_progress = 0 if progressed else st.no_progress + 1
+        cls = incident.cls
+        if cls not in UNLOCALISED_CLASSES:
+            for node in nodes:
+                st.node_failures[node] = st.node_failures.get(node, 0) + 1
+        return Facts(
+            cls=cls, controller_node=self.ident.node, spares_left=len(self.spares),
+            restarts=st.restarts, max_restarts=self.cfg.max_restarts, signature=signature,
+            signature_seen=st.signatures.get(signature or "", 0),
+            no_progress=st.no_progress, max_no_progress=self.cfg.max_no_progress,
+            named=tuple(nodes), failures={n: st.node_failures.get(n, 0) for n in nodes},
+            failures_to_blame=self.cfg.node_failures_to_blame,
+            blame_named=bool(evict) or diagnosis_failed, diagnosed_repeat=diagnosed_repeat,
+            batch_node=self._batch_node(), nan_advice=override, evict_reason=evict,
+            rollback=self.hot.rollback_reason(cls),
+            diagnosis_reason=(incident.evidence.get("diagnosis_reason")
+                              if diagnosis_failed else None),
+            blamed_before=tuple(st.blamed),
+            max_blamed=self.cfg.max_blamed_nodes or self.cfg.total_nodes)
 
     def _batch_node(self) -> str | None:
         """The node of the batch step: agent 0's (Slurm starts the batch script and
@@ -1080,7 +799,7 @@ class Recovery:
         self.state.blamed = sorted(set(self.state.blamed) | set(decision.evict))
         return slots
 
-    def _requeue(self, decision: Decision) -> None:
+    def _start_requeue(self, decision: Decision) -> None:
         st = self.state
         st.requeues += 1
         st.blamed = sorted(set(st.blamed) | set(decision.evict))
@@ -1089,23 +808,10 @@ class Recovery:
         self._plans = {i: Plan(role=Role.HOLD, gen=gen_no, attempt=st.attempt)
                        for i in self.members}
         self._enter(Phase.REQUEUED)
-        job_id, exclude = self.ident.job_id, list(st.blamed)
-        count, requeue = self.slurm.capacity, self.slurm.requeue
-        policy, world_nodes = ShortfallPolicy(self.cfg.on_shortfall), self.cfg.nodes
-        self._requeue_plan = None
-
-        def count_then_requeue() -> None:
-            # Counted first: a requeue the partition and reserve cannot serve would pend
-            # with nothing left running to say so.
-            cap = count(job_id, exclude) if count is not None else None
-            plan = plan_requeue(cap, policy, world_nodes)
-            self._requeue_plan = (cap, plan)
-            if plan.choice is Choice.SHRINK:
-                requeue(job_id, exclude, num_nodes=plan.nodes)
-            elif plan.choice is Choice.REQUEUE:
-                requeue(job_id, exclude)
-
-        self._requeue_action = self._start_action("requeue", count_then_requeue)
+        self._requeue = PendingRequeue(self._start_action, self.ident.job_id,
+                                       list(st.blamed), self.slurm.capacity,
+                                       self.slurm.requeue,
+                                       ShortfallPolicy(self.cfg.on_shortfall), self.cfg.nodes)
 
     def _count_capacity(self, job_id: str, exclude: Sequence[str]) -> Capacity | None:
         return job_capacity(job_id, exclude, reserve_partition(self.cfg.site_config))
@@ -1118,23 +824,22 @@ class Recovery:
     def _poll_requeue(self) -> None:
         """The requeue runs in its own thread; a refusal (after the retry budget, and
         after Slurm said the job was not requeued after all) ends the run."""
-        action = self._requeue_action
-        if action is None:
+        pending = self._requeue
+        done = pending.result() if pending is not None else None
+        if done is None:
             return
-        outcome = action.outcome()
-        if outcome.state is ActionState.FAILED:
-            self._requeue_action = None
-            self.finish(RunStatus.FAILED, f"requeue refused by Slurm: {outcome.error}")
-        elif outcome.state is ActionState.DONE:
-            self._requeue_action = None
-            cap, plan = self._requeue_plan or (None, RequeuePlan(Choice.REQUEUE))
-            if cap is not None and cap.short:
-                self._note_shortfall(cap, plan)
-            if plan.choice is Choice.STOP:
-                self.state.requeues -= 1  # it never happened
-                self.finish(RunStatus.STOPPED, plan.reason)
-                return
-            log.info("job %s requeued; holding until the allocation ends", self.ident.job_id)
+        self._requeue = None
+        if done.refused is not None:
+            self.finish(RunStatus.FAILED, f"requeue refused by Slurm: {done.refused}")
+            return
+        cap, plan = done.capacity, done.plan
+        if cap is not None and cap.short:
+            self._note_shortfall(cap, plan)
+        if plan.choice is Choice.STOP:
+            self.state.requeues -= 1  # it never happened
+            self.finish(RunStatus.STOPPED, plan.reason)
+            return
+        log.info("job %s requeued; holding until the allocation ends", self.ident.job_id)
 
     def _note_shortfall(self, cap: Capacity, plan: RequeuePlan) -> None:
         """The count goes into the open incident (its evidence, and ``status`` reads it
@@ -1143,9 +848,9 @@ class Recovery:
         incident = self.state.open_incident
         if incident is None:
             return
-        incident["evidence"]["shortfall"] = shortfall_evidence(cap, plan)
+        incident.evidence["shortfall"] = shortfall_evidence(cap, plan)
         if plan.choice is Choice.STOP:
-            incident["rung"] = Rung.STOP
+            incident.rung = Rung.STOP
         self.persist()
 
     def _handle_fail_slow(self, gen: Generation, decision: FailSlowDecision,
@@ -1192,68 +897,43 @@ class Recovery:
     # Issue 13: ByteRobust's stop-time diagnosis (EUD) before blaming a node for an
     # unclear crash. See docs/ARCHITECTURE.md, phase `diagnosing`.
     def _wants_diagnosis(self, root: Failure) -> bool:
-        """Diagnose when the failure's action is ``diagnose``, no node is blamed yet, its
-        signature has not passed a diagnosis before, and its agent can still answer."""
-        ex = root.exit
-        action = ex.action
-        if action is None:  # an older agent: the class's default action
-            cls = canonical(str(ex.cls))
-            action = ROWS[cls].action if cls is not None else None
-        if action is not Action.DIAGNOSE or self._diagnosed_before(ex.signature):
-            return False
-        failures = {**self.state.node_failures,
-                    root.node: self.state.node_failures.get(root.node, 0) + 1}
-        if blamed_nodes(str(ex.cls), [root.node], failures, self.cfg.node_failures_to_blame):
-            return False
         member = self.members.get(root.agent)
-        return member is not None and not member.lost and root.agent not in self.spares
+        can_answer = member is not None and not member.lost and root.agent not in self.spares
+        return wants_diagnosis(root, self.state.node_failures,
+                               self.cfg.node_failures_to_blame, self.state.diagnosis_passed,
+                               can_answer)
 
-    def _diagnosed_before(self, signature: str | None) -> bool:
-        return signature is not None and signature in self.state.diagnosis_passed
-
-    def _start_diagnosis(self, gen: Generation, root: Failure, incident: dict[str, Any],
+    def _start_diagnosis(self, gen: Generation, root: Failure, incident: Incident,
                          now: float) -> None:
         """Ask the suspected node's agent to run diagnose(node); the others wait."""
-        did = f"{incident['incident']}-g{gen.number}"
+        did = f"{incident.incident}-g{gen.number}"
         gen.diagnosis = PendingDiagnosis(did, root.agent, root.node, incident,
                                          root.exit.signature, now, now + DIAGNOSIS_WAIT_S)
         self._set_plan(root.agent, dataclasses.replace(self._plans[root.agent], diagnose=did))
         self._enter(Phase.DIAGNOSING)
         log.warning("incident %s: %s on %s has no clear side; diagnosing %s (%s)",
-                    incident["incident"], incident["class"], root.node, root.node, did)
+                    incident.incident, incident.cls, root.node, root.node, did)
 
     def _check_diagnosis(self, gen: Generation, now: float) -> None:
         pending = gen.diagnosis
         if pending is None:  # cannot happen: DIAGNOSING is only entered with one
             self.fail("recovery: diagnosing without a pending diagnosis")
             return
-        answer = self.diagnoses.get((pending.agent, pending.id))
         member = self.members.get(pending.agent)
         lost = member is None or member.lost
-        if answer is None and not lost and now < pending.deadline:
+        done = conclude(pending, self.diagnoses.get((pending.agent, pending.id)), lost, now)
+        if done is None:
             return
         incident = pending.incident
-        ev = incident["evidence"]
         gen.diagnosis = None
         self._enter(Phase.RUNNING)
-        if answer is not None:
-            ev["diagnosis"] = {**answer.evidence, "id": answer.id, "reason": answer.reason}
-            # Localisation is the diagnosis: detected + the time the node's checks took.
-            incident["localized_at"] = incident["detected_at"] + answer.elapsed_s
-        failed = answer is not None and not answer.passed
-        if answer is None:
-            ev["diagnosis"] = {"id": pending.id, "node": pending.node,
-                               "answer": "agent lost" if lost else
-                               f"no answer within {DIAGNOSIS_WAIT_S:g} s"}
-            failed = lost  # a node that vanished while checking itself is blamed
-        elif answer.passed and answer.complete and pending.signature:
-            # A clean bill of health: the same signature again is the user's code.
-            self.state.diagnosis_passed = sorted({*self.state.diagnosis_passed,
-                                                  pending.signature})
-        if failed and answer is not None:
-            ev["diagnosis_reason"] = answer.reason
+        incident.evidence.update(done.evidence)
+        if done.localized_at is not None:
+            incident.localized_at = done.localized_at
+        if done.cleared:
+            self.state.diagnosis_passed = sorted({*self.state.diagnosis_passed, done.cleared})
         self._handle(gen, incident, pending.signature, [pending.node], now,
-                     diagnosis_failed=failed)
+                     diagnosis_failed=done.failed)
 
     # ------------------------------------------------------------------ hangs
     def _start_hang_capture(self, gen: Generation, now: float) -> None:
@@ -1268,45 +948,17 @@ class Recovery:
                     now - gen.last_progress, gen.capture)
 
     def _check_capture(self, gen: Generation, now: float) -> None:
+        """The capture is done once every live agent sent its stacks, or at its deadline;
+        then the hang is an incident (restarted in place, the suspects named)."""
         views = [self.members[i] for i in gen.slots if not self.members[i].lost]
         done = [v for v in views if gen.capture in v.stacks]
         if len(done) < len(views) and now < gen.capture_deadline:
             return
         self.state.incidents += 1
-        evidence: dict[str, Any] = {"stacks": str(self.paths.stacks / str(gen.capture)),
-                                    "no_step_for_s": round(now - gen.last_progress, 3),
-                                    "captured_nodes": sorted(v.node for v in done),
-                                    "process_states": {v.node: v.states for v in views}}
-        if gen.hang_signal:
-            evidence.update(gen.hang_signal)
-        nodes, ranks = self._analyze_capture(gen, evidence)
-        stopped = {int(r): v.node for v in views for r, s in v.states.items() if s == "T"}
-        if stopped:
-            # A worker in state T (stopped) cannot make progress: the plainest suspect.
-            # It outranks the stack grouping, which needs a clear majority to name anyone.
-            evidence["stopped_ranks"] = sorted(stopped)
-            ranks, nodes = sorted(stopped), sorted(set(stopped.values()))
-        incident = make_incident(f"i{self.state.incidents}", IncidentClass.JOB_HANG,
-                                 Category.IMPLICIT, gen.hang_detected or now,
-                                 fault_time=gen.last_progress, nodes=nodes, ranks=ranks,
-                                 last_step=self.state.last_step, evidence=evidence)
-        incident["localized_at"] = now
+        incident = capture_incident(f"i{self.state.incidents}", gen, views,
+                                    self.paths.stacks, self.state.last_step, now)
         self._enter(Phase.RUNNING)
         self._handle(gen, incident, None, [], now)
-
-    def _analyze_capture(self, gen: Generation,
-                         evidence: dict[str, Any]) -> tuple[list[str], list[int]]:
-        """Group the captured stacks; the minority groups are the suspects (evidence only:
-        a hang is restarted in place, the suspects' nodes are named in the incident)."""
-        try:
-            result = analyze(read_capture(self.paths.stacks / str(gen.capture)))
-        except Exception as exc:  # noqa: BLE001 - analysis is evidence, never a blocker
-            evidence["analysis_error"] = f"{type(exc).__name__}: {exc}"
-            return [], []
-        evidence["analysis"] = {"verdict": result.verdict, "reason": result.reason,
-                                "outlier_ranks": list(result.outlier_ranks),
-                                "nodes": result.nodes}
-        return result.nodes, list(result.outlier_ranks)
 
     # ------------------------------------------------------------------ endings
     def _resolve_open_incident(self, gen: Generation, step: int, now: float) -> None:
@@ -1314,22 +966,23 @@ class Recovery:
         restored, tier = restored_of(gen)
         if incident is None or (restored is not None and step <= restored):
             return
-        last = incident.get("last_step")
+        last = incident.last_step
         if restored is not None and (last is None or restored > last):
             # A controller lost with its node may not have logged the newest finished
             # step, but the snapshot holds it: that step was done before the fault.
             last = restored
-            incident["last_step"] = last
-        incident.update(recovered_at=now, restored_step=restored, restore_tier=tier,
-                        steps_lost=max(0, (last or 0) - (restored or 0)))
+            incident.last_step = last
+        incident.recovered_at, incident.restored_step = now, restored
+        incident.restore_tier = tier
+        incident.steps_lost = max(0, (last or 0) - (restored or 0))
         self._write_incident(incident)
         if self.metrics is not None:
             self.metrics.on_recovered(incident)
         self.state.open_incident = None
         self.persist()
         log.info("incident %s recovered in %.2f s (restored step %s from %s)",
-                 incident["incident"],
-                 now - (incident["fault_time"] or incident["detected_at"]), restored, tier)
+                 incident.incident,
+                 now - (incident.fault_time or incident.detected_at), restored, tier)
 
     def _reports_steps(self, gen: Generation) -> bool:
         """Whether this run reports steps at all (a plain script may never do)."""
@@ -1344,17 +997,18 @@ class Recovery:
         if incident is None:
             return
         restored, tier = restored_of(gen) if gen is not None else (None, None)
-        incident.update(recovered_at=gen.started_at if gen is not None else now,
-                        restored_step=restored, restore_tier=tier, steps_lost=None)
-        incident["evidence"]["recovery"] = ("closed at run completion: the restarted "
+        incident.recovered_at = gen.started_at if gen is not None else now
+        incident.restored_step, incident.restore_tier = restored, tier
+        incident.steps_lost = None
+        incident.evidence["recovery"] = ("closed at run completion: the restarted "
                                             "workers finished, no step report after the "
                                             "restore")
         self._write_incident(incident)
         self.state.open_incident = None
 
-    def _write_incident(self, incident: dict[str, Any]) -> None:
-        if incident.get("rung") is None:
-            incident["rung"] = Rung.STOP
+    def _write_incident(self, incident: Incident) -> None:
+        if incident.rung is None:
+            incident.rung = Rung.STOP
         for cut in accounting.settle(incident):  # incidents it cut short, first
             self.events.incident(accounting.ordered_times(cut))
         self.events.incident(accounting.ordered_times(incident))
@@ -1383,19 +1037,8 @@ class Recovery:
         # The snapshots are keyed by job id: a resubmission (new job) cannot use them, and
         # tmpfs pages are node memory, so every ending frees them (the durable tier stays).
         self._plans = {i: Plan(role=Role.EXIT, exit_code=0, purge=True) for i in self.members}
-        self.result = {"status": status, "verdict": verdict, "step": step,
-                       "params_sha256": digest,
-                       "attempt": self.state.attempt, "restarts": self.state.restarts}
+        self.result = RunOutcome(RunStatus(status), verdict, step, digest,
+                                 self.state.attempt, self.state.restarts)
         self._enter(Phase.DONE)
         self.done_at = self.clock()
         log.info("run %s: %s%s", self.state.run_id, status, f" ({verdict})" if verdict else "")
-
-
-def restored_of(gen: Generation) -> tuple[int | None, str | None]:
-    """The common restored step and the slowest tier that served a rank."""
-    steps = {s for s, _ in gen.restored.values()}
-    tiers = [t for _, t in gen.restored.values() if t in TIERS]
-    step = steps.pop() if len(steps) == 1 else (min((s for s in steps if s is not None),
-                                                    default=None))
-    tier = max(tiers, key=TIERS.index) if tiers else None
-    return step, tier

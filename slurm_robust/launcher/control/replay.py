@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from slurm_robust.launcher.messages import Incident
+
 #: The worker's environment variable that carries its replay (train.py reads it).
 REPLAY_ENV = "SLURM_ROBUST_REPLAY"
 #: Steps replayed past the failing steps' last: corruption at random steps needs a window
@@ -155,7 +157,7 @@ class ReplayRun:
 
     id: str
     grid: Grid
-    incident: dict[str, Any]
+    incident: Incident
     origin_gen: Any  # recovery.Generation (typed loosely: recovery imports this module)
     restore_step: int | None
     until_step: int

@@ -21,7 +21,7 @@ from slurm_robust.errors import UsageError
 from slurm_robust.health.drain import ReasonKind, drain_reason
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control.blame import verdict_reason
-from slurm_robust.launcher.control.events import EventLog, last_logged_step, make_incident
+from slurm_robust.launcher.control.events import EventLog, last_logged_step, new_incident
 from slurm_robust.launcher.control.shortfall import (
     Choice,
     ShortfallPolicy,
@@ -31,7 +31,8 @@ from slurm_robust.launcher.control.shortfall import (
 )
 from slurm_robust.launcher.control.shortfall import evidence as shortfall_evidence
 from slurm_robust.launcher.control.slurm_actions import retry_transient
-from slurm_robust.launcher.control.state import load_state, save_state
+from slurm_robust.launcher.control.state import RunState, load_state, save_state
+from slurm_robust.launcher.enums import Category, IncidentClass, Rung
 from slurm_robust.launcher.paths import RunPaths, load_site
 from slurm_robust.records import VERDICT_SCHEMA, VERDICT_VERSION, append_record, make_record
 from slurm_robust.reserve.config import reserve_config
@@ -170,12 +171,12 @@ def requeue_after_controller_loss(cfg: RunConfig, ident: Any, controller_node: s
              if n == node for i in range(cfg.workers_per_node)]
     logged = last_logged_step(paths.events)
     last_step = max((s for s in (state.last_step, logged) if s is not None), default=None)
-    incident = make_incident(f"i{state.incidents}", "node_lost", "explicit", now,
-                             fault_time=last_heard, nodes=[node], ranks=ranks,
-                             last_step=last_step,
-                             evidence={"detected_by": ident.node, "why": why[:300],
-                                       "controller_lost": True})
-    incident.update(localized_at=now, rung="requeue")
+    incident = new_incident(f"i{state.incidents}", IncidentClass.NODE_LOST,
+                            Category.EXPLICIT, now, fault_time=last_heard, nodes=[node],
+                            ranks=ranks, last_step=last_step,
+                            evidence={"detected_by": ident.node, "why": why[:300],
+                                      "controller_lost": True})
+    incident.localized_at, incident.rung = now, Rung.REQUEUE
     state.open_incident = incident
     state.restarts += 1
     state.requeues += 1
@@ -185,11 +186,11 @@ def requeue_after_controller_loss(cfg: RunConfig, ident: Any, controller_node: s
     plan = plan_requeue(cap, ShortfallPolicy(cfg.on_shortfall), cfg.nodes)
     if cap is not None and cap.short:
         log.warning("job %s: %s", ident.job_id, plan.reason)
-        incident["evidence"]["shortfall"] = shortfall_evidence(cap, plan)
+        incident.evidence["shortfall"] = shortfall_evidence(cap, plan)
     save_state(paths.state, state)
-    reason = verdict_reason("node_lost", incident["evidence"])
-    write_verdict(paths, ident.job_id, node, reason, "node_lost", incident["evidence"],
-                  incident["incident"], cfg.site_config)
+    reason = verdict_reason(incident.cls, incident.evidence)
+    write_verdict(paths, ident.job_id, node, reason, incident.cls, incident.evidence,
+                  incident.incident, cfg.site_config)
     if cfg.drain:
         drain_directly([node], reason)
     if plan.choice is Choice.STOP:
@@ -200,12 +201,13 @@ def requeue_after_controller_loss(cfg: RunConfig, ident: Any, controller_node: s
     return True
 
 
-def _stop_for_shortfall(paths: RunPaths, cfg: RunConfig, job_id: str, state: Any,
+def _stop_for_shortfall(paths: RunPaths, cfg: RunConfig, job_id: str, state: RunState,
                         verdict: str) -> None:
     """No requeue: the incident (rung stop) and ``run_end`` go to the event log as the
     controller would have written them, and the state says the run is over."""
     incident = state.open_incident
-    incident["rung"] = "stop"
+    assert incident is not None  # set by the caller
+    incident.rung = Rung.STOP
     state.requeues -= 1
     state.open_incident = None
     state.finished, state.verdict = "stopped", verdict
@@ -213,4 +215,4 @@ def _stop_for_shortfall(paths: RunPaths, cfg: RunConfig, job_id: str, state: Any
     events = EventLog(paths.events, state.run_id, job_id, max(state.attempt, 0),
                       cfg.step_events_per_s)
     events.incident(incident)
-    events.run_end("stopped", incident.get("last_step"), None, verdict)
+    events.run_end("stopped", incident.last_step, None, verdict)

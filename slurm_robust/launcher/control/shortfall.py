@@ -125,15 +125,10 @@ def job_capacity(job_id: str, exclude: Sequence[str], reserve_partition: str | N
     e = os.environ if env is None else env
     slurm = slurm or Slurm(policy=COUNT_POLICY)
     try:
-        partition = (e.get("SLURM_JOB_PARTITION") or "").split(",")[0]
-        needs_text = e.get("SLURM_JOB_NUM_NODES") or e.get("SLURM_NNODES") or ""
-        if not partition or not needs_text.isdigit():
-            job = slurm.job(job_id)
-            if job is None or not job.partition:
-                return None
-            partition, needs = job.partition.split(",")[0], job.node_count
-        else:
-            needs = int(needs_text)
+        size = _job_size(job_id, e, slurm)
+        if size is None:
+            return None
+        partition, needs = size
         excluded = set(exclude)
         nodes = [n for n in slurm.nodes() if n.name not in excluded]
         has = sum(1 for n in nodes if partition in n.partitions and n.usable)
@@ -147,3 +142,16 @@ def job_capacity(job_id: str, exclude: Sequence[str], reserve_partition: str | N
     except (SlurmRobustError, OSError) as exc:
         log.warning("cannot count the nodes a requeue of %s would get: %s", job_id, exc)
         return None
+
+
+def _job_size(job_id: str, e: Mapping[str, str], slurm: Slurm) -> tuple[str, int] | None:
+    """The job's partition and node count: from its own environment, else squeue (None:
+    Slurm does not know the job)."""
+    partition = (e.get("SLURM_JOB_PARTITION") or "").split(",")[0]
+    needs_text = e.get("SLURM_JOB_NUM_NODES") or e.get("SLURM_NNODES") or ""
+    if partition and needs_text.isdigit():
+        return partition, int(needs_text)
+    job = slurm.job(job_id)
+    if job is None or not job.partition:
+        return None
+    return job.partition.split(",")[0], job.node_count

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from slurm_robust.launcher.messages import Incident
 from slurm_robust.records import write_json_atomic
 
 STATE_VERSION = 1
@@ -40,7 +41,7 @@ class RunState:
     given_nodes: list[str] = field(default_factory=list)
     last_step: int | None = None
     no_progress: int = 0
-    open_incident: dict[str, Any] | None = None
+    open_incident: Incident | None = None
     incidents: int = 0
     finished: str | None = None
     verdict: str | None = None
@@ -61,12 +62,18 @@ class RunState:
     env_change: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"v": STATE_VERSION, **asdict(self)}
+        out = {"v": STATE_VERSION, **asdict(self)}
+        out["open_incident"] = self.open_incident.to_json() if self.open_incident else None
+        return out
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> RunState:
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in known})
+        kw = {k: v for k, v in raw.items() if k in known}
+        if kw.get("open_incident") is not None:
+            kw["open_incident"] = Incident.from_json(kw["open_incident"],
+                                                     "state.json open_incident")
+        return cls(**kw)
 
 
 def load_state(path: str | os.PathLike[str]) -> RunState:

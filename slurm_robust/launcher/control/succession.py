@@ -31,7 +31,7 @@ from typing import Any
 
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import failover
-from slurm_robust.launcher.control.state import load_state
+from slurm_robust.launcher.control.state import RunState, load_state
 from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.slurm import Slurm, SlurmCommandError
@@ -90,18 +90,15 @@ def after_controller_loss(cfg: RunConfig, ident: Identity, known_term: int,
     start = clock()
     lost = read_controller(paths, ident.step_key) or {}
     lost_agent = lost.get("agent")
-    lost_node = lost.get("node")
     # The controller this agent lost is the one of its own term. A controller.json of a
     # newer term (an agent that was frozen while a successor took over) is followed.
     term = known_term
     while True:
         now = clock()
         state = load_state(paths.state)
-        if state.finished:
-            return Succession(Outcome.FINISHED)
-        info = read_controller(paths, ident.step_key)
-        if info is not None and int(info.get("term") or 0) > term:
-            return Succession(Outcome.FOLLOW)
+        settled = _settled(state, paths, ident, term)
+        if settled is not None:
+            return settled
         age = failover.lease_age(paths, now)
         stale = age is None or age > cfg.heartbeat_timeout_s
         if not stale and now - start <= FAILOVER_BUDGET_S:
@@ -112,25 +109,50 @@ def after_controller_loss(cfg: RunConfig, ident: Identity, known_term: int,
         if not state.spares or not state.members or \
                 str(ident.index) not in state.members:
             return Succession(Outcome.REQUEUE)
-        order = failover.candidates(state.members, lost_agent)
-        position = order.index(ident.index) if ident.index in order else len(order)
-        if now - start >= position * STAGGER_S and stale:
-            who = {"agent": ident.index, "node": ident.node}
-            if failover.claim_term(paths, ident.step_key, term + 1, who):
-                evidence = {"controller_lost": True, "detected_by": ident.node,
-                            "previous_term": term, "term": term + 1,
-                            "previous_agent": lost_agent,
-                            "lease_age_s": None if age is None else round(age, 3),
-                            "slurm_node_state": node_state(lost_node)}
-                log.warning("agent %s on %s takes over as controller (term %s) from "
-                            "agent %s on %s", ident.index, ident.node, term + 1,
-                            lost_agent, lost_node)
-                return Succession(Outcome.TAKE_OVER, failover.Takeover(
-                    term + 1, lost_agent if isinstance(lost_agent, int) else None,
-                    lost_node, evidence, last_heard))
+        if now - start >= _position(state, ident, lost_agent) * STAGGER_S and stale:
+            won = _claim(paths, ident, term, lost, age, node_state, last_heard)
+            if won is not None:
+                return won
             # Someone else won this term: wait for its controller.json.
         if now - start > FAILOVER_BUDGET_S:
             log.warning("no successor controller within %.0f s; requeueing",
                         FAILOVER_BUDGET_S)
             return Succession(Outcome.REQUEUE)
         sleep(0.1)
+
+
+def _settled(state: RunState, paths: RunPaths, ident: Identity,
+             term: int) -> Succession | None:
+    """The run is over (FINISHED), or a newer term's controller exists (FOLLOW)."""
+    if state.finished:
+        return Succession(Outcome.FINISHED)
+    info = read_controller(paths, ident.step_key)
+    if info is not None and int(info.get("term") or 0) > term:
+        return Succession(Outcome.FOLLOW)
+    return None
+
+
+def _position(state: RunState, ident: Identity, lost_agent: Any) -> int:
+    """This agent's place in the order of would-be successors (last: not one)."""
+    order = failover.candidates(state.members, lost_agent)
+    return order.index(ident.index) if ident.index in order else len(order)
+
+
+def _claim(paths: RunPaths, ident: Identity, term: int, lost: dict[str, Any],
+           age: float | None, node_state: Callable[[str | None], str | None],
+           last_heard: float | None) -> Succession | None:
+    """Claim term + 1 for this agent: TAKE_OVER with the takeover's evidence, or None
+    when another agent won the claim."""
+    lost_agent, lost_node = lost.get("agent"), lost.get("node")
+    who = {"agent": ident.index, "node": ident.node}
+    if not failover.claim_term(paths, ident.step_key, term + 1, who):
+        return None
+    evidence = {"controller_lost": True, "detected_by": ident.node,
+                "previous_term": term, "term": term + 1, "previous_agent": lost_agent,
+                "lease_age_s": None if age is None else round(age, 3),
+                "slurm_node_state": node_state(lost_node)}
+    log.warning("agent %s on %s takes over as controller (term %s) from agent %s on %s",
+                ident.index, ident.node, term + 1, lost_agent, lost_node)
+    return Succession(Outcome.TAKE_OVER, failover.Takeover(
+        term + 1, lost_agent if isinstance(lost_agent, int) else None, lost_node, evidence,
+        last_heard))

@@ -43,7 +43,7 @@ from slurm_robust.launcher.control.controller import Controller
 from slurm_robust.launcher.control.requeue import requeue_after_controller_loss
 from slurm_robust.launcher.control.succession import Outcome, after_controller_loss
 from slurm_robust.launcher.diagnose import diagnose
-from slurm_robust.launcher.enums import Category, Role
+from slurm_robust.launcher.enums import Category, Role, RunStatus
 from slurm_robust.launcher.errors import RunStopped
 from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.messages import (
@@ -479,11 +479,11 @@ def run_agent(cfg: RunConfig) -> dict[str, Any]:
     summary: dict[str, Any] = {"agent": ident.index, "node": ident.node, "exit_code": code}
     for ctl in agent.controllers:
         result = ctl.join()
-        if result.get("status") == "stood_down":
+        if result is None or result.status is RunStatus.STOOD_DOWN:
             continue  # replaced by a successor: the run's end is not its own
-        summary.update(result)
-        if result.get("status") == "stopped":
-            raise RunStopped(result.get("verdict") or "run stopped", cfg.run_dir)
+        summary.update(result.summary())
+        if result.status is RunStatus.STOPPED:
+            raise RunStopped(result.verdict or "run stopped", cfg.run_dir)
     return summary
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.control.state import load_state
+from slurm_robust.launcher.messages import Incident
 from slurm_robust.launcher.paths import RunPaths, run_dir_from_comment
 from slurm_robust.records import EVENT_SCHEMA, VERDICT_SCHEMA, read_records
 from slurm_robust.slurm import Slurm
@@ -52,7 +53,8 @@ def run_status(target: str) -> dict[str, Any]:
         "world_size": start.get("world_size"), "step": last.get("step"),
         "step_reports": bool(steps),
         "loss": last.get("loss"), "last_step_time": last.get("time"),
-        "incidents": incidents, "open_incident": state.open_incident,
+        "incidents": incidents,
+        "open_incident": state.open_incident.to_json() if state.open_incident else None,
         "verdicts": [{"node": v["node"], "class": v["class"], "reason": v["reason"]}
                      for v in verdicts],
         "events": len(events), "malformed_lines": read.malformed,
@@ -60,10 +62,10 @@ def run_status(target: str) -> dict[str, Any]:
     }
 
 
-def _pending(incident: dict[str, Any] | None) -> str | None:
+def _pending(incident: Incident | None) -> str | None:
     """Why a requeued run waits, when the controller counted too few nodes for it
     (control/shortfall.py, policy ``wait``)."""
-    short = ((incident or {}).get("evidence") or {}).get("shortfall")
+    short = incident.evidence.get("shortfall") if incident is not None else None
     if not short or short.get("choice") != "requeue":
         return None
     return (f"pending: reserve shortfall (needs {short['needs']}, has {short['has']}) in "

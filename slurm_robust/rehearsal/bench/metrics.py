@@ -28,6 +28,8 @@ import urllib.request
 from typing import Any
 
 from slurm_robust.launcher.control.metrics import RunMetrics
+from slurm_robust.launcher.enums import Category, Rung
+from slurm_robust.launcher.messages import Incident
 
 HELP = "cost of the live metrics: step-time overhead (A/B) and /metrics latency"
 OVERHEAD_TARGET_PCT = 1.0
@@ -139,10 +141,10 @@ def _latency(args: argparse.Namespace) -> dict[str, Any]:
         metrics.on_step(i + 1, 0.1 if i else None, t0 + i * 0.1)
     for k, (cls, rung) in enumerate((("worker_crash", "in_place"), ("node_lost", "spare"),
                                      ("hang", "in_place"))):
-        inc = {"class": cls, "category": "explicit", "rung": rung, "fault_time": t0 + k,
-               "detected_at": t0 + k + 1, "localized_at": t0 + k + 2,
-               "recovered_at": t0 + k + 5, "restored_step": args.recorded,
-               "restore_tier": "memory", "steps_lost": 0}
+        inc = Incident(incident=f"i{k}", category=Category.EXPLICIT, cls=cls,
+                       rung=Rung(rung), fault_time=t0 + k, detected_at=t0 + k + 1,
+                       localized_at=t0 + k + 2, recovered_at=t0 + k + 5,
+                       restored_step=args.recorded, restore_tier="memory", steps_lost=0)
         metrics.on_incident(inc)
         metrics.on_recovered(inc)
     port = metrics.serve("127.0.0.1", _tmpdir(), 0)

@@ -142,7 +142,7 @@ def test_the_incident_that_ends_a_run_reaches_the_log(tmp_path):
     h.fail(h.members[0], "gpu_unavailable")  # controller's own node: requeue
     h.settle()
     h.wait_slurm()
-    assert h.rec.phase is Phase.DONE and h.rec.result["status"] == "failed"
+    assert h.rec.phase is Phase.DONE and h.rec.result.status == "failed"
     inc, = h.incidents()
     assert inc["rung"] == "requeue" and inc["class"] == "gpu_unavailable"
     assert [e["event"] for e in h.events()][-2:] == ["incident", "run_end"]
@@ -152,14 +152,17 @@ def test_an_incident_cut_short_by_a_stop_keeps_its_own_restore():
     # A NaN replay: the first incident restored step 14, the NaN came back before step 15
     # finished and the second incident stopped the run (no restore of its own).
     from slurm_robust.launcher.control import accounting
+    from slurm_robust.launcher.messages import Incident
 
-    first = {"incident": "i1", "class": "nan", "detected_at": 1.0, "last_step": 14,
-             "restored_step": 14, "restore_tier": "memory", "rung": "in_place",
-             "evidence": {}}
-    second = {"incident": "i2", "class": "nan", "detected_at": 2.0, "last_step": 14,
-              "restored_step": None, "restore_tier": None, "recovered_at": None,
-              "rung": "stop", "steps_lost": 0, "evidence": {}}
+    first = Incident.from_json({
+        "incident": "i1", "class": "nan", "category": "explicit", "fault_time": None,
+        "detected_at": 1.0, "last_step": 14, "restored_step": 14, "restore_tier": "memory",
+        "rung": "in_place", "evidence": {}})
+    second = Incident.from_json({
+        "incident": "i2", "class": "nan", "category": "explicit", "fault_time": None,
+        "detected_at": 2.0, "last_step": 14, "restored_step": None, "restore_tier": None,
+        "recovered_at": None, "rung": "stop", "steps_lost": 0, "evidence": {}})
     accounting.cut_short(first, second, 2.0)
     cut, = accounting.settle(second)
-    assert (cut["restored_step"], cut["restore_tier"], cut["steps_lost"]) == (14, "memory", 0)
-    assert cut["recovered_at"] is None and cut["evidence"]["overlap"]["cut_short_by"] == "i2"
+    assert (cut.restored_step, cut.restore_tier, cut.steps_lost) == (14, "memory", 0)
+    assert cut.recovered_at is None and cut.evidence["overlap"]["cut_short_by"] == "i2"

@@ -20,6 +20,7 @@ import pytest
 
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control.controller import Controller
+from slurm_robust.launcher.control.outcome import RunOutcome
 from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.node.agent import Agent
 from slurm_robust.launcher.paths import RunPaths
@@ -86,7 +87,7 @@ def ident(i: int) -> Identity:
                     restart_count=0)
 
 
-def finish(parts, timeout: float = 60.0) -> dict:
+def finish(parts, timeout: float = 60.0) -> RunOutcome:
     ctl, threads, _ = parts
     for t in threads:
         t.join(timeout)
@@ -117,7 +118,7 @@ def worker_pid(cfg: RunConfig, rank: int) -> int:
 def test_fault_free_run_completes_with_one_writer(run):
     cfg, parts = run(steps=10)
     result = finish(parts)
-    assert result["status"] == "completed" and result["params_sha256"] == "f" * 64
+    assert result.status == "completed" and result.params_sha256 == "f" * 64
     evs = events(cfg)
     kinds = [e["event"] for e in evs]
     assert kinds[0] == "run_start" and kinds[-1] == "run_end"
@@ -135,7 +136,7 @@ def test_killed_worker_restarts_in_place(run):
     assert b"slurm_robust.launcher.node.zygote" in open(f"/proc/{pid}/cmdline", "rb").read()
     os.kill(pid, signal.SIGKILL)
     result = finish(parts)
-    assert result["status"] == "completed"
+    assert result.status == "completed"
     [inc] = [e for e in events(cfg) if e["event"] == "incident"]
     assert inc["class"] == "worker_signal" and inc["rung"] == "in_place"
     assert inc["ranks"] == [1] and inc["nodes"] == ["n2"]
@@ -148,8 +149,8 @@ def test_killed_worker_restarts_in_place(run):
 def test_same_type_error_after_restart_stops_with_verdict(run):
     cfg, parts = run(steps=20, bug=6)
     result = finish(parts)
-    assert result["status"] == "stopped"
-    assert "TypeError" in result["verdict"]
+    assert result.status == "stopped"
+    assert "TypeError" in result.verdict
     incs = [e for e in events(cfg) if e["event"] == "incident"]
     assert [i["rung"] for i in incs] == ["in_place", "stop"]
     assert all(i["class"] == "user_exception" for i in incs)
@@ -163,7 +164,7 @@ def test_stopped_worker_is_a_hang_with_stacks_then_restarted(run):
     wait_for_step(cfg, 5)
     os.kill(worker_pid(cfg, 0), signal.SIGSTOP)
     result = finish(parts, timeout=90)
-    assert result["status"] == "completed"
+    assert result.status == "completed"
     [inc] = [e for e in events(cfg) if e["event"] == "incident"]
     assert inc["class"] == "job_hang" and inc["category"] == "implicit"
     assert inc["rung"] == "in_place" and inc["ranks"] == [0]

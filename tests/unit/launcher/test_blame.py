@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from slurm_robust.health import PENDING_PREFIX
-from slurm_robust.launcher.control.blame import capped, verdict_reason
-from slurm_robust.launcher.control.policy import Decision
+from slurm_robust.launcher.control.blame import verdict_reason
+from slurm_robust.launcher.control.ladder import Decision, capped
 from slurm_robust.launcher.enums import Rung
 
 

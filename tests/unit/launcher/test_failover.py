@@ -94,9 +94,9 @@ def test_frozen_controller_is_replaced_and_stands_down(cfg):
     for t in threads:
         t.join(60)
     assert not any(t.is_alive() for t in threads), "agents did not end"
-    assert old.join()["status"] == "stood_down"
+    assert old.join().status == "stood_down"
     result = agents[0].controllers[0].join()
-    assert result["status"] == "completed", result
+    assert result.status == "completed", result
     [takeover] = events(cfg, "controller")
     assert takeover["term"] == first_term + 1 and takeover["node"] == "n1"
     assert takeover["takeover"]["previous_agent"] == 1
@@ -125,14 +125,14 @@ def test_an_agent_frozen_through_a_takeover_follows_and_never_requeues(cfg):
 
 
 def test_losing_the_batch_node_requeues_other_faults_there_take_the_spare():
-    from slurm_robust.launcher.control.policy import LadderInput, decide
+    from slurm_robust.launcher.control.ladder import Facts, decide
     from slurm_robust.launcher.enums import Rung
 
     def rung(cls: str) -> str:
-        return decide(LadderInput(cls=cls, blamed=("n1",), controller_node="n2",
-                                  spares_left=1, restarts=0, max_restarts=5,
-                                  signature=None, signature_seen=0, no_progress=0,
-                                  max_no_progress=3, batch_node="n1")).rung
+        return decide(Facts(cls=cls, named=("n1",), blame_named=True, controller_node="n2",
+                            spares_left=1, restarts=0, max_restarts=5,
+                            signature=None, signature_seen=0, no_progress=0,
+                            max_no_progress=3, batch_node="n1")).rung
 
     assert rung("node_lost") == Rung.REQUEUE      # the batch step died with the node
     assert rung("gpu_unavailable") == Rung.SPARE  # the batch step still runs there

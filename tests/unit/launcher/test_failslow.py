@@ -101,7 +101,7 @@ def events(cfg: RunConfig, kind: str) -> list[dict]:
 
 def test_slow_node_is_evicted_to_the_spare(run):
     cfg, result = run(steps=70, slow_node="n3")
-    assert result["status"] == "completed"
+    assert result.status == "completed"
     [inc] = events(cfg, "incident")
     assert (inc["class"], inc["category"], inc["rung"]) == ("mfu_decline", "implicit", "spare")
     assert inc["nodes"] == ["n3"] and inc["ranks"] == [2]
@@ -119,7 +119,7 @@ def test_slow_node_is_evicted_to_the_spare(run):
 
 def test_uniform_slowness_evicts_nothing(run):
     cfg, result = run(steps=60, slow_node="all")
-    assert result["status"] == "completed"
+    assert result.status == "completed"
     assert events(cfg, "incident") == []
 
 
@@ -135,7 +135,7 @@ def test_monitor_follows_the_config():
         now += 0.25
         decision = mon.poll(now)
     assert decision is not None and decision.eviction.nodes == ("n3",)
-    inc = failslow.incident_of(decision, "i1", 12, now, 1.0)
+    inc = failslow.incident_of(decision, "i1", 12, now, 1.0).record()
     assert (inc["class"], inc["category"], inc["nodes"], inc["ranks"]) == \
         ("mfu_decline", "implicit", ["n3"], [2])
     assert inc["detected_at"] == inc["localized_at"] == now

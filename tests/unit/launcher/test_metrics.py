@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_robust.launcher.control.live_ettr import LiveEttr
 from slurm_robust.launcher.control.metrics import RunMetrics, label_value, sd_dir_from_env
+from slurm_robust.launcher.messages import Incident
 
 
 class Clock:
@@ -38,12 +39,12 @@ def value(metrics: RunMetrics, name: str, **labels: str) -> float:
     return samples(metrics)[(name, tuple(sorted(labels.items())))]
 
 
-def incident(**kw) -> dict:
+def incident(**kw) -> Incident:
     base = {"incident": "i1", "class": "worker_crash", "category": "explicit",
             "rung": "in_place", "fault_time": 100.0, "detected_at": 101.0,
             "localized_at": 101.5, "recovered_at": 105.0, "restored_step": 9,
             "restore_tier": "memory", "steps_lost": 1, "nodes": ["n1"], "evidence": {}}
-    return {**base, **kw}
+    return Incident.from_json({**base, **kw})
 
 
 def test_live_ettr_matches_the_definition_and_undoes_rolled_back_steps():

@@ -49,7 +49,7 @@ def test_a_fatal_finding_moves_the_node_to_the_spare(tmp_path):
     h.tick()
     assert h.rec.gen.slots == [0, 2] and h.rec.plan_for(1).role == Role.EVICTED
     assert ("verdict", "n2", "gpu_unavailable") in h.slurm.calls
-    inc = h.rec.state.open_incident
+    inc = h.rec.state.open_incident.to_json()
     assert inc["rung"] == "spare" and inc["nodes"] == ["n2"]
     assert inc["fault_time"] == seen and inc["evidence"]["monitor"]["check"] == "gpu_xid"
     assert "Xid 79" in inc["evidence"]["monitor"]["reason"]
@@ -112,7 +112,8 @@ def test_a_falling_gpu_clock_feeds_the_fail_slow_vote(tmp_path):
         if h.rec.gen.number > 1:
             break
     assert h.rec.gen.number == 2 and h.rec.plan_for(1).role == Role.EVICTED
-    assert _events(h, "incident") == [] and h.rec.state.open_incident["class"] == "mfu_decline"
+    assert _events(h, "incident") == []
+    assert h.rec.state.open_incident.to_json()["class"] == "mfu_decline"
 
 
 def test_idle_gpus_after_work_with_no_step_is_a_hang(tmp_path):

@@ -6,23 +6,23 @@ import math
 
 import pytest
 
+from slurm_robust.launcher.control.ladder import Facts, decide
 from slurm_robust.launcher.control.policy import (
-    LadderInput,
     assign_slots,
     blamed_nodes,
-    decide,
     hang_timeout,
     is_hung,
     step_anomaly,
 )
 
 
-def ladder(**kw) -> LadderInput:
-    base = dict(cls="worker_signal", blamed=(), controller_node="node1", spares_left=1,
+def ladder(blamed: tuple[str, ...] = (), **kw) -> Facts:
+    """Facts whose ``blamed`` nodes are named by evidence (blamed whatever the class)."""
+    base = dict(cls="worker_signal", controller_node="node1", spares_left=1,
                 restarts=0, max_restarts=10, signature=None, signature_seen=0, no_progress=0,
-                max_no_progress=3)
+                max_no_progress=3, named=blamed, blame_named=bool(blamed))
     base.update(kw)
-    return LadderInput(**base)
+    return Facts(**base)
 
 
 def test_hang_timeout_is_floor_or_multiple_of_median():

@@ -66,7 +66,7 @@ def test_ambiguous_crash_diagnosis_passes_in_place_then_repeat_stops(tmp_path):
     h.tick()
     assert h.rec.phase is Phase.RUNNING and h.gen() == 2 and h.rec.gen.slots == [0, 1]
     assert not h.slurm.calls  # no verdict, no drain
-    inc = h.rec.state.open_incident
+    inc = h.rec.state.open_incident.to_json()
     assert inc["rung"] == "in_place" and inc["evidence"]["diagnosis"]["passed"] is True
     assert inc["localized_at"] == detected + 2.5
     assert load_state(RunPaths.of(h.cfg.run_dir).state).diagnosis_passed == [SIG]
@@ -75,8 +75,8 @@ def test_ambiguous_crash_diagnosis_passes_in_place_then_repeat_stops(tmp_path):
     # The same signature after a passed diagnosis: user code, no second diagnosis.
     crash(h, h.members[1])
     h.settle()
-    assert h.rec.phase is Phase.DONE and h.rec.result["status"] == "stopped"
-    assert "passed stop-time diagnosis" in h.rec.result["verdict"]
+    assert h.rec.phase is Phase.DONE and h.rec.result.status == "stopped"
+    assert "passed stop-time diagnosis" in h.rec.result.verdict
     assert not [c for c in h.slurm.calls if c[0] in ("verdict", "drain")]
     assert h.incidents()[-1]["rung"] == "stop"
 
@@ -105,7 +105,7 @@ def test_ambiguous_crash_diagnosis_fails_node_goes_to_spare_with_evidence(tmp_pa
     assert ("verdict", "n2", "cuda_error") in h.slurm.calls
     assert "Xid 79" in reasons[0]
     assert evidences[0]["diagnosis"]["failed"][0]["check"] == "gpu_xid"
-    inc = h.rec.state.open_incident
+    inc = h.rec.state.open_incident.to_json()
     assert inc["rung"] == "spare" and inc["nodes"] == ["n2"]
     assert load_state(RunPaths.of(h.cfg.run_dir).state).diagnosis_passed == []
 
@@ -121,7 +121,7 @@ def test_no_answer_within_the_budget_restarts_in_place_and_remembers_nothing(tmp
     h.tick(2.0)
     assert h.rec.phase is Phase.RUNNING and h.gen() == 2 and h.rec.gen.slots == [0, 1]
     assert h.rec.state.diagnosis_passed == []
-    assert "no answer" in h.rec.state.open_incident["evidence"]["diagnosis"]["answer"]
+    assert "no answer" in h.rec.state.open_incident.to_json()["evidence"]["diagnosis"]["answer"]
 
 
 def test_a_user_side_crash_is_not_diagnosed(tmp_path):

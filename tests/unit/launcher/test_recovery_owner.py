@@ -186,7 +186,7 @@ def test_every_rung_in_turn(tmp_path):
     h.settle()
     assert h.gen() == 2 and h.rec.gen.slots == [0, 1] and h.rec.phase is Phase.RUNNING
     assert h.rec.plan_for(0).poll_s is None  # the new generation: back to the heartbeat
-    assert h.rec.state.open_incident["rung"] == Rung.IN_PLACE
+    assert h.rec.state.open_incident.to_json()["rung"] == Rung.IN_PLACE
     h.restored(3)
     h.steps(2)
     assert h.rec.state.open_incident is None
@@ -210,7 +210,7 @@ def test_every_rung_in_turn(tmp_path):
     assert h.rec.phase is Phase.REQUEUED
     assert ("requeue", "42", ["n2", "n3"]) in h.slurm.calls
     assert {h.rec.plan_for(i).role for i in h.members} == {Role.HOLD}
-    assert h.rec.state.requeues == 1 and h.rec.state.open_incident["rung"] == "requeue"
+    assert h.rec.state.requeues == 1 and h.rec.state.open_incident.to_json()["rung"] == "requeue"
     h.tick()  # nothing happens while Slurm ends the allocation
     assert h.rec.phase is Phase.REQUEUED
 
@@ -227,7 +227,7 @@ def test_the_settle_ends_once_every_active_agent_has_reported_since(tmp_path):
     assert h.gen() == 1  # n1 has not reported since the failure: still settling
     h.report(h.members[0])
     h.tick(0.0)  # the spare (n3) is not waited for
-    assert h.gen() == 2 and h.rec.state.open_incident["nodes"] == ["n2"]
+    assert h.gen() == 2 and h.rec.state.open_incident.to_json()["nodes"] == ["n2"]
 
 
 def test_an_earlier_failure_reported_late_is_still_the_root(tmp_path):
@@ -246,7 +246,7 @@ def test_an_earlier_failure_reported_late_is_still_the_root(tmp_path):
         "class": "worker_signal", "category": "explicit", "secondary": False,
         "signature": None, "line": "killed", "evidence": {}, "log": None}])
     h.tick(0.0)
-    assert h.gen() == 2 and h.rec.state.open_incident["nodes"] == ["n1"]
+    assert h.gen() == 2 and h.rec.state.open_incident.to_json()["nodes"] == ["n1"]
 
 
 def test_a_silent_agent_holds_the_settle_to_its_full_time(tmp_path):
@@ -273,8 +273,8 @@ def test_the_same_user_error_after_a_clean_restart_stops(tmp_path):
     h.fail(h.members[0], "user_code", signature="TypeError@train.py:3")
     h.settle()
     assert h.rec.phase is Phase.DONE
-    assert h.rec.result["status"] == "stopped"
-    assert "same user-code error" in h.rec.result["verdict"]
+    assert h.rec.result.status == "stopped"
+    assert "same user-code error" in h.rec.result.verdict
     assert {h.rec.plan_for(i).role for i in h.members} == {Role.EXIT}
     assert h.incidents()[-1]["rung"] == "stop"
     assert load_state(RunPaths.of(h.cfg.run_dir).state).finished == "stopped"
@@ -296,7 +296,7 @@ def test_a_fault_during_recovery(tmp_path):
     # The unfinished first recovery rides with the second: both are written
     # once the run recovers from both, each naming the other.
     assert h.incidents() == []
-    assert h.rec.state.open_incident["class"] == "node_lost"
+    assert h.rec.state.open_incident.to_json()["class"] == "node_lost"
     assert h.rec.state.no_progress == 1  # the interrupted attempt made no step
     h.restored(3)
     h.steps(1)
@@ -318,7 +318,7 @@ def test_a_hang_is_captured_then_restarted_in_place(tmp_path):
     h.members[1].stacks[capture] = {"ranks": [1]}
     h.tick()
     assert h.rec.phase is Phase.RUNNING and h.gen() == 2
-    inc = h.rec.state.open_incident
+    inc = h.rec.state.open_incident.to_json()
     assert inc["class"] == "job_hang" and inc["rung"] == "in_place"
     assert inc["ranks"] == [1] and inc["nodes"] == ["n2"]
 
@@ -330,8 +330,8 @@ def test_a_refused_requeue_ends_the_run(tmp_path):
     h.fail(h.members[1], "kernel_panic")
     h.settle()
     assert h.rec.phase is Phase.DONE
-    assert h.rec.result["status"] == "failed"
-    assert "requeue refused" in h.rec.result["verdict"]
+    assert h.rec.result.status == "failed"
+    assert "requeue refused" in h.rec.result.verdict
     inc, = h.incidents()  # the incident that ended the run is in the event log
     assert inc["class"] == "kernel_panic" and inc["rung"] == "requeue"
     assert h.rec.state.open_incident is None
@@ -372,7 +372,7 @@ def test_a_requeue_in_flight_never_blocks_the_tick(tmp_path):
     assert h.rec.plan_for(0).role == Role.HOLD
     release.set()
     h.wait_slurm()
-    assert h.rec.phase is Phase.DONE and "denied" in h.rec.result["verdict"]
+    assert h.rec.phase is Phase.DONE and "denied" in h.rec.result.verdict
 
 
 def test_losing_the_batch_node_marks_the_job_for_cancelling_at_its_end(tmp_path):

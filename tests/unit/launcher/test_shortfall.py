@@ -70,7 +70,7 @@ def test_shrink_requeues_with_fewer_spares(tmp_path):
     node_fault_to_requeue(h)
     assert ("requeue", "42", ["n1"], 2) in h.slurm.calls
     assert h.rec.phase is Phase.REQUEUED
-    short = h.rec.state.open_incident["evidence"]["shortfall"]
+    short = h.rec.state.open_incident.to_json()["evidence"]["shortfall"]
     assert (short["needs"], short["has"], short["choice"]) == (3, 2, "shrink")
 
 
@@ -78,8 +78,8 @@ def test_stop_ends_the_run_with_a_verdict_instead_of_pending(tmp_path):
     h = Counted(tmp_path, has=1, nodes=2, spares=1)
     node_fault_to_requeue(h)
     assert not [c for c in h.slurm.calls if c[0] == "requeue"]
-    assert h.rec.phase is Phase.DONE and h.rec.result["status"] == "stopped"
-    assert "reserve shortfall (needs 3, has 1)" in h.rec.result["verdict"]
+    assert h.rec.phase is Phase.DONE and h.rec.result.status == "stopped"
+    assert "reserve shortfall (needs 3, has 1)" in h.rec.result.verdict
     inc = h.incidents()[-1]
     assert inc["rung"] == "stop" and inc["evidence"]["shortfall"]["choice"] == "stop"
     assert h.rec.state.requeues == 0
@@ -98,7 +98,7 @@ def test_enough_nodes_requeues_as_asked(tmp_path):
     h = Counted(tmp_path, has=3, nodes=2, spares=1)
     node_fault_to_requeue(h)
     assert ("requeue", "42", ["n1"], None) in h.slurm.calls
-    assert "shortfall" not in h.rec.state.open_incident["evidence"]
+    assert "shortfall" not in h.rec.state.open_incident.to_json()["evidence"]
     assert run_status(h.cfg.run_dir)["pending"] is None
 
 

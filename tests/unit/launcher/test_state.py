@@ -8,13 +8,16 @@ import pytest
 
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.config import RunConfig, env_defaults
+from slurm_robust.launcher.control import accounting
 from slurm_robust.launcher.control.events import (
     INCIDENT_FIELDS,
     EventLog,
     last_logged_step,
     make_incident,
+    new_incident,
 )
 from slurm_robust.launcher.control.state import RunState, load_state, save_state
+from slurm_robust.launcher.enums import Rung
 from slurm_robust.launcher.submit.options import parse_time_minutes
 from slurm_robust.records import read_records
 
@@ -23,11 +26,22 @@ def test_state_round_trips_and_missing_file_is_fresh(tmp_path):
     path = tmp_path / "state.json"
     fresh = load_state(path)
     assert fresh.attempt == -1 and fresh.restarts == 0
+    first = new_incident("i1", "worker_signal", "explicit", 90.0, nodes=["node2"])
+    first.rung = Rung.IN_PLACE
+    open_inc = new_incident("i2", "node_lost", "explicit", 99.0, fault_time=98.5,
+                            nodes=["node1"], ranks=[0], last_step=7,
+                            evidence={"heartbeat_age_s": 3.2})
+    accounting.cut_short(first, open_inc, 99.0)
     st = RunState(attempt=3, restarts=2, signatures={"TypeError@t.py:1": 1},
-                  slots=["node1", "node2"], open_incident={"incident": "i1"})
+                  slots=["node1", "node2"], open_incident=open_inc)
     save_state(path, st)
     back = load_state(path)
     assert back == st
+    # On disk the open incident is its event record plus the incidents it cut short.
+    raw = json.loads(path.read_text())["open_incident"]
+    assert set(raw) == {*INCIDENT_FIELDS, "_cut_short"}
+    assert raw["class"] == "node_lost" and raw["_cut_short"][0]["incident"] == "i1"
+    assert "_cut_short" not in raw["_cut_short"][0]
 
 
 def test_corrupt_state_is_an_error_not_a_silent_reset(tmp_path):

@@ -60,7 +60,7 @@ def test_a_moving_nan_asks_for_the_bitwise_test_and_evicts_the_differing_node(tm
     assert h.rec.gen.slots == [0, 3, 2]  # n2's slot went to the spare
     assert h.rec.plan_for(1).role is Role.EVICTED
     assert ("verdict", "n2", "nan") in h.slurm.calls
-    inc = h.rec.state.open_incident
+    inc = h.rec.state.open_incident.to_json()
     assert inc["rung"] == "spare" and inc["evidence"]["nan"]["resolution"] == "evict"
     assert inc["evidence"]["nan"]["bitwise"]["differing_nodes"] == ["n2"]
 
@@ -78,7 +78,7 @@ def test_identical_digests_evict_nobody(tmp_path):
     _bitwise(h, {0: "same", 1: "same", 2: "same"}, request["id"])
     h.tick(0.05)
     assert h.gen() == gen and h.rec.bitwise_req is None
-    assert h.rec.state.open_incident["evidence"]["nan"]["bitwise"]["result"] == "all identical"
+    assert h.rec.state.open_incident.evidence["nan"]["bitwise"]["result"] == "all identical"
 
 
 def test_the_first_nan_already_asks_for_the_bitwise_test(tmp_path):
@@ -89,5 +89,5 @@ def test_the_first_nan_already_asks_for_the_bitwise_test(tmp_path):
     h.tick(0.4)
     request = json.loads((nan_dir(h.cfg.run_dir) / BITWISE_FILE).read_text())
     assert request["attempt"] == h.rec.gen.attempt
-    assert h.rec.state.open_incident["evidence"]["nan"]["bitwise"] == {
+    assert h.rec.state.open_incident.to_json()["evidence"]["nan"]["bitwise"] == {
         "requested": request["id"]}

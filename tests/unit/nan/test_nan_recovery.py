@@ -42,7 +42,7 @@ def test_incident_names_the_origin_not_the_first_reporter(tmp_path):
     _nan(h, n3, 4, True, 3)
     h.tick(0.05)
     assert h.gen() == 2 and h.rec.phase is Phase.RUNNING
-    inc = h.rec.state.open_incident
+    inc = h.rec.state.open_incident.to_json()
     assert inc["nodes"] == ["n3"] and inc["ranks"] == [2]
     nan = inc["evidence"]["nan"]
     assert nan["origin"] == "n3 rank 2" and nan["resolution"] == "reattempt"
@@ -55,7 +55,7 @@ def test_unknown_origin_blames_no_node_after_the_settle_time(tmp_path):
     n1 = h.slot_members()[0]
     _nan(h, n1, 4, None)
     h.tick(NAN_SETTLE_S + 0.1)
-    inc = h.rec.state.open_incident
+    inc = h.rec.state.open_incident.to_json()
     assert inc["nodes"] == [] and inc["ranks"] == []
     assert inc["evidence"]["nan"]["origin"] == "origin unknown"
 
@@ -73,8 +73,8 @@ def test_data_nan_stops_after_one_replay_and_evicts_nothing(tmp_path):
     _nan_everywhere(h, 4)
     h.restored(3)
     _nan_everywhere(h, 4)  # the replay hits it again at the same step and origin
-    assert h.rec.phase is Phase.DONE and h.rec.result["status"] == "stopped"
-    verdict = h.rec.result["verdict"]
+    assert h.rec.phase is Phase.DONE and h.rec.result.status == "stopped"
+    verdict = h.rec.result.verdict
     assert "step 4" in verdict and "data position 3" in verdict and "n3 rank 2" in verdict
     assert not any(c[0] in ("verdict", "drain") for c in h.slurm.calls)
     inc = h.incidents()[-1]
@@ -88,7 +88,7 @@ def test_data_nan_is_skipped_under_the_skip_policy(tmp_path):
     h.restored(3)
     _nan_everywhere(h, 4)
     assert h.rec.phase is Phase.RUNNING and h.gen() == 3
-    assert h.rec.state.open_incident["evidence"]["nan"]["resolution"] == "skip"
+    assert h.rec.state.open_incident.to_json()["evidence"]["nan"]["resolution"] == "skip"
     assert json.loads((nan_dir(h.cfg.run_dir) / SKIP_FILE).read_text())["steps"] == [4]
     assert h.rec.gen.slots == [0, 1, 2]  # same nodes: nobody evicted
 
@@ -96,12 +96,12 @@ def test_data_nan_is_skipped_under_the_skip_policy(tmp_path):
 def test_a_requeue_between_the_nan_and_its_replay_keeps_the_ladder(tmp_path):
     h = _three(tmp_path)
     _nan_everywhere(h, 4)
-    assert h.rec.state.open_incident["evidence"]["nan"]["resolution"] == "reattempt"
+    assert h.rec.state.open_incident.to_json()["evidence"]["nan"]["resolution"] == "reattempt"
     h.rec.persist()  # e.g. a node lost before the replay: the job is requeued
     h2 = _three(tmp_path)  # the next allocation's controller, on the same run dir
     h2.restored(3)
     _nan_everywhere(h2, 4)  # the replay on the new allocation: the same place again
-    assert h2.rec.phase is Phase.DONE and h2.rec.result["status"] == "stopped"
+    assert h2.rec.phase is Phase.DONE and h2.rec.result.status == "stopped"
     assert h2.incidents()[-1]["evidence"]["nan"]["verdict"] == "data_or_model"
 
 

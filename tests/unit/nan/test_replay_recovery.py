@@ -78,7 +78,7 @@ def test_a_nan_that_moves_twice_is_replayed_by_rows_then_columns(tmp_path):
     assert h.rec.phase is Phase.RUNNING and h.rec.gen.slots == [0, 1, 4, 3]
     assert h.rec.plan_for(2).role is Role.EVICTED
     assert replay.REPLAY_ENV not in (h.rec.plan_for(0).env or {})
-    inc = h.rec.state.open_incident
+    inc = h.rec.state.open_incident.to_json()
     rp = inc["evidence"]["nan"]["replay"]
     assert inc["evidence"]["nan"]["resolution"] == "replay" and inc["rung"] == "spare"
     assert rp["located"] == "n3" and rp["grid"] == [2, 2]
@@ -93,7 +93,7 @@ def test_an_inconclusive_replay_rolls_back_in_place(tmp_path):
     _to_replay(h)
     _group_ends(h, [0, 1, 2, 3], nan=False)  # the corruption did not show
     assert h.rec.phase is Phase.RUNNING and h.rec.gen.slots == [0, 1, 2, 3]
-    inc = h.rec.state.open_incident
+    inc = h.rec.state.open_incident.to_json()
     assert inc["rung"] == "in_place"
     assert inc["evidence"]["nan"]["resolution"] == "rollback"
     assert "0 horizontal group(s) reproduced" in inc["evidence"]["nan"]["replay"]["reason"]
@@ -108,7 +108,7 @@ def test_an_agent_lost_during_the_replay_goes_to_the_ladder(tmp_path):
     h.tick(0.05)
     h.settle()
     assert h.rec.phase is Phase.RUNNING and h.rec.gen.slots == [0, 4, 2, 3]
-    assert h.rec.state.open_incident["class"] == "node_lost"
+    assert h.rec.state.open_incident.to_json()["class"] == "node_lost"
     h.restored(3)
     h.steps(1)  # the spare's generation recovers: both incidents are written
     by_id = {i["incident"]: i for i in h.incidents()}

@@ -1,0 +1,60 @@
+"""A hang's incident from its stack capture: who is stuck, and the evidence.
+
+Pure of the recovery owner's state: recovery.py decides when a capture is done (every
+live agent answered, or the budget ran out) and applies the ladder; this module reads
+the captured stacks and the agents' process states and builds the ``job_hang``
+incident.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from slurm_robust.launcher.control.events import new_incident
+from slurm_robust.launcher.control.generation import Generation, Member
+from slurm_robust.launcher.enums import Category, IncidentClass
+from slurm_robust.launcher.messages import Incident
+from slurm_robust.stacks.analyze import analyze
+from slurm_robust.stacks.dumps import read_capture
+
+
+def capture_incident(incident_id: str, gen: Generation, views: Sequence[Member],
+                     stacks_dir: Path, last_step: int | None, now: float) -> Incident:
+    """The hang of ``gen`` as an incident; ``views``: its live agents."""
+    done = [v for v in views if gen.capture in v.stacks]
+    capture = stacks_dir / str(gen.capture)
+    evidence: dict[str, Any] = {"stacks": str(capture),
+                                "no_step_for_s": round(now - gen.last_progress, 3),
+                                "captured_nodes": sorted(v.node for v in done),
+                                "process_states": {v.node: v.states for v in views}}
+    if gen.hang_signal:
+        evidence.update(gen.hang_signal)
+    nodes, ranks = analyze_capture(capture, evidence)
+    stopped = {int(r): v.node for v in views for r, s in v.states.items() if s == "T"}
+    if stopped:
+        # A worker in state T (stopped) cannot make progress: the plainest suspect.
+        # It outranks the stack grouping, which needs a clear majority to name anyone.
+        evidence["stopped_ranks"] = sorted(stopped)
+        ranks, nodes = sorted(stopped), sorted(set(stopped.values()))
+    incident = new_incident(incident_id, IncidentClass.JOB_HANG, Category.IMPLICIT,
+                            gen.hang_detected or now, fault_time=gen.last_progress,
+                            nodes=nodes, ranks=ranks, last_step=last_step,
+                            evidence=evidence)
+    incident.localized_at = now
+    return incident
+
+
+def analyze_capture(capture: Path, evidence: dict[str, Any]) -> tuple[list[str], list[int]]:
+    """Group the captured stacks; the minority groups are the suspects (evidence only:
+    a hang is restarted in place, the suspects' nodes are named in the incident)."""
+    try:
+        result = analyze(read_capture(capture))
+    except Exception as exc:  # noqa: BLE001 - analysis is evidence, never a blocker
+        evidence["analysis_error"] = f"{type(exc).__name__}: {exc}"
+        return [], []
+    evidence["analysis"] = {"verdict": result.verdict, "reason": result.reason,
+                            "outlier_ranks": list(result.outlier_ranks),
+                            "nodes": result.nodes}
+    return result.nodes, list(result.outlier_ranks)

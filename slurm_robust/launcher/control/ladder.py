@@ -1,0 +1,218 @@
+"""The recovery ladder: one pure function from an incident's facts to its decision.
+
+The launcher's recovery owner (recovery.py) and the fleet simulator (simulate/job.py)
+both build a :class:`Facts` from their own state and call :func:`decide`; whatever they
+then do with the :class:`Decision` (start a generation, swap a spare, requeue, stop; or
+advance a simulated clock), the choice itself is made here and only here.
+
+The rungs (docs/ARCHITECTURE.md, "The recovery ladder")::
+
+    stop      the same user-code error after a clean restart (or the same unclear error
+              after its node passed stop-time diagnosis), no progress across
+              max_no_progress attempts, or the restart budget spent
+    requeue   a node is blamed and no spare is left, or the controller's node is lost
+    spare     a node is blamed (explicit node fault, lost heartbeat, repeated failures,
+              a persistently slow rank)
+    in_place  anything else: transient or unclear
+
+and the refinements applied after the rung is chosen, in this order: the NaN ladder's
+advice, the evidence that named the evicted nodes, a hot update's rollback, what a failed
+stop-time diagnosis found, and the cap on how many nodes one run may blame.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurm_robust.launcher.control.policy import blamed_nodes
+from slurm_robust.launcher.enums import IncidentClass, Rung
+from slurm_robust.taxonomy import stops_on_repeat
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The ladder's answer. ``evict``: the nodes to drain and replace (spare, requeue).
+    ``rollback``: a hot update's version failed and is rolled back (the reason).
+    ``batch_lost``: the batch step's node is lost, so Slurm ends the job with it."""
+
+    rung: Rung
+    reason: str
+    evict: tuple[str, ...] = ()
+    rollback: str | None = None
+    batch_lost: bool = False
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything one ladder decision needs, gathered before it is made.
+
+    named: the nodes the incident names as suspects. failures: this run's failure count
+    of each named node, this incident included (a node is blamed once its count reaches
+    ``failures_to_blame``). blame_named: evidence names the nodes as faulty whatever the
+    class (a monitor finding, a failed diagnosis, a bitwise test, a replay).
+    signature_seen: earlier incidents of this run that ended in a restart with the same
+    error signature. no_progress: attempts in a row, this one included, that finished no
+    new step. diagnosed_repeat: the same signature came back after its node passed
+    stop-time diagnosis. batch_node: the batch step's node (losing it ends the job).
+    nan_advice: the NaN ladder's rung and reason, taken unless a budget already stops.
+    evict_reason: the evidence that named the nodes (appended to the reason). rollback:
+    set when a hot update's new version is to blame (its reason). diagnosis_reason: what
+    the failed stop-time diagnosis found. blamed_before, max_blamed: the run's blamed
+    nodes so far and the cap on them (None: no cap).
+    """
+
+    cls: str
+    controller_node: str
+    spares_left: int
+    restarts: int
+    max_restarts: int
+    signature: str | None
+    signature_seen: int
+    no_progress: int
+    max_no_progress: int
+    named: tuple[str, ...] = ()
+    failures: Mapping[str, int] = field(default_factory=dict)
+    failures_to_blame: int = 3
+    blame_named: bool = False
+    diagnosed_repeat: bool = False
+    batch_node: str | None = None
+    nan_advice: Decision | None = None
+    evict_reason: str | None = None
+    rollback: str | None = None
+    diagnosis_reason: str | None = None
+    blamed_before: tuple[str, ...] = ()
+    max_blamed: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The facts as a trace line (tests replay recorded traces)."""
+        out = dataclasses.asdict(self)
+        out["failures"] = dict(self.failures)
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Facts:
+        kw = dict(d)
+        for key in ("named", "blamed_before"):
+            kw[key] = tuple(kw.get(key) or ())
+        advice = kw.get("nan_advice")
+        if advice is not None:
+            kw["nan_advice"] = decision_from_json(advice)
+        return cls(**kw)
+
+
+def decision_from_json(d: Mapping[str, Any]) -> Decision:
+    return Decision(Rung(d["rung"]), d["reason"], tuple(d.get("evict") or ()),
+                    d.get("rollback"), bool(d.get("batch_lost", False)))
+
+
+def decide(f: Facts) -> Decision:
+    """The whole ladder for one incident: the rung, then every refinement in order."""
+    blamed = blamed_of(f)
+    d = choose_rung(f, blamed)
+    d = with_nan_advice(d, f)
+    d = with_evict_reason(d, f)
+    d = with_rollback(d, f)
+    d = with_diagnosis_reason(d, f)
+    if f.max_blamed is not None:
+        d = capped(d, f.blamed_before, f.max_blamed)
+    return dataclasses.replace(d, rollback=f.rollback, batch_lost=batch_lost(f, blamed))
+
+
+def blamed_of(f: Facts) -> tuple[str, ...]:
+    """The culprits: by class or repeat count, plus every named node when evidence names
+    them."""
+    blamed = blamed_nodes(f.cls, f.named, f.failures, f.failures_to_blame)
+    if f.blame_named:
+        blamed = tuple(dict.fromkeys((*blamed, *f.named)))
+    return blamed
+
+
+def batch_lost(f: Facts, blamed: Collection[str]) -> bool:
+    return f.cls == IncidentClass.NODE_LOST and f.batch_node is not None and \
+        f.batch_node in blamed
+
+
+def _stop_reason(f: Facts, blamed: tuple[str, ...]) -> str | None:
+    """Why the run stops whatever is blamed, or None."""
+    if f.diagnosed_repeat and f.signature is not None and not blamed:
+        return (f"the same error ({f.signature}) came back after its node passed "
+                "stop-time diagnosis: user code; fix the training code and resubmit")
+    if stops_on_repeat(f.cls) and f.signature is not None and f.signature_seen >= 1:
+        return (f"the same user-code error ({f.signature}) came back after a clean "
+                "restart; fix the training code and resubmit")
+    if f.cls in (IncidentClass.NAN, IncidentClass.LOSS_SPIKE) and f.signature_seen >= 2 \
+            and f.no_progress >= 2:
+        return (f"{f.cls} recurs at the same place after restoring the last good "
+                "snapshot; the data or the hyper-parameters need a look")
+    if f.no_progress >= f.max_no_progress:
+        return (f"no step finished in {f.no_progress} attempts in a row "
+                f"(limit {f.max_no_progress}); last failure: {f.cls}")
+    if f.restarts >= f.max_restarts:
+        return f"restart budget spent ({f.restarts} of {f.max_restarts}); last failure: {f.cls}"
+    return None
+
+
+def choose_rung(f: Facts, blamed: tuple[str, ...]) -> Decision:
+    """The rung for one incident, before any refinement."""
+    stop = _stop_reason(f, blamed)
+    if stop is not None:
+        return Decision(Rung.STOP, stop)
+    if f.batch_node is not None and f.batch_node in blamed and \
+            f.cls == IncidentClass.NODE_LOST:
+        return Decision(Rung.REQUEUE, f"the batch step's node {f.batch_node} is lost; Slurm "
+                                      "ends the job with it, requeueing", blamed)
+    if f.controller_node in blamed:
+        return Decision(Rung.REQUEUE, f"the controller's node {f.controller_node} is blamed "
+                                      f"({f.cls}); requeueing the job", blamed)
+    if blamed and len(blamed) > f.spares_left:
+        return Decision(Rung.REQUEUE, f"{len(blamed)} node(s) blamed ({', '.join(blamed)}) "
+                                      f"but {f.spares_left} spare(s) left", blamed)
+    if blamed:
+        return Decision(Rung.SPARE, f"node(s) {', '.join(blamed)} blamed ({f.cls}); "
+                                    "activating spare(s)", blamed)
+    return Decision(Rung.IN_PLACE, f"{f.cls}: restarting in place from the latest snapshot")
+
+
+def with_nan_advice(d: Decision, f: Facts) -> Decision:
+    """The NaN ladder's call replaces an in-place restart (a budget that stops wins)."""
+    if f.nan_advice is not None and d.rung is Rung.IN_PLACE:
+        return f.nan_advice
+    return d
+
+
+def with_evict_reason(d: Decision, f: Facts) -> Decision:
+    """The evidence that named the nodes (a monitor finding, a replay) joins the reason."""
+    if f.evict_reason:
+        return dataclasses.replace(d, reason=f"{d.reason}; {f.evict_reason}")
+    return d
+
+
+def with_rollback(d: Decision, f: Facts) -> Decision:
+    """A hot update's own failure rolls it back: a stop becomes an in-place restart on the
+    previous version."""
+    if f.rollback is not None and d.rung == Rung.STOP:
+        return dataclasses.replace(d, rung=Rung.IN_PLACE, evict=(),
+                                   reason=f"{d.reason}; {f.rollback}")
+    return d
+
+
+def with_diagnosis_reason(d: Decision, f: Facts) -> Decision:
+    """The verdict names what the node's own checks found, not just the class."""
+    if f.diagnosis_reason and d.evict:
+        return dataclasses.replace(d, reason=f"{d.reason}; {f.diagnosis_reason}")
+    return d
+
+
+def capped(decision: Decision, blamed_before: Collection[str], limit: int) -> Decision:
+    """``decision`` unchanged, or a STOP when its evictions would take the run over
+    ``limit`` blamed nodes in all (each blamed node is drained and replaced)."""
+    total = set(blamed_before) | set(decision.evict)
+    if not decision.evict or len(total) <= limit:
+        return decision
+    return Decision(Rung.STOP, f"blame cap: this fault would make {len(total)} blamed "
+                               f"node(s) in this run ({', '.join(sorted(total))}), over "
+                               f"max_blamed_nodes={limit}; stopping instead of draining "
+                               "more (an admin should look at the job and these nodes)")

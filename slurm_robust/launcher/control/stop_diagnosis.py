@@ -1,0 +1,76 @@
+"""Stop-time diagnosis (ByteRobust's EUD) as seen by recovery: whether an unclear crash
+is diagnosed before a node is blamed, and what the diagnosis concluded.
+
+Pure: recovery.py asks the node's agent (phase ``diagnosing``, docs/ARCHITECTURE.md),
+waits, and applies :class:`Conclusion` (the incident's evidence, its localisation, a
+cleared signature) before running the ladder with ``diagnosis_failed``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurm_robust.launcher.control.generation import Failure, PendingDiagnosis
+from slurm_robust.launcher.control.policy import blamed_nodes
+from slurm_robust.launcher.messages import DiagnosisReport
+from slurm_robust.taxonomy import ROWS, Action, canonical
+
+#: Longest wait for a stop-time diagnosis: launcher/diagnose.py's own budget, plus the
+#: agent's stopping its workers and a few reports' worth of slack.
+DIAGNOSIS_WAIT_S = 45.0
+
+
+def wants_diagnosis(root: Failure, node_failures: Mapping[str, int], threshold: int,
+                    passed: Collection[str], agent_can_answer: bool) -> bool:
+    """Diagnose when the failure's action is ``diagnose``, no node is blamed yet, its
+    signature has not passed a diagnosis before, and its agent can still answer."""
+    ex = root.exit
+    action = ex.action
+    if action is None:  # an older agent: the class's default action
+        cls = canonical(str(ex.cls))
+        action = ROWS[cls].action if cls is not None else None
+    if action is not Action.DIAGNOSE or diagnosed_before(ex.signature, passed):
+        return False
+    failures = {**node_failures, root.node: node_failures.get(root.node, 0) + 1}
+    if blamed_nodes(str(ex.cls), [root.node], failures, threshold):
+        return False
+    return agent_can_answer
+
+
+def diagnosed_before(signature: str | None, passed: Collection[str]) -> bool:
+    return signature is not None and signature in passed
+
+
+@dataclass(frozen=True)
+class Conclusion:
+    """What a finished (or abandoned) diagnosis says. ``evidence``: keys for the
+    incident's evidence, in order; ``localized_at``: when the node's checks named it;
+    ``failed``: the node is blamed; ``cleared``: a signature that passed a complete
+    diagnosis (the same error again is the user's code)."""
+
+    evidence: dict[str, Any] = field(default_factory=dict)
+    localized_at: float | None = None
+    failed: bool = False
+    cleared: str | None = None
+
+
+def conclude(pending: PendingDiagnosis, answer: DiagnosisReport | None, lost: bool,
+             now: float) -> Conclusion | None:
+    """The diagnosis's conclusion, or None while it is still worth waiting for."""
+    if answer is None and not lost and now < pending.deadline:
+        return None
+    if answer is None:
+        return Conclusion({"diagnosis": {"id": pending.id, "node": pending.node,
+                                         "answer": "agent lost" if lost else
+                                         f"no answer within {DIAGNOSIS_WAIT_S:g} s"}},
+                          failed=lost)  # a node that vanished while checking itself
+    evidence: dict[str, Any] = {"diagnosis": {**answer.evidence, "id": answer.id,
+                                              "reason": answer.reason}}
+    if not answer.passed:
+        evidence["diagnosis_reason"] = answer.reason
+    cleared = pending.signature if answer.passed and answer.complete else None
+    # Localisation is the diagnosis: detected + the time the node's checks took.
+    return Conclusion(evidence, pending.incident.detected_at + answer.elapsed_s,
+                      failed=not answer.passed, cleared=cleared or None)
