@@ -77,7 +77,7 @@ class Generation:
     capture_deadline: float = 0.0
     announced: bool = False
     diagnosis: PendingDiagnosis | None = None
-    #: Each rank's anomaly line (issue 15: where a NaN began).
+    #: Each rank's anomaly line (the NaN ladder: where a NaN began).
     anomalies: dict[int, dict[str, Any]] = field(default_factory=dict)
     #: Each rank's bitwise reference digest, when this attempt was asked for one.
     bitwise: dict[int, str] = field(default_factory=dict)

@@ -178,7 +178,7 @@ class Recovery:
         #: Diagnosis answers by (agent index, diagnosis id): only the asked agent counts.
         self.diagnoses: dict[tuple[int, str], DiagnosisReport] = {}
         self.failslow: FailSlowMonitor | None = None  # one per generation
-        self.findings = node_monitor.NodeFindings(self.events)  # monitor (issue 14)
+        self.findings = node_monitor.NodeFindings(self.events)  # the in-job monitor
         self.step_times: list[float] = []
         self.last_step_time: float | None = None
         self.last_persist = 0.0
@@ -195,16 +195,16 @@ class Recovery:
         #: Slurm actions started by this owner (in flight or finished), oldest first.
         self.actions: list[SlurmAction] = []
         self._requeue: PendingRequeue | None = None  # in flight
-        # Failover (issue 23, failover.py): this controller's term, the fence it checks
+        # Failover (failover.py): this controller's term, the fence it checks
         # before writing the state, and what it took over (None: the first controller).
         self.term = 0
         self.superseded: Callable[[], bool] = lambda: False
         self.takeover: Takeover | None = None
         self.nans = NanRecovery(self, NanLadder.from_state(NanPolicy(cfg.nan_policy),
                                                            self.state.nan_ladder))
-        #: issue 16: the code version the workers run, hot updates and rollbacks.
+        #: Hot update: the code version the workers run, hot updates and rollbacks.
         self.hot = HotUpdate(cfg, self.events, clock)
-        self._fingerprinted = False  # issue 13: once per controller (env_change.py)
+        self._fingerprinted = False  # once per controller (env_change.py)
 
     # ------------------------------------------------------------------ read side
     @property
@@ -313,7 +313,7 @@ class Recovery:
 
     def on_findings(self, member: Member, findings: Sequence[Finding],
                     sample: NodeSample | None, now: float) -> None:
-        """monitor (issue 14): an agent's monitor findings and implicit sample."""
+        """The in-job monitor: an agent's monitor findings and implicit sample."""
         gen = self.gen
         active = gen is not None and member.index in gen.slots and \
             self._phase in (Phase.RUNNING, Phase.DUMPING)
@@ -500,7 +500,7 @@ class Recovery:
                          now=t_done)
         if opened:
             self._resolve_open_incident(gen, step, now)
-        self.hot.on_step(step, restored_of(gen), now)  # issue 16: change downtime
+        self.hot.on_step(step, restored_of(gen), now)  # a hot update's downtime
         if now - self.last_persist > 1.0:
             self.persist()
 
@@ -516,7 +516,7 @@ class Recovery:
 
     # ------------------------------------------------------------------ takeover
     def _gather_takeover(self, now: float) -> None:
-        """A successor (issue 23): wait briefly for the surviving agents, then rebuild
+        """A successor (failover.py): wait briefly for the surviving agents, then rebuild
         the running generation from ``state.json`` and hand the lost agents to the
         ladder like any lost node (spare rung, or requeue without a spare)."""
         takeover = self.takeover
@@ -543,7 +543,7 @@ class Recovery:
         rank_nodes = [self.members[i].node for i in slots
                       for _ in range(self.cfg.workers_per_node)]
         self.failslow = failslow.new_monitor(self.cfg, rank_nodes)
-        self.findings.new_generation(self.cfg, rank_nodes)  # monitor (issue 14)
+        self.findings.new_generation(self.cfg, rank_nodes)  # the in-job monitor
         logged = last_logged_step(self.paths.events)
         st.last_step = max((s for s in (st.last_step, logged) if s is not None), default=None)
         # The old controller announced this attempt once a step finished; not again.
@@ -564,7 +564,7 @@ class Recovery:
         """Start a new generation of workers on ``slots`` (agent indices, one per slot)."""
         st = self.state
         if self.gen is not None or st.attempt >= 0:
-            self.hot.on_restart(st.last_step, now)  # issue 16: a staged version goes now
+            self.hot.on_restart(st.last_step, now)  # a staged hot update goes now
         self._fingerprint(now)
         st.attempt += 1
         self.events.attempt = st.attempt
@@ -575,9 +575,9 @@ class Recovery:
         g = self.cfg.workers_per_node
         rank_nodes = [self.members[i].node for i in slots for _ in range(g)]
         self.failslow = failslow.new_monitor(self.cfg, rank_nodes)
-        self.findings.new_generation(self.cfg, rank_nodes)  # monitor (issue 14)
+        self.findings.new_generation(self.cfg, rank_nodes)  # the in-job monitor
         self._plans = generation_plans(self._plan_context(), gen)
-        # What a successor needs (issue 23): the generation, membership and spares.
+        # What a successor needs (failover.py): the generation, membership and spares.
         st.gen = gen.number
         st.members = {str(i): m.node for i, m in self.members.items() if not m.lost}
         st.spares = [self.members[i].node for i in self.spares]
@@ -587,7 +587,7 @@ class Recovery:
                  st.slots, [self.members[i].node for i in self.spares])
 
     def _fingerprint(self, now: float) -> None:
-        """issue 13: the first generation of this controller compares the training
+        """The first generation of this controller compares the training
         command's files and packages with the last allocation's (env_change.py)."""
         if self._fingerprinted:
             return
@@ -610,8 +610,8 @@ class Recovery:
                         "; ".join(what), env_change.WINDOW_STEPS)
 
     def _code_fields(self) -> dict[str, Any]:
-        """The plans' code fields (issue 16), with a change made outside `update` within
-        its window counted as a recorded change too (issue 13)."""
+        """The plans' code fields (hot update), with a change made outside `update` within
+        its window counted as a recorded change too."""
         code = self.hot.plan_fields()
         ch = self.state.env_change
         if ch is not None and env_change.recent(ch, self.state.last_step):
@@ -627,7 +627,7 @@ class Recovery:
         gen.announced = True
         step, tier = restored_of(gen)
         # Stamped with the generation's start: it precedes the attempt's first step, so
-        # that step is not counted as redone (issue 22).
+        # that step is not counted as redone.
         self.events.attempt_start(list(self.state.slots), step, tier, now=gen.started_at)
 
     # ------------------------------------------------------------------ incidents
@@ -646,13 +646,13 @@ class Recovery:
             return
         else:
             root = min(gen.failures, key=lambda f: f.exit.time)
-        if root.exit.cls == IncidentClass.NAN:  # issue 15: the NaN ladder
+        if root.exit.cls == IncidentClass.NAN:  # the NaN ladder
             if self.nans.settling(gen, primary, now):
                 return
             self.nans.handle(gen, root, first_seen, now)
             return
         incident = self._incident_from_failure(gen, root, first_seen)
-        # --- issue 13 call site: unclear side, nobody blamed -> stop-time diagnosis -----
+        # --- unclear side, nobody blamed -> stop-time diagnosis -----
         if self._wants_diagnosis(root):
             self._start_diagnosis(gen, root, incident, now)
             return
@@ -697,7 +697,7 @@ class Recovery:
                 diagnosed_repeat: bool = False, diagnosis_failed: bool = False,
                 override: Decision | None = None) -> None:
         """Run the ladder for one incident and apply the decision. ``evict`` (a monitor's
-        fatal finding, issue 14): ``nodes`` are blamed whatever the class, and the text
+        fatal finding of the in-job monitor): ``nodes`` are blamed whatever the class, and the text
         (the check and its evidence) goes into the decision's reason and the verdict.
         ``diagnosis_failed``: stop-time diagnosis failed ``nodes``, blamed the same way."""
         st = self.state
@@ -863,7 +863,7 @@ class Recovery:
         self._handle(gen, incident, None, list(decision.eviction.nodes), now)
 
     def _monitor_tick(self, gen: Generation, now: float) -> bool:
-        """monitor (issue 14): a fatal finding of an active node evicts it through the
+        """The in-job monitor: a fatal finding of an active node evicts it through the
         ladder; the GPU-derived fail-slow vote and the idle-hang rule act like their
         script-fed counterparts. Returns whether it acted."""
         if self._phase is not Phase.RUNNING:
@@ -894,7 +894,7 @@ class Recovery:
         return False
 
     # ------------------------------------------------------------------ diagnosis
-    # Issue 13: ByteRobust's stop-time diagnosis (EUD) before blaming a node for an
+    # ByteRobust's stop-time diagnosis (EUD) before blaming a node for an
     # unclear crash. See docs/ARCHITECTURE.md, phase `diagnosing`.
     def _wants_diagnosis(self, root: Failure) -> bool:
         member = self.members.get(root.agent)
@@ -1028,7 +1028,7 @@ class Recovery:
             self.events.flush_step()
             if self.state.open_incident is not None:
                 # The incident that ends a run (a refused requeue, a failure mid-recovery)
-                # reaches the event log too, as it stood (issue 22 item 4).
+                # reaches the event log too, as it stood.
                 self._write_incident(self.state.open_incident)
                 self.state.open_incident = None
             self.events.run_end(status, step, digest, verdict)

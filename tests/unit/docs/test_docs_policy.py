@@ -19,12 +19,6 @@ TRACKER_REF = re.compile(r"\bissues? ?#?[0-9]+", re.I)
 SCOPES = ("slurm_robust", "ckpt", "analysis", "prolog", "epilog", "examples", "spank",
           "tests", "docs", "README.md", "Makefile", "setup.cfg", "pyproject.toml")
 EXCLUDED = ("tests/data/",)
-#: Files another change is rewriting at the same time; each must still hold a reference
-#: (so this list shrinks as they are cleaned, and cannot hide a new one elsewhere).
-PENDING = {
-    "slurm_robust/launcher/control/recovery.py",
-    "slurm_robust/launcher/control/policy.py",
-}
 
 
 def tracker_refs() -> dict[str, list[str]]:
@@ -60,12 +54,9 @@ def test_readme_has_nothing_dated() -> None:
 
 def test_no_tracker_numbers_in_code_docs_or_tests() -> None:
     found = tracker_refs()
-    stray = {f: lines for f, lines in found.items() if f not in PENDING}
-    assert not stray, ("references to tracker entries by number; say what the thing is "
-                       "instead:\n" + "\n".join(line for lines in stray.values()
+    assert not found, ("references to tracker entries by number; say what the thing is "
+                       "instead:\n" + "\n".join(line for lines in found.values()
                                                   for line in lines))
-    cleaned = sorted(PENDING - set(found))
-    assert not cleaned, f"no reference left in {cleaned}: remove them from PENDING"
 
 
 def test_the_tracker_pattern_finds_what_it_should() -> None:
