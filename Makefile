@@ -29,20 +29,18 @@ spank: packages
 demo: setup
 	$(PY) examples/demo.py
 
-# Unit and integration tests in TEST_WORKERS pytest-xdist processes, a test module each at
-# a time; each process starts a mini-cluster of its own (tests/conftest.py) and stops it
-# at the end (the trap stops them even when pytest fails). Two where the clusters can have
-# network namespaces (root, iproute2), else one. pytest ends with a timing summary
-# (tests/timing.py); the last line adds the set-up. Budget: 25 min.
-TEST_WORKERS ?= auto
+# Unit and integration tests; each pytest process starts a mini-cluster of its own
+# (tests/conftest.py) and stops it at the end (the trap stops them even when pytest
+# fails). TEST_WORKERS=2 runs two pytest-xdist processes, a test module each at a time, each
+# with its own namespaced cluster; the default, 0, is one process (docs/DEVELOPING.md says
+# why). pytest ends with a timing summary (tests/timing.py); the last line adds the set-up.
+# Budget: 25 min.
+TEST_WORKERS ?= 0
 test:
 	@start=$$(date +%s); $(MAKE) --no-print-directory setup || exit $$?; \
-	workers=$(TEST_WORKERS); if [ "$$workers" = auto ]; then \
-	  workers=$$($(PY) -c 'from slurm_robust.cluster import netns; \
-	    print(0 if netns.unavailable_reason() else 2)'); fi; \
 	trap 'for d in .minicluster .minicluster-*/; do \
 	  [ -d "$$d" ] && $(CLI) cluster down --dir "$$d" >/dev/null 2>&1; done; true' EXIT; \
-	$(PY) -m pytest -n $$workers --dist loadfile $(PYTEST_ARGS); rc=$$?; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
 	echo "make test: $$(( $$(date +%s) - start )) s in all, set-up included (budget 1500 s)"; \
 	exit $$rc
 
