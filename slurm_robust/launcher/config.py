@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.errors import UsageError
-from slurm_robust.launcher.control.policy import EPHEMERAL_FIRST, PORT_BUCKET, port_span
+from slurm_robust.launcher.ports import EPHEMERAL_FIRST, PORT_BUCKET, port_span
 from slurm_robust.scriptenv import is_python
 from slurm_robust.stacks.failslow import FailSlowOptions
 
@@ -61,7 +61,7 @@ class RunConfig:
             flight still leaves the previous one; 1 halves that memory but opens the window).
         master_port: base TCP port of the workers' rendezvous; each job uses its own
             block of ports above it and each attempt a fresh one (see
-            policy.rendezvous_port), kept below the ephemeral port range (32768 on).
+            ports.rendezvous_port), kept below the ephemeral port range (32768 on).
         controller_port: TCP port of the controller (0: any free port).
         site_config: path of the site config (node-local roots); None: the default lookup.
         env: extra environment for the workers.

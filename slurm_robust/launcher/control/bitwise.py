@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.launcher.messages import Incident
-from slurm_robust.launcher.node.nan_local import BITWISE_FILE, NAN_FILES_VERSION, nan_dir
+from slurm_robust.launcher.nan_files import BITWISE_FILE, NAN_FILES_VERSION, nan_dir
 from slurm_robust.records import write_json_atomic
 
 #: Longest wait for every rank's digest before the test counts as incomplete.

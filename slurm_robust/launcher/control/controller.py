@@ -33,12 +33,12 @@ from slurm_robust.launcher.control import failover
 from slurm_robust.launcher.control.failover import StoodDown, Takeover
 from slurm_robust.launcher.control.metrics import start_for_controller
 from slurm_robust.launcher.control.outcome import RunOutcome
-from slurm_robust.launcher.control.policy import port_span
 from slurm_robust.launcher.control.recovery import Recovery, SlurmSide
 from slurm_robust.launcher.enums import Phase, Role, RunStatus
 from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.messages import BadMessage, Plan, Report
 from slurm_robust.launcher.paths import RunPaths
+from slurm_robust.launcher.ports import port_span
 from slurm_robust.launcher.protocol import (
     MAX_MESSAGE,
     MAX_UNAUTHENTICATED,

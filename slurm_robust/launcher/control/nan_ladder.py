@@ -40,7 +40,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from slurm_robust.launcher.node.nan_local import NAN_FILES_VERSION, SKIP_FILE, nan_dir
+from slurm_robust.launcher.nan_files import NAN_FILES_VERSION, SKIP_FILE, nan_dir
 from slurm_robust.records import write_json_atomic
 
 #: Clean steps past a NaN's step that end its episode. Corruption at random steps

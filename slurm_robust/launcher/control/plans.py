@@ -13,9 +13,9 @@ from typing import Any
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import replay
 from slurm_robust.launcher.control.generation import Generation, Member
-from slurm_robust.launcher.control.policy import rendezvous_port
 from slurm_robust.launcher.enums import Role
 from slurm_robust.launcher.messages import Plan
+from slurm_robust.launcher.ports import rendezvous_port
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ decisions stay testable without a cluster. The ladder itself is ladder.py.
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Sequence
 
 from slurm_robust.launcher.classify import NODE_CLASSES
@@ -98,36 +97,6 @@ def blamed_nodes(cls: str, nodes: Sequence[str], failures_by_node: dict[str, int
     if cls in UNLOCALISED_CLASSES:
         return ()
     return tuple(n for n in dict.fromkeys(nodes) if failures_by_node.get(n, 0) >= threshold)
-
-
-PORT_SPAN = 8192  # at most this many rendezvous ports above the configured base
-#: Start of Linux's default ephemeral range (net.ipv4.ip_local_port_range 32768-60999).
-#: Outgoing connections (gloo's mesh, Slurm's RPCs, the agents' own) take local ports
-#: there at random, and a listener cannot bind a port one of them holds (EADDRINUSE):
-#: a rendezvous port in that range fails now and then on a busy node.
-EPHEMERAL_FIRST = 32768
-PORT_BUCKET = 32  # ports per job: one per attempt, reused after 32 attempts
-
-
-def port_span(base: int) -> int:
-    """How many ports above ``base`` the rendezvous uses: up to PORT_SPAN, never into
-    the default ephemeral range from below, whole buckets only (0: no room)."""
-    room = EPHEMERAL_FIRST - base if base < EPHEMERAL_FIRST else 65536 - base
-    return max(0, min(PORT_SPAN, room)) // PORT_BUCKET * PORT_BUCKET
-
-
-def rendezvous_port(base: int, job_id: str | None, attempt: int) -> int:
-    """The workers' MASTER_PORT for one attempt: spread by job, fresh per attempt.
-
-    Jobs that share a host (the mini-cluster, or nodes shared between jobs) should not
-    pick the same port, and each attempt takes a new one so sockets in TIME_WAIT never
-    block a restart: ``port_span(base) / 32`` job buckets (102 above the default 29500)
-    of 32 attempts each. Two jobs sharing a host land in one bucket with probability
-    1/buckets; the collision is then a failed rendezvous, restarted on the next port.
-    """
-    buckets = max(1, port_span(base) // PORT_BUCKET)
-    bucket = zlib.crc32(str(job_id or "").encode()) % buckets
-    return base + bucket * PORT_BUCKET + attempt % PORT_BUCKET
 
 
 def assign_slots(previous: Sequence[str | None], available: Sequence[str],

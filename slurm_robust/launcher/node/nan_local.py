@@ -30,16 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-NAN_DIR = "nan"
-SKIP_FILE = "skip.json"
-POISON_FILE = "poison.json"
-SDC_FILE = "sdc.json"
-BITWISE_FILE = "bitwise.json"
-NAN_FILES_VERSION = 1
-
-
-def nan_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / NAN_DIR
+from slurm_robust.launcher.nan_files import (  # noqa: F401 - the files' names, re-exported
+    BITWISE_FILE,
+    NAN_DIR,
+    NAN_FILES_VERSION,
+    POISON_FILE,
+    SDC_FILE,
+    SKIP_FILE,
+    nan_dir,
+)
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -1,11 +1,9 @@
 """docs/ARCHITECTURE.md's import direction is the code's: the launcher's planes import
-one way (submit -> node -> control -> shared leaves), and the imports against that
-direction are exactly the exceptions the doc lists. Recovery never imports the
-controller. Function-level and TYPE_CHECKING imports count (tests/unit/core's graph)."""
+one way (submit -> node -> control -> shared leaves), with no exception and no allow-list.
+Recovery never imports the controller. Function-level and TYPE_CHECKING imports count
+(tests/unit/core's graph)."""
 
 from __future__ import annotations
-
-import re
 
 from tests.unit.core.test_import_graph import import_graph
 from tests.unit.docs.docindex import REPO
@@ -34,29 +32,16 @@ def against_the_direction(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
     return edges
 
 
-def documented_exceptions() -> set[tuple[str, str]]:
-    text = DOC.read_text()
-    m = re.search(r"<!-- plane-exceptions: begin -->(.*?)<!-- plane-exceptions: end -->",
-                  text, re.S)
-    assert m, f"{DOC} lacks the plane-exceptions markers"
-    return set(re.findall(r"^- `([\w.]+)` -> `([\w.]+)`", m.group(1), re.M))
-
-
 def test_the_doc_states_the_direction() -> None:
-    assert "`submit` -> `node` -> `control` -> shared leaves" in DOC.read_text()
+    text = " ".join(DOC.read_text().split())
+    assert "`submit` -> `node` -> `control` -> shared leaves, with no exception" in text
 
 
-def test_imports_against_the_direction_are_the_documented_exceptions() -> None:
-    actual = against_the_direction(import_graph())
-    documented = documented_exceptions()
-    new = sorted(actual - documented)
-    gone = sorted(documented - actual)
-    assert not new, ("imports against submit -> node -> control -> leaves that "
-                     "docs/ARCHITECTURE.md does not list (move the shared piece to a leaf, "
-                     "or list it with its reason):\n" + "\n".join(f"{a} -> {b}" for a, b in new))
-    assert not gone, ("docs/ARCHITECTURE.md lists exceptions the code no longer has "
-                      "(remove them from the plane-exceptions list):\n" +
-                      "\n".join(f"{a} -> {b}" for a, b in gone))
+def test_no_import_goes_against_the_direction() -> None:
+    against = sorted(against_the_direction(import_graph()))
+    assert not against, ("imports against submit -> node -> control -> leaves (move what "
+                         "the planes share to a leaf module of the launcher):\n" +
+                         "\n".join(f"{a} -> {b}" for a, b in against))
 
 
 def test_recovery_never_imports_the_controller() -> None:

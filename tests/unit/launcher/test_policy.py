@@ -106,7 +106,7 @@ def test_assign_slots_fresh_and_too_few():
 
 
 def test_rendezvous_ports_differ_between_jobs_and_attempts():
-    from slurm_robust.launcher.control.policy import PORT_SPAN, rendezvous_port
+    from slurm_robust.launcher.ports import PORT_SPAN, rendezvous_port
 
     ports = {rendezvous_port(29500, job, a) for job in ("101", "102") for a in range(3)}
     assert len(ports) == 6
@@ -117,7 +117,7 @@ def test_rendezvous_ports_differ_between_jobs_and_attempts():
 def test_rendezvous_ports_stay_below_the_ephemeral_range():
     """Outgoing connections hold ports from 32768 on (Linux's default range); a listener
     cannot bind one of them, so no job's rendezvous port may lie there."""
-    from slurm_robust.launcher.control.policy import EPHEMERAL_FIRST, rendezvous_port
+    from slurm_robust.launcher.ports import EPHEMERAL_FIRST, rendezvous_port
 
     ports = {rendezvous_port(29500, str(job), a) for job in range(2000) for a in range(40)}
     assert max(ports) < EPHEMERAL_FIRST and min(ports) >= 29500
