@@ -34,7 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.ckpt import CheckpointConfig, purge_job_memory
-from slurm_robust.launcher.auth import ckpt_job_key, client_handshake, ensure_run_secret
+from slurm_robust.launcher.auth import (
+    HANDSHAKE_S,
+    ckpt_job_key,
+    client_handshake,
+    ensure_run_secret,
+)
 from slurm_robust.launcher.classify import classify
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import failover
@@ -66,7 +71,12 @@ from slurm_robust.launcher.paths import (
     node_shm_root,
     progress_dir,
 )
-from slurm_robust.launcher.protocol import Channel, ChannelClosed, host_address
+from slurm_robust.launcher.protocol import (
+    MAX_UNAUTHENTICATED,
+    Channel,
+    ChannelClosed,
+    host_address,
+)
 from slurm_robust.records import write_json_atomic
 from slurm_robust.scriptenv import worker_command
 from slurm_robust.secure_fs import private_dir, relative_parts
@@ -198,14 +208,18 @@ class Agent:
         while True:
             info = self._controller_info()
             if info is not None:
+                wait_s = max(2.0, self.cfg.heartbeat_timeout_s / 2)
                 try:
-                    chan = Channel.connect(info["host"], int(info["port"]),
-                                           max(2.0, self.cfg.heartbeat_timeout_s / 2))
+                    chan = Channel.connect(info["host"], int(info["port"]), wait_s)
                 except OSError:
                     chan = None
                 if chan is not None:
                     try:  # both ends prove they hold the run secret (auth.py)
-                        client_handshake(chan, self.secret)
+                        # A fake controller on a dead one's port gets one deadline and a
+                        # small message bound; whatever it sends, AuthError (an OSError)
+                        # or ChannelClosed: a failed connect, retried.
+                        with chan.bounded(min(HANDSHAKE_S, wait_s), MAX_UNAUTHENTICATED):
+                            client_handshake(chan, self.secret)
                         return chan
                     except (OSError, ChannelClosed) as exc:
                         log.warning("controller at %s:%s failed the handshake: %s",
