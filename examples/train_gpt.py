@@ -221,7 +221,7 @@ def load_own_checkpoint(args: argparse.Namespace, model: nn.Module,
                         opt: torch.optim.Optimizer, sched: object) -> int:
     if not args.ckpt_dir or not (Path(args.ckpt_dir) / "ckpt.pt").exists():
         return 0
-    state = torch.load(Path(args.ckpt_dir) / "ckpt.pt", weights_only=False)
+    state = torch.load(Path(args.ckpt_dir) / "ckpt.pt", weights_only=True)
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
     sched.load_state_dict(state["sched"])  # type: ignore[attr-defined]
