@@ -50,6 +50,7 @@ from slurm_robust.launcher.diagnose import diagnose
 from slurm_robust.launcher.enums import Category, Role
 from slurm_robust.launcher.errors import RunStopped
 from slurm_robust.launcher.identity import Identity
+from slurm_robust.launcher.limits import raise_nofile_limit
 from slurm_robust.launcher.messages import (
     BadMessage,
     DiagnosisReport,
@@ -478,6 +479,9 @@ def run_agent(cfg: RunConfig) -> dict[str, Any]:
     """
     logging.basicConfig(level=os.environ.get("SLURM_ROBUST_LOG_LEVEL", "INFO").upper(),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # Before any socket or pipe: the controller's connections and the workers' pipes
+    # and pidfds must not hit the common soft limit of 1024 (limits.py).
+    raise_nofile_limit()
     ident = Identity.from_env()
     controller = None
     ntasks = int(os.environ.get("SLURM_NTASKS") or cfg.total_nodes)
