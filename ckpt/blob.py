@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from slurm_robust.records import write_bytes_atomic
 from slurm_robust.secure_fs import UnsafePathError, check_private
 
 FORMAT = 2
@@ -311,21 +312,9 @@ def decode_meta(raw: bytes, where: str = "meta") -> tuple[dict[str, Any], Any]:
 
 
 def write_file_atomic(path: Path, chunks: list[memoryview | bytes], durable: bool) -> None:
-    """Write ``chunks`` to ``path`` via a temp file and rename; fsync when ``durable``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    # O_NOFOLLOW: a link planted at the temp name must not redirect the write.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW,
-                 0o600)
-    try:
-        for chunk in chunks:
-            view = memoryview(chunk)
-            while view.nbytes:
-                view = view[os.write(fd, view):]
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    """Write ``chunks`` to ``path`` via a random O_EXCL|O_NOFOLLOW temp file and rename;
+    fsync when ``durable`` (records.write_bytes_atomic)."""
+    write_bytes_atomic(path, chunks, 0o600, durable=durable)
 
 
 def fsync_dir(path: Path) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -208,9 +209,11 @@ def save_own_checkpoint(args: argparse.Namespace, rank: int, step: int, model: n
         return
     path = Path(args.ckpt_dir) / "ckpt.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict(),
-                "sched": sched.state_dict()}, tmp)  # type: ignore[attr-defined]
+    # A random O_EXCL temp name (mkstemp): nothing planted at a fixed name is written.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ckpt.", suffix=".tmp")
+    with os.fdopen(fd, "wb") as fh:
+        torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict(),
+                    "sched": sched.state_dict()}, fh)  # type: ignore[attr-defined]
     os.replace(tmp, path)
 
 
@@ -218,7 +221,7 @@ def load_own_checkpoint(args: argparse.Namespace, model: nn.Module,
                         opt: torch.optim.Optimizer, sched: object) -> int:
     if not args.ckpt_dir or not (Path(args.ckpt_dir) / "ckpt.pt").exists():
         return 0
-    state = torch.load(Path(args.ckpt_dir) / "ckpt.pt", weights_only=False)
+    state = torch.load(Path(args.ckpt_dir) / "ckpt.pt", weights_only=True)
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
     sched.load_state_dict(state["sched"])  # type: ignore[attr-defined]

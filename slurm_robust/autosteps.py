@@ -46,6 +46,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from slurm_robust.records import write_bytes_atomic
+
 SAVES_VERSION = 1
 
 
@@ -145,9 +147,8 @@ class StepReporter:
             # A script that saves to a temp file and renames it keeps the inode.
             saves[inode] = self.step
         self.saves_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"v": SAVES_VERSION, "saves": saves}))
-        os.replace(tmp, path)
+        write_bytes_atomic(path, [json.dumps({"v": SAVES_VERSION, "saves": saves}).encode()],
+                           durable=False)
 
     def loaded(self, f: Any) -> None:
         if self.saves_dir is None or self.stepped or not isinstance(f, (str, os.PathLike)):

@@ -16,8 +16,9 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import secrets
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,7 +80,9 @@ def append_records(path: str | os.PathLike[str], records: list[Mapping[str, Any]
         return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, mode)
+    # O_NOFOLLOW: a link planted at the journal's name must not redirect the appends.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                 mode)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         view = memoryview(data)
@@ -139,15 +142,48 @@ def read_records(path: str | os.PathLike[str], schema: str | None = None) -> Rea
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any, mode: int = 0o644) -> None:
-    """Write a JSON document atomically: temp file in the same directory, fsync, rename."""
+    """Write a JSON document atomically (see :func:`write_bytes_atomic`)."""
+    data = json.dumps(obj, indent=2, sort_keys=True, default=_json_default).encode()
+    write_bytes_atomic(path, [data], mode)
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], chunks: Iterable[bytes | memoryview],
+                       mode: int = 0o644, durable: bool = True) -> None:
+    """Write ``chunks`` to ``path`` atomically: a new temp file in the same directory,
+    fsync (when ``durable``), rename over ``path``. The one atomic-write helper.
+
+    The temp name is random and opened ``O_CREAT|O_EXCL|O_NOFOLLOW``: in a directory
+    others can write to (``/tmp``, a 1777 state directory) a predictable name lets another
+    user plant a symlink there (the write lands in a file of their choosing) or a FIFO
+    (the open blocks forever). With O_EXCL nothing that exists is opened; the rename
+    replaces a link at ``path`` itself, never its target. ``mode`` is subject to the
+    umask, as for ``open``.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    data = json.dumps(obj, indent=2, sort_keys=True, default=_json_default).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    fd, tmp = _create_temp(path, mode)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            for chunk in chunks:
+                view = memoryview(chunk).cast("B")
+                while view.nbytes:
+                    view = view[os.write(fd, view):]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _create_temp(path: Path, mode: int) -> tuple[int, Path]:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            return os.open(tmp, flags, mode), tmp
+        except FileExistsError:
+            continue  # 64 random bits taken: someone guessed; draw again
+    raise FileExistsError(f"no free temp name next to {path} after 100 tries")

@@ -28,9 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # Lazy: `slurm-robust --help` imports every subcommand module; prometheus_client
     # and the reserve's readers are needed only when the exporter runs.
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry
 
     from slurm_robust.launcher.paths import site_config_path
+    from slurm_robust.metrics_server import start_metrics_server
     from slurm_robust.reserve.metrics import ReserveCollector, cluster_refresh
 
     host, sep, port = args.listen.rpartition(":")
@@ -41,11 +42,13 @@ def run(args: argparse.Namespace) -> int:
                                  args.min_interval)
     collector.view()  # a broken config fails here, at start, not at the first scrape
     registry.register(collector)
-    server, _ = start_http_server(int(port), addr=host, registry=registry)
+    # Bounded (a connection cap and a deadline per connection): metrics_server.py.
+    server = start_metrics_server(registry, host, int(port))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     print(f"slurm-robust exporter on http://{host}:{server.server_port}/metrics", flush=True)
     stop.wait()
     server.shutdown()
+    server.server_close()
     return 0

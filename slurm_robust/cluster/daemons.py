@@ -19,6 +19,7 @@ from pathlib import Path
 
 from slurm_robust.cluster.config import MARKER_ENV
 from slurm_robust.errors import SlurmRobustError
+from slurm_robust.records import write_bytes_atomic
 
 log = logging.getLogger("slurm_robust.cluster")
 
@@ -90,10 +91,7 @@ def start_daemon(daemon: Daemon, root: Path, env: Mapping[str, str]) -> int:
         proc = subprocess.Popen(list(daemon.argv), stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, env=full_env,
                                 start_new_session=True, close_fds=True)
-    daemon.pidfile.parent.mkdir(parents=True, exist_ok=True)
-    tmp = daemon.pidfile.with_suffix(".tmp")
-    tmp.write_text(f"{proc.pid}\n")
-    os.replace(tmp, daemon.pidfile)
+    write_bytes_atomic(daemon.pidfile, [f"{proc.pid}\n".encode()], durable=False)
     time.sleep(0.2)
     if proc.poll() is not None:
         raise ClusterError(f"{daemon.name} exited at start with {proc.returncode}; "

@@ -40,6 +40,7 @@ from slurm_robust.cluster.templates import (
     render_slurmdbd_conf,
     wrapper_files,
 )
+from slurm_robust.records import write_bytes_atomic
 from slurm_robust.reserve.config import reserve_config
 from slurm_robust.reserve.verdicts import ensure_verdict_root
 from slurm_robust.site_config import load_site_config
@@ -160,13 +161,8 @@ def _write_if_changed(path: Path, content: str, mode: int = 0o644) -> bool:
             return False
     except FileNotFoundError:
         pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(content)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    write_bytes_atomic(path, [content.encode()], mode, durable=False)
+    os.chmod(path, mode)  # exactly, whatever the umask
     return True
 
 

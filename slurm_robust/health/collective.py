@@ -13,6 +13,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -55,9 +56,12 @@ def _child(rank: int, world: int, backend: str, numel: int, store: str,
 def run(world: int, backend: str, numel: int, timeout_s: float) -> dict[str, Any]:
     import torch  # noqa: F401 - imported once here so forked ranks inherit it
 
-    fd, store = tempfile.mkstemp(prefix="slurm_robust_collective_")
-    os.close(fd)
-    os.unlink(store)  # FileStore wants a path that does not exist yet
+    # The FileStore's file sits in a fresh private (0700) directory: a name in /tmp
+    # itself could be recreated by another user between our choosing it and the store
+    # opening it (the collective then hangs and the node is drained). Nobody else can
+    # create anything inside our own 0700 directory.
+    store_dir = tempfile.mkdtemp(prefix="slurm_robust_collective_")
+    store = os.path.join(store_dir, "store")  # FileStore wants a path that does not exist
     ctx = mp.get_context("fork")
     children = [ctx.Process(target=_child, args=(r, world, backend, numel, store, timeout_s))
                 for r in range(1, world)]
@@ -70,8 +74,7 @@ def run(world: int, backend: str, numel: int, timeout_s: float) -> dict[str, Any
             c.join(timeout_s)
             if c.is_alive():
                 c.kill()
-        if os.path.exists(store):
-            os.unlink(store)
+        shutil.rmtree(store_dir, ignore_errors=True)
     codes = [c.exitcode for c in children]
     ok = result["ok"] and all(code == 0 for code in codes)
     # all_reduce moves about 2 (w-1)/w of the buffer per rank (ring algorithm).

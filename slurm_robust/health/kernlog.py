@@ -1,38 +1,22 @@
-"""Kernel-log lines that matter to a running job: GPU Xids, the OOM killer, panics and
-I/O errors, scanned from ``/dev/kmsg`` records (``pri,seq,usec,flags;text``).
+"""Kernel-log lines that matter to a running job: GPU Xids and lost GPUs, the OOM killer,
+panics, I/O errors and hung tasks, scanned from ``/dev/kmsg`` records
+(``pri,seq,usec,flags;text``).
 
 The records come from the ``kernel_log`` probe (one reader, ``nvml.read_kmsg``, behind
-the probe layer, so a rehearsal injects lines); Xid lines are parsed by the same
-``parse_kmsg_xids`` the GPU check's kernel-log source uses. The caller keeps the cursor
-(the highest sequence number seen), so each line is reported once.
+the probe layer, so a rehearsal injects lines). Which lines count is decided by
+``kernel_formats`` (anchored kernel-originated formats only, shared with the GPU check's
+Xid source and the classifier), so a process name or file name a user chooses never
+becomes an event. The caller keeps the cursor (the highest sequence number seen), so
+each line is reported once.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from enum import StrEnum
 
-from slurm_robust.health.nvml import parse_kmsg_xids
+from slurm_robust.health.kernel_formats import KernelEventKind, parse_record, split_record
 
-
-class KernelEventKind(StrEnum):
-    XID = "xid"
-    OOM = "oom_kill"
-    PANIC = "panic"
-    IO_ERROR = "io_error"
-
-
-_PATTERNS: tuple[tuple[KernelEventKind, re.Pattern[str]], ...] = (
-    (KernelEventKind.OOM, re.compile(r"Out of memory: Killed process|oom-kill:|"
-                                     r"invoked oom-killer")),
-    (KernelEventKind.PANIC, re.compile(r"Kernel panic|BUG: unable to handle|"
-                                       r"general protection fault|hard LOCKUP|"
-                                       r"Machine check events logged|mce: \[Hardware Error\]")),
-    (KernelEventKind.IO_ERROR, re.compile(r"I/O error|Buffer I/O error|EXT4-fs error|"
-                                          r"XFS \(.*\): .*(?:error|shutdown)|"
-                                          r"Remounting filesystem read-only")),
-)
+__all__ = ["KernelEvent", "KernelEventKind", "scan"]
 
 
 @dataclass(frozen=True)
@@ -49,21 +33,14 @@ def scan(lines: list[str], after_seq: int) -> tuple[list[KernelEvent], int]:
     events: list[KernelEvent] = []
     last = after_seq
     for line in lines:
-        head, _, text = line.partition(";")
-        parts = head.split(",")
-        if len(parts) < 2 or not parts[1].strip().isdigit():
+        record = split_record(line)
+        if record is None:
             continue
-        seq = int(parts[1])
-        last = max(last, seq)
-        if seq <= after_seq:
+        last = max(last, record.seq)
+        if record.seq <= after_seq:
             continue
-        xids, _ = parse_kmsg_xids([line], seq - 1)
-        if xids:
-            bus, xid = xids[0]
-            events.append(KernelEvent(seq, KernelEventKind.XID, text[:300], xid, bus))
-            continue
-        for kind, pattern in _PATTERNS:
-            if pattern.search(text):
-                events.append(KernelEvent(seq, kind, text[:300]))
-                break
+        found = parse_record(record)
+        if found is not None:
+            events.append(KernelEvent(record.seq, found.kind, found.text[:300], found.xid,
+                                      found.bus))
     return events, last

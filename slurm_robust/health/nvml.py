@@ -19,45 +19,47 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 from slurm_robust.health.errors import NoNVMLError
+from slurm_robust.health.kernel_formats import (
+    KernelEventKind,
+    normalise_bus_id,
+    parse_record,
+    split_record,
+)
 from slurm_robust.records import write_json_atomic
 
 XID_WAIT_MS = 20
 KMSG = "/dev/kmsg"
-_XID_LINE = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)")
+
+__all__ = ["KMSG", "XID_WAIT_MS", "NvmlReader", "normalise_bus_id", "parse_kmsg_xids",
+           "read_kmsg"]
 
 
 def parse_kmsg_xids(lines: list[str], after_seq: int) -> tuple[list[tuple[str, int]], int]:
     """Xids in ``/dev/kmsg`` records (``pri,seq,usec,flags;text``) with seq > after_seq.
 
-    Returns ([(pci_bus, xid)], highest seq seen). Pure, so it is tested on recorded lines.
+    Returns ([(pci_bus, xid)], highest seq seen). Only the driver's own ``NVRM: Xid``
+    lines count, at the start of a kernel-logged record (``kernel_formats``): a process
+    or file name that contains Xid text never drains the node. Pure, so it is tested on
+    recorded lines.
     """
     found: list[tuple[str, int]] = []
     last = after_seq
     for line in lines:
-        head, _, text = line.partition(";")
-        parts = head.split(",")
-        if len(parts) < 2 or not parts[1].isdigit():
+        record = split_record(line)
+        if record is None:
             continue
-        seq = int(parts[1])
-        last = max(last, seq)
-        if seq <= after_seq:
+        last = max(last, record.seq)
+        if record.seq <= after_seq:
             continue
-        m = _XID_LINE.search(text)
-        if m:
-            found.append((normalise_bus_id(m.group(1)), int(m.group(2))))
+        event = parse_record(record)
+        if event is not None and event.kind is KernelEventKind.XID \
+                and event.bus is not None and event.xid is not None:
+            found.append((event.bus, event.xid))
     return found, last
-
-
-def normalise_bus_id(bus: str) -> str:
-    """``00000000:3B:00.0`` and ``0000:3b:00`` both become ``0000:3b:00``."""
-    bus = bus.lower().split(".")[0]
-    domain, _, rest = bus.partition(":")
-    return f"{domain[-4:]}:{rest}"
 
 
 class NvmlReader:

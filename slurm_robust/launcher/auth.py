@@ -13,7 +13,11 @@ Handshake (both directions, HMAC-SHA256 over fresh nonces, before any message)::
     server -> client   {"auth": "ok", "mac": H(k, "server"|C|S)}
 
 A peer without the secret cannot produce the client's MAC (the server drops it), and a
-fake controller cannot produce the server's (the agent drops it).
+fake controller cannot produce the server's (the agent drops it). Whatever a peer sends,
+the handshake either passes or raises :class:`AuthError` (an OSError, like a failed
+connect): nonces must be 32 hex digits and MACs are compared as bytes, so a non-ASCII
+or non-string field is a refusal, never a TypeError that would end the process. The
+whole exchange has one deadline, ``HANDSHAKE_S`` (``Channel.bounded``).
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ from slurm_robust.secure_fs import UnsafePathError, check_private
 
 SECRET_NAME = "run.secret"
 SECRET_BYTES = 32
+#: Total seconds for the whole handshake, on either end (not per read).
+HANDSHAKE_S = 5.0
+_NONCE_HEX = 32
+_HEX = frozenset("0123456789abcdef")
 
 
 class AuthError(ConnectionError):
@@ -97,8 +105,9 @@ def ckpt_job_key(job_id: str, secret: bytes) -> str:
     return f"{job_id}.{tag[:32]}"
 
 
-def _mac(secret: bytes, role: str, first: str, second: str) -> str:
-    return hmac.new(secret, f"{role}|{first}|{second}".encode(), hashlib.sha256).hexdigest()
+def _mac(secret: bytes, role: str, first: str, second: str) -> bytes:
+    return hmac.new(secret, f"{role}|{first}|{second}".encode(),
+                    hashlib.sha256).hexdigest().encode()
 
 
 class _Chan(Protocol):
@@ -109,28 +118,39 @@ class _Chan(Protocol):
 def _field(msg: dict[str, Any], kind: str, name: str) -> str:
     if msg.get("auth") != kind or not isinstance(msg.get(name), str):
         raise AuthError(f"expected an auth {kind!r} message with {name!r}")
-    return msg[name]
+    return str(msg[name])
+
+
+def _nonce(msg: dict[str, Any], kind: str) -> str:
+    nonce = _field(msg, kind, "nonce")
+    if len(nonce) != _NONCE_HEX or not set(nonce) <= _HEX:
+        raise AuthError(f"the auth {kind!r} nonce is not {_NONCE_HEX} hex digits")
+    return nonce
+
+
+def _same_mac(given: str, expected: bytes) -> bool:
+    # Bytes on both sides: compare_digest raises TypeError on a non-ASCII str.
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected)
 
 
 def server_handshake(chan: _Chan, secret: bytes) -> None:
     """Prove the client holds the secret, then prove we do. Raises AuthError."""
-    nonce = secrets.token_hex(16)
+    nonce = secrets.token_hex(_NONCE_HEX // 2)
     chan.send({"auth": "challenge", "nonce": nonce})
     msg = chan.recv()
-    client_nonce = _field(msg, "response", "nonce")
-    mac = _field(msg, "response", "mac")
-    if len(client_nonce) != 32 or not hmac.compare_digest(
-            mac, _mac(secret, "client", nonce, client_nonce)):
+    client_nonce = _nonce(msg, "response")
+    if not _same_mac(_field(msg, "response", "mac"),
+                     _mac(secret, "client", nonce, client_nonce)):
         raise AuthError("client failed the challenge (no or wrong run secret)")
-    chan.send({"auth": "ok", "mac": _mac(secret, "server", client_nonce, nonce)})
+    chan.send({"auth": "ok", "mac": _mac(secret, "server", client_nonce, nonce).decode()})
 
 
 def client_handshake(chan: _Chan, secret: bytes) -> None:
     """Answer the server's challenge and check its proof. Raises AuthError."""
-    server_nonce = _field(chan.recv(), "challenge", "nonce")
-    nonce = secrets.token_hex(16)
+    server_nonce = _nonce(chan.recv(), "challenge")
+    nonce = secrets.token_hex(_NONCE_HEX // 2)
     chan.send({"auth": "response", "nonce": nonce,
-               "mac": _mac(secret, "client", server_nonce, nonce)})
-    mac = _field(chan.recv(), "ok", "mac")
-    if not hmac.compare_digest(mac, _mac(secret, "server", nonce, server_nonce)):
+               "mac": _mac(secret, "client", server_nonce, nonce).decode()})
+    if not _same_mac(_field(chan.recv(), "ok", "mac"),
+                     _mac(secret, "server", nonce, server_nonce)):
         raise AuthError("controller failed the challenge (no or wrong run secret)")

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_robust.health.errors import NoNVMLError
+from slurm_robust.health.kernel_formats import KernelEventKind, parse_text
 from slurm_robust.taxonomy import (
     ROWS,
     TABLE,
@@ -346,24 +347,9 @@ def _classify(ev: Evidence) -> Classification:
     hw = _nvml_verdict(ev, evidence)
     if hw is not None:
         return _make(hw[0], evidence, hw[1], "nvml", signature=hw[0].value)
-    kernel = "\n".join(ev.kernel_log)
-    found = _xid_verdict(kernel, evidence) if kernel else None
-    if found is not None and found[0] in (F.GPU_MEMORY_ERROR, F.GPU_UNAVAILABLE):
-        return _make(found[0], evidence, found[1], "kernel", signature=found[0].value)
-    if kernel:
-        for rule in LOG_RULES:
-            if rule.cls not in (F.KERNEL_PANIC, F.DISK_FAULT, F.GPU_UNAVAILABLE,
-                                F.CPU_OOM):
-                continue
-            line = _search(rule.pattern, kernel)
-            if line is None:
-                continue
-            # The OOM killer names the victim by signal: only a SIGKILLed worker was it.
-            if rule.cls is F.CPU_OOM and sig != signal.SIGKILL:
-                evidence["kernel_oom"] = line
-                continue
-            evidence["kernel_line"] = line
-            return _make(rule.cls, evidence, line, "kernel", signature=rule.cls.value)
+    kernel = _kernel_verdict(ev.kernel_log, sig, evidence)
+    if kernel is not None:
+        return _make(kernel[0], evidence, kernel[1], "kernel", signature=kernel[0].value)
     found = _xid_verdict(log, evidence)
     if found is not None and found[0] in (F.GPU_MEMORY_ERROR, F.GPU_UNAVAILABLE):
         return _make(found[0], evidence, found[1], "log", signature=found[0].value)
@@ -483,6 +469,48 @@ def _nvml_verdict(ev: Evidence, evidence: dict[str, Any]) -> tuple[FailureClass,
     if count is not None and expected is not None and int(count) < expected:
         evidence["nvml"] = {"gpu_count": count, "expected": expected}
         return F.GPU_UNAVAILABLE, f"NVML: {count} GPUs, expected {expected}"
+    return None
+
+
+#: Kernel events and the class each names, strongest first (a lost GPU explains a panic
+#: or an I/O error after it; an OOM kill counts only for a SIGKILLed worker).
+_KERNEL_CLASSES: tuple[tuple[KernelEventKind, FailureClass], ...] = (
+    (KernelEventKind.GPU_LOST, F.GPU_UNAVAILABLE), (KernelEventKind.PANIC, F.KERNEL_PANIC),
+    (KernelEventKind.IO_ERROR, F.DISK_FAULT), (KernelEventKind.OOM, F.CPU_OOM))
+
+
+def _kernel_verdict(kernel_log: Sequence[str], sig: int | None,
+                    evidence: dict[str, Any]) -> tuple[FailureClass, str] | None:
+    """The class the node's kernel messages name, and the line, or None.
+
+    Only kernel-originated formats anchored at the start of a message count
+    (``health.kernel_formats``, shared with the monitor and the GPU check): a process or
+    file name in a segfault or traps line is the user's text, whatever it says.
+    """
+    events = [e for e in (parse_text(line) for line in kernel_log) if e is not None]
+    for e in events:
+        if e.kind is KernelEventKind.XID and e.xid is not None:
+            evidence.setdefault("xids", [])
+            if e.xid not in evidence["xids"]:
+                evidence["xids"].append(e.xid)
+            if e.xid in XID_MEMORY:
+                return F.GPU_MEMORY_ERROR, e.text[:300]
+            if e.xid in XID_UNAVAILABLE:
+                return F.GPU_UNAVAILABLE, e.text[:300]
+    hung = [e.text for e in events if e.kind is KernelEventKind.HUNG_TASK]
+    if hung:
+        evidence["kernel_hung_task"] = hung[-1][:300]  # a slow disk's sign, not a panic
+    for kind, cls in _KERNEL_CLASSES:
+        lines = [e.text for e in events if e.kind is kind]
+        if not lines:
+            continue
+        line = lines[-1][:300]  # the newest is nearest the failure
+        if cls is F.CPU_OOM and sig != signal.SIGKILL:
+            # The OOM killer names the victim by signal: only a SIGKILLed worker was it.
+            evidence["kernel_oom"] = line
+            continue
+        evidence["kernel_line"] = line
+        return cls, line
     return None
 
 

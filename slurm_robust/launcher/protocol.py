@@ -19,9 +19,11 @@ Messages are bounded (MAX_MESSAGE) so that a confused peer cannot exhaust memory
 
 Security: other users of the cluster can reach the controller's port, so
 every connection first passes the HMAC handshake of :mod:`slurm_robust.launcher.auth`
-(both ends prove they hold the run's 0600 secret), the server binds to the job node's
-own address, accepts at most ``max_connections`` peers and only from the addresses of
-the job's nodes (:func:`job_node_addresses`), and :func:`check_report` validates every
+(both ends prove they hold the run's 0600 secret) within one total deadline
+(:meth:`Channel.bounded`), the server binds to the job node's own address, accepts only
+from the addresses of the job's nodes (:func:`job_node_addresses`), bounds the
+unauthenticated connections per address and in all (control/admission.py) and the
+authenticated ones (``max_connections``), and :func:`check_report` validates every
 report before the controller reads it: a bad message closes that one connection (with
 a log line); the run goes on.
 """
@@ -35,6 +37,9 @@ import os
 import socket
 import subprocess
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from slurm_robust.launcher.messages import BadMessage
@@ -166,7 +171,10 @@ class Channel:
 
     def __init__(self, sock: socket.socket, timeout_s: float) -> None:
         self.sock = sock
+        self.timeout_s = timeout_s
         self.sock.settimeout(timeout_s)
+        #: time.monotonic() by which the current exchange must be over (see bounded()).
+        self.deadline: float | None = None
         if sock.family in (socket.AF_INET, socket.AF_INET6):  # a socketpair in tests
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._buf = b""
@@ -186,9 +194,35 @@ class Channel:
         chan.wakeups = True  # the agent's end: the controller may wake it
         return chan
 
+    @contextmanager
+    def bounded(self, seconds: float, max_message: int) -> Iterator[Channel]:
+        """Within the block, every send and recv together must end within ``seconds``
+        (a total deadline: a peer trickling one byte per timeout cannot stretch it) and a
+        message is at most ``max_message`` bytes. For the handshake, before the peer has
+        proved anything."""
+        self.deadline, self.max_message = time.monotonic() + seconds, max_message
+        try:
+            yield self
+        finally:
+            self.deadline, self.max_message = None, MAX_MESSAGE
+            try:
+                self.sock.settimeout(self.timeout_s)
+            except OSError:
+                pass  # closed meanwhile
+
+    def _arm(self) -> None:
+        """Shorten the socket timeout to what is left before the deadline."""
+        if self.deadline is None:
+            return
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise ChannelClosed("the peer did not finish the exchange in time")
+        self.sock.settimeout(min(self.timeout_s, left))
+
     def send(self, message: dict[str, Any]) -> None:
         data = (json.dumps(message, separators=(",", ":"), default=str) + "\n").encode()
         with self._send_lock:
+            self._arm()
             self.sock.sendall(data)
 
     def wake(self) -> bool:
@@ -223,6 +257,7 @@ class Channel:
             if self.wakeups:
                 self._buf = self._buf.lstrip(b"\n")  # nothing to answer
             while b"\n" not in self._buf:
+                self._arm()
                 chunk = self.sock.recv(65536)
                 if not chunk:
                     raise ChannelClosed("peer closed the connection")
@@ -236,7 +271,7 @@ class Channel:
                 break
         try:
             obj = json.loads(line)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: "[[[[..." nesting
             raise ChannelClosed(f"not a JSON message: {exc}") from exc
         if not isinstance(obj, dict):
             raise ChannelClosed("message is not a JSON object")

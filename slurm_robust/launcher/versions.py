@@ -29,6 +29,7 @@ import json
 import os
 import pwd
 import re
+import secrets
 import shutil
 import stat
 import subprocess
@@ -391,7 +392,7 @@ def put_request(run_dir: str | os.PathLike[str], req: UpdateRequest) -> None:
     """Drop the request for the controller; UsageError when one is still pending
     (two updates at once)."""
     root = versions_dir(run_dir)
-    tmp = root / f".request.{os.getpid()}.tmp"
+    tmp = root / f".request.{secrets.token_hex(8)}.tmp"  # random: nothing to plant
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as fh:
         json.dump(req.to_dict(), fh)

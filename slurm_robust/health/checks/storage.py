@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -23,11 +24,13 @@ def deep_disk_io(ctx: CheckContext, params: Mapping[str, Any]) -> Outcome:
         return fail(f"actual {free / GIB:.2f} GiB free on {directory}, expected >= "
                     f"{params['min_free_gib']:g} GiB", free_bytes=free)
     data = os.urandom(1 << 20) * int(params["mib"])
-    path = os.path.join(directory, f".deep_disk_io.{os.getpid()}.tmp")
+    # Random and O_EXCL|O_NOFOLLOW: a name planted by someone else is never opened.
+    path = os.path.join(directory, f".deep_disk_io.{secrets.token_hex(8)}.tmp")
     os.makedirs(directory, exist_ok=True)
     try:
         start = time.perf_counter()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
         try:
             view = memoryview(data)
             while view:

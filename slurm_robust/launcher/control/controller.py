@@ -27,9 +27,15 @@ import time
 from typing import Any
 
 from slurm_robust.errors import SlurmRobustError
-from slurm_robust.launcher.auth import AuthError, ensure_run_secret, server_handshake
+from slurm_robust.launcher.auth import (
+    HANDSHAKE_S,
+    AuthError,
+    ensure_run_secret,
+    server_handshake,
+)
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import failover
+from slurm_robust.launcher.control.admission import PreauthGate
 from slurm_robust.launcher.control.failover import StoodDown, Takeover
 from slurm_robust.launcher.control.metrics import start_for_controller
 from slurm_robust.launcher.control.outcome import RunOutcome
@@ -40,7 +46,6 @@ from slurm_robust.launcher.messages import BadMessage, Plan, Report
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.launcher.ports import port_span
 from slurm_robust.launcher.protocol import (
-    MAX_MESSAGE,
     MAX_UNAUTHENTICATED,
     Channel,
     ChannelClosed,
@@ -56,7 +61,6 @@ TICK_S = 0.05
 #: A closed agent connection not re-opened within this long counts as a lost agent.
 RECONNECT_GRACE_S = 0.5
 #: Seconds a new connection has to pass the handshake.
-HANDSHAKE_S = 5.0
 
 
 def ephemeral_overlap(base: int,
@@ -116,8 +120,11 @@ class Controller:
         self.secret = ensure_run_secret(cfg.run_dir)
         self.allowed = job_node_addresses(os.environ.get("SLURM_JOB_NODELIST"),
                                           host_address())
+        #: Authenticated connections at most, and unauthenticated ones in all.
         self.max_connections = 2 * max(self.recovery.expected, cfg.total_nodes) + 4
-        self.connections = 0
+        self.connections = 0  # authenticated
+        self._conn_lock = threading.Lock()  # for the count: a frozen loop must not block it
+        self.preauth = PreauthGate()
         # Failover: the term this controller acts under and its fence.
         self.takeover = takeover
         self.term = takeover.term if takeover else self.recovery.state.term + 1
@@ -266,32 +273,40 @@ class Controller:
 
     # ------------------------------------------------------------------ server side
     def _admit(self, addr: str) -> bool:
-        """Accept check: a job node's address and a free connection slot."""
-        with self.lock:
-            if self.allowed and addr not in self.allowed:
-                log.warning("refused a controller connection from %s: not a node of this "
-                            "job", addr)
-                return False
-            if self.connections >= self.max_connections:
-                log.warning("refused a controller connection from %s: %d connections "
-                            "open (the cap)", addr, self.connections)
-                return False
-            self.connections += 1
-            return True
+        """Accept check: a job node's address. (Unauthenticated connections are bounded
+        by ``self.preauth``, authenticated ones by ``max_connections``.)"""
+        if self.allowed and addr not in self.allowed:
+            log.warning("refused a controller connection from %s: not a node of this "
+                        "job", addr)
+            return False
+        return True
 
     def _serve(self, sock: socket.socket) -> None:
         chan = Channel(sock, self.cfg.heartbeat_timeout_s * 3)
         view: AgentView | None = None
         peer = "?"
+        counted = False
         try:
             peer = str(sock.getpeername()[0])
-            # A short deadline for the handshake, so that idle strangers cannot hold
-            # the capped connection slots for long.
-            sock.settimeout(HANDSHAKE_S)
-            chan.max_message = MAX_UNAUTHENTICATED
-            server_handshake(chan, self.secret)
-            chan.max_message = MAX_MESSAGE
-            sock.settimeout(self.cfg.heartbeat_timeout_s * 3)
+            self.preauth.enter(peer, sock, self.max_connections)
+            # One total deadline and a small message bound until the peer has proved it
+            # holds the secret, so that strangers cannot hold threads and descriptors.
+            with chan.bounded(HANDSHAKE_S, MAX_UNAUTHENTICATED):
+                # A frozen controller (its loop holding the lock) must pass no handshake:
+                # an agent takes a completed one as proof that the controller answers
+                # (Agent.controller_lost), so a frozen one would never be replaced.
+                if not self.lock.acquire(timeout=HANDSHAKE_S):
+                    raise ChannelClosed("the controller is not answering")
+                self.lock.release()
+                server_handshake(chan, self.secret)
+            self.preauth.leave(sock)
+            with self._conn_lock:
+                if self.connections >= self.max_connections:
+                    log.warning("refused an authenticated controller connection from %s: "
+                                "%d open (the cap)", peer, self.connections)
+                    return
+                self.connections += 1
+                counted = True
             while True:
                 raw = chan.recv()
                 # Ranges and list bounds first (they need the world size), then the
@@ -312,7 +327,8 @@ class Controller:
         except (OSError, ChannelClosed):
             pass
         finally:
-            self._closed(view, chan)
+            self.preauth.leave(sock)
+            self._closed(view, chan, counted)
 
     def _answer(self, report: Report, chan: Channel
                 ) -> tuple[AgentView | None, Plan | None] | None:
@@ -333,10 +349,13 @@ class Controller:
             self._tick_now.set()
         return view, plan
 
-    def _closed(self, view: AgentView | None, chan: Channel) -> None:
-        """A connection ended: its agent gets no wake-up on it and counts as closed."""
+    def _closed(self, view: AgentView | None, chan: Channel, counted: bool) -> None:
+        """A connection ended: its agent gets no wake-up on it and counts as closed
+        (``counted``: it was an authenticated connection, one of the capped ones)."""
+        if counted:
+            with self._conn_lock:
+                self.connections -= 1
         with self.lock:
-            self.connections -= 1
             if view is not None and view.chan is chan:
                 view.chan = None  # no wake-up for a closed channel
         chan.close()

@@ -27,11 +27,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from slurm_robust.launcher.control.live_ettr import LiveEttr
 from slurm_robust.launcher.messages import Incident
 from slurm_robust.metric_labels import label_value
+from slurm_robust.metrics_server import BIND_ENV, BoundedMetricsServer, start_metrics_server
 from slurm_robust.records import write_json_atomic
 
 log = logging.getLogger("slurm_robust.launcher.control.metrics")
@@ -58,7 +59,7 @@ class RunMetrics:
         self._lock = threading.Lock()
         self._ettr = LiveEttr(clock() if started_at is None else started_at)
         self._last_step_at: float | None = None
-        self._server: Any = None
+        self._server: BoundedMetricsServer | None = None
         self._sd_file: Path | None = None
         ids = ("job_id", "run_id")
         r = self.registry
@@ -163,8 +164,14 @@ class RunMetrics:
     # --------------------------------------------------------------- serving
     def serve(self, host: str, run_dir: str | os.PathLike[str], port: int = 0,
               sd_dir: str | os.PathLike[str] | None = None) -> int:
-        """Listen on ``host:port`` (0: any free port); record where; returns the port."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        """Listen on ``host:port`` (0: any free port); record where; returns the port.
+
+        The server is bounded (metrics_server.py: a connection cap, a total deadline per
+        connection, one thread), so strangers who reach the port cannot exhaust the
+        descriptors of the agent that hosts the controller. ``$SLURM_ROBUST_METRICS_BIND``
+        overrides the address (for a site whose Prometheus reaches another network)."""
+        host = os.environ.get(BIND_ENV) or host
+        server = start_metrics_server(self.registry, host, port)
         self._server = server
         port = int(server.server_port)
         target = {"host": host, "port": port, "path": "/metrics", "job_id": self.job_id,

@@ -35,7 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.ckpt import CheckpointConfig, purge_job_memory
-from slurm_robust.launcher.auth import ckpt_job_key, client_handshake, ensure_run_secret
+from slurm_robust.launcher.auth import (
+    HANDSHAKE_S,
+    ckpt_job_key,
+    client_handshake,
+    ensure_run_secret,
+)
 from slurm_robust.launcher.classify import classify
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import failover
@@ -46,6 +51,7 @@ from slurm_robust.launcher.diagnose import diagnose
 from slurm_robust.launcher.enums import Category, Role, RunStatus
 from slurm_robust.launcher.errors import RunStopped
 from slurm_robust.launcher.identity import Identity
+from slurm_robust.launcher.limits import raise_nofile_limit
 from slurm_robust.launcher.messages import (
     BadMessage,
     DiagnosisReport,
@@ -67,7 +73,12 @@ from slurm_robust.launcher.paths import (
     node_shm_root,
     progress_dir,
 )
-from slurm_robust.launcher.protocol import Channel, ChannelClosed, host_address
+from slurm_robust.launcher.protocol import (
+    MAX_UNAUTHENTICATED,
+    Channel,
+    ChannelClosed,
+    host_address,
+)
 from slurm_robust.records import write_json_atomic
 from slurm_robust.scriptenv import worker_command
 from slurm_robust.secure_fs import private_dir, relative_parts
@@ -199,14 +210,18 @@ class Agent:
         while True:
             info = self._controller_info()
             if info is not None:
+                wait_s = max(2.0, self.cfg.heartbeat_timeout_s / 2)
                 try:
-                    chan = Channel.connect(info["host"], int(info["port"]),
-                                           max(2.0, self.cfg.heartbeat_timeout_s / 2))
+                    chan = Channel.connect(info["host"], int(info["port"]), wait_s)
                 except OSError:
                     chan = None
                 if chan is not None:
                     try:  # both ends prove they hold the run secret (auth.py)
-                        client_handshake(chan, self.secret)
+                        # A fake controller on a dead one's port gets one deadline and a
+                        # small message bound; whatever it sends, AuthError (an OSError)
+                        # or ChannelClosed: a failed connect, retried.
+                        with chan.bounded(min(HANDSHAKE_S, wait_s), MAX_UNAUTHENTICATED):
+                            client_handshake(chan, self.secret)
                         return chan
                     except (OSError, ChannelClosed) as exc:
                         log.warning("controller at %s:%s failed the handshake: %s",
@@ -465,6 +480,9 @@ def run_agent(cfg: RunConfig) -> dict[str, Any]:
     """
     logging.basicConfig(level=os.environ.get("SLURM_ROBUST_LOG_LEVEL", "INFO").upper(),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # Before any socket or pipe: the controller's connections and the workers' pipes
+    # and pidfds must not hit the common soft limit of 1024 (limits.py).
+    raise_nofile_limit()
     ident = Identity.from_env()
     controller = None
     ntasks = int(os.environ.get("SLURM_NTASKS") or cfg.total_nodes)

@@ -13,6 +13,8 @@ import pickle
 import sys
 from pathlib import Path
 
+from slurm_robust.records import write_bytes_atomic
+
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
@@ -21,9 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     result = fn(*fargs, **fkwargs)
     if os.environ.get("RANK", "0") == "0":
         out = path.with_name("result.pkl")
-        tmp = out.with_name(f".result.{os.getpid()}.tmp")
-        tmp.write_bytes(pickle.dumps(result))
-        os.replace(tmp, out)
+        write_bytes_atomic(out, [pickle.dumps(result)], 0o600)
     return 0
 
 

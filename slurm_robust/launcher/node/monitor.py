@@ -86,7 +86,12 @@ CHECK_CLASS: dict[str, str] = {
 KERNEL_CLASS: dict[KernelEventKind, str] = {
     KernelEventKind.OOM: IncidentClass.CPU_OOM, KernelEventKind.PANIC: IncidentClass.KERNEL_PANIC,
     KernelEventKind.IO_ERROR: IncidentClass.DISK_FAULT,
+    KernelEventKind.GPU_LOST: IncidentClass.GPU_UNAVAILABLE,
+    # A task blocked in D state: often slow storage; a warning, diagnosed, never a panic.
+    KernelEventKind.HUNG_TASK: IncidentClass.JOB_HANG,
 }
+#: Kernel events that are fatal at once (the node cannot go on), Xids aside.
+FATAL_KERNEL = frozenset({KernelEventKind.PANIC, KernelEventKind.GPU_LOST})
 KIND_CHECK = "kernel_log"
 
 
@@ -387,8 +392,7 @@ class NodeMonitor:
             severity, cls = xid_finding([int(event.xid or 0)])
         else:
             cls = KERNEL_CLASS[event.kind]
-            severity = Severity.FATAL if event.kind is KernelEventKind.PANIC \
-                else Severity.WARNING
+            severity = Severity.FATAL if event.kind in FATAL_KERNEL else Severity.WARNING
         what = f"Xid {event.xid}" if event.kind is KernelEventKind.XID else event.kind.value
         evidence: dict[str, Any] = {"seq": event.seq, "line": event.text,
                                     "event": event.kind.value}

@@ -240,10 +240,18 @@ def wait_for_exit(workers: Sequence[Worker], timeout_s: float,
             except ProcessLookupError:
                 return  # gone already
             except (AttributeError, OSError):
-                break  # no pidfds here: the channel alone, or a plain sleep
-        watched = fds + ([wake_fd] if wake_fd is not None else [])
+                # No pidfds here, or no descriptor left (EMFILE): the channel alone, or
+                # a plain sleep; the next report still sees the exit.
+                break
+        watched = fds + ([wake_fd] if wake_fd is not None and wake_fd >= 0 else [])
         if watched:
-            select.select(watched, [], [], timeout_s)
+            # poll(2), not select(2): select refuses descriptors above FD_SETSIZE (1024),
+            # which a busy agent (workers' pipes, the controller's connections) reaches;
+            # and unlike epoll it needs no descriptor of its own, so it works at EMFILE.
+            poller = select.poll()
+            for fd in watched:
+                poller.register(fd, select.POLLIN)
+            poller.poll(max(0.0, timeout_s) * 1000.0)
         else:
             time.sleep(timeout_s)
     finally:

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                    getattr(args, "seed", 0)),
                  nprocs=args.ranks, join=True)
         import torch
-        per_rank = [torch.load(os.path.join(work, f"rank{r}.pt"), weights_only=False)
+        per_rank = [torch.load(os.path.join(work, f"rank{r}.pt"), weights_only=True)
                     for r in range(args.ranks)]
         copy = copy_bandwidth(params, args.checksum)
     finally:

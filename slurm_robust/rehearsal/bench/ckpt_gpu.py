@@ -166,7 +166,7 @@ def nccl_backup(root: str) -> dict[str, Any]:
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as out:
         mp.spawn(_nccl_rank, args=(2, port, root, out), nprocs=2, join=True)
-        ranks = [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False)
+        ranks = [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=True)
                  for r in range(2)]
     return {"ranks": ranks, "ok": all(r["exact"] for r in ranks)
             and ranks[1]["tiers"] == {0: "memory", 1: "peer"}}

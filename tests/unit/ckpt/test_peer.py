@@ -22,7 +22,7 @@ def spawn(cfg: ckpt.CheckpointConfig, nodes: list[str], until: int, crash: bool,
              nprocs=WORLD, join=True)
     if crash:
         return {}
-    return {r: torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)}
+    return {r: torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)}
 
 
 def test_lost_node_restores_from_peer_backup_bit_identical(tmp_path):

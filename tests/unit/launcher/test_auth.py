@@ -9,8 +9,11 @@ import secrets
 import socket
 import stat
 import threading
+import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slurm_robust.launcher.auth import (
     AuthError,
@@ -137,7 +140,7 @@ def test_a_malformed_exit_record_closes_only_that_connection(controller):
     assert controller.recovery.phase == "gather" and controller.connections >= 1
 
 
-def test_strangers_are_refused_by_address_and_by_the_cap(controller):
+def test_strangers_are_refused_by_address_and_the_oldest_gives_way_at_the_cap(controller):
     controller.allowed = {"10.255.255.1"}
     chan = _connect(controller)
     with pytest.raises((ChannelClosed, OSError)):
@@ -146,9 +149,12 @@ def test_strangers_are_refused_by_address_and_by_the_cap(controller):
     controller.max_connections = 1
     first = _connect(controller)
     assert first.recv()["auth"] == "challenge"
+    # At the cap the oldest unauthenticated connection is shut down, not the newcomer:
+    # a stranger cannot keep a slot from an agent that connects after it.
     second = _connect(controller)
+    assert second.recv()["auth"] == "challenge"
     with pytest.raises((ChannelClosed, OSError)):
-        second.recv()
+        first.recv()
 
 
 def test_a_stranger_cannot_make_the_controller_buffer_megabytes(controller):
@@ -157,3 +163,154 @@ def test_a_stranger_cannot_make_the_controller_buffer_megabytes(controller):
     with pytest.raises((ChannelClosed, OSError)):
         chan.sock.sendall(b"x" * 65536)  # no newline: a message that never ends
         chan.recv()
+
+
+# ---------------------------------------------------------------- hostile handshakes
+def _fake_controller(replies: list[bytes]) -> tuple[socket.socket, threading.Thread]:
+    """A listening socket that sends ``replies`` (raw lines) to each client, as a
+    stranger's server on a dead controller's port would."""
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def run() -> None:
+        srv.settimeout(5)
+        try:
+            while True:
+                conn, _ = srv.accept()
+                with conn:
+                    for line in replies:
+                        conn.sendall(line)
+                        try:
+                            conn.recv(4096)
+                        except OSError:
+                            break
+        except OSError:
+            return
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return srv, t
+
+
+def test_a_non_ascii_mac_is_a_refusal_not_a_type_error():
+    k = secrets.token_bytes(32)
+    a, b = socket.socketpair()
+    nonce = "0" * 32
+
+    def client():
+        c = _chan(b)
+        c.recv()
+        c.send({"auth": "response", "nonce": nonce, "mac": "é" * 64})
+
+    t = threading.Thread(target=client)
+    t.start()
+    with pytest.raises(AuthError):
+        server_handshake(_chan(a), k)
+    t.join()
+    a2, b2 = socket.socketpair()
+    b2.sendall(json.dumps({"auth": "challenge", "nonce": nonce}).encode() + b"\n")
+    b2.sendall(json.dumps({"auth": "ok", "mac": "\u2603" * 64}).encode() + b"\n")
+    with pytest.raises(AuthError):
+        client_handshake(_chan(a2), k)
+
+
+def _agent_connect(port: int, timeout_s: float):
+    """The agent's own connect-and-handshake loop against 127.0.0.1:port."""
+    from types import SimpleNamespace
+
+    from slurm_robust.launcher.config import RunConfig
+    from slurm_robust.launcher.node.agent import Agent
+    stub = SimpleNamespace(
+        _controller_info=lambda: {"host": "127.0.0.1", "port": port},
+        cfg=RunConfig(command=("true",), run_dir="/nonexistent", nodes=1,
+                      heartbeat_timeout_s=2.0),
+        secret=secrets.token_bytes(32))
+    return Agent._connect(stub, timeout_s)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("replies", [
+    [b'{"auth":"challenge","nonce":"00000000000000000000000000000000"}\n',
+     '{"auth":"ok","mac":"\u00e9\u00e9"}\n'.encode()],
+    [b'{"auth":"challenge","nonce":"\\ud800"}\n'],
+    [b'{"auth":"challenge","nonce":5}\n'],
+    [b"[" * 3000 + b"\n"],
+    [b"x" * 8192],
+])
+def test_a_fake_controller_costs_the_agent_a_retry_not_its_life(replies):
+    srv, _ = _fake_controller(replies)
+    try:
+        assert _agent_connect(srv.getsockname()[1], 0.5) is None
+    finally:
+        srv.close()
+
+
+@settings(max_examples=150, deadline=None)
+@given(first=st.dictionaries(st.text(max_size=8), st.recursive(
+           st.none() | st.booleans() | st.integers() | st.text(max_size=70),
+           lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=5), kids,
+                                                                     max_size=3),
+           max_leaves=6), max_size=4),
+       mac=st.one_of(st.text(max_size=70), st.integers(), st.none()))
+def test_whatever_a_fake_controller_sends_the_client_raises_only_connection_errors(first, mac):
+    for challenge in (first, {"auth": "challenge", "nonce": "ab" * 16}):
+        a, b = socket.socketpair()
+        with a, b:
+            b.sendall(json.dumps(challenge).encode() + b"\n")
+            b.sendall(json.dumps({"auth": "ok", "mac": mac}).encode() + b"\n")
+            with pytest.raises(OSError):  # AuthError and ChannelClosed are OSErrors
+                client_handshake(_chan(a), secrets.token_bytes(32))
+
+
+def test_deeply_nested_json_closes_the_channel():
+    a, b = socket.socketpair()
+    with a, b:
+        b.sendall(b"[" * 3000 + b"\n")  # under the 4096-byte bound
+        with pytest.raises(ChannelClosed):
+            _chan(a).recv()
+
+
+def test_the_handshake_has_a_total_deadline(controller, monkeypatch):
+    import slurm_robust.launcher.control.controller as ctl_mod
+    monkeypatch.setattr(ctl_mod, "HANDSHAKE_S", 1.0)
+    chan = _connect(controller)
+    assert chan.recv()["auth"] == "challenge"
+    start = time.monotonic()
+    closed_after = None
+    while time.monotonic() - start < 6.0:
+        try:
+            chan.sock.sendall(b" ")  # one byte every 0.3 s: each read is well in time
+            chan.sock.settimeout(0.3)
+            if chan.sock.recv(1) == b"":
+                closed_after = time.monotonic() - start
+                break
+        except TimeoutError:
+            continue
+        except OSError:
+            closed_after = time.monotonic() - start
+            break
+    assert closed_after is not None and closed_after < 3.0
+
+
+def test_unauthenticated_connections_per_address_are_bounded(controller):
+    from slurm_robust.launcher.control.admission import PREAUTH_PER_PEER
+    strangers = [_connect(controller) for _ in range(PREAUTH_PER_PEER + 5)]
+    for s in strangers:
+        try:
+            s.recv()  # the challenge, or a close for the oldest
+        except (ChannelClosed, OSError):
+            pass
+    assert controller.preauth.count("127.0.0.1") <= PREAUTH_PER_PEER
+    closed = 0
+    for s in strangers[:5]:
+        s.sock.settimeout(2)
+        try:
+            closed += s.sock.recv(1) == b""
+        except OSError:
+            closed += 1
+    assert closed == 5  # the oldest gave way
+    # An agent arriving behind the strangers still gets in.
+    chan = _connect(controller)
+    with chan.bounded(5.0, 4096):
+        client_handshake(chan, controller.secret)
+    assert "plan" in chan.request(_report(key=controller.ident.step_key))
+    for s in strangers:
+        s.close()

@@ -104,8 +104,12 @@ def test_the_kernel_log_is_followed(site):
     mon = _monitor(site)
     inject_probe(site, NODE, "kernel_log", [
         "6,1,0,-;booted",
-        "4,2,0,-;python invoked oom-killer: gfp_mask=0x100cca",
-        "3,3,0,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=991, GPU has fallen off the bus."])
+        # Begins with the process name (user text): only the kill line below counts.
+        "4,2,0,-;python invoked oom-killer: gfp_mask=0x100cca(GFP_HIGHUSER_MOVABLE), "
+        "order=0, oom_score_adj=0",
+        "6,3,0,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,"
+        "mems_allowed=0,oom_memcg=/slurm/uid_1000/job_7,task=python,pid=4242,uid=1000",
+        "3,4,0,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=991, GPU has fallen off the bus."])
     found = mon.run_due(2.0)
     assert [(f.evidence["event"], f.severity) for f in found] == [
         ("oom_kill", Severity.WARNING), ("xid", Severity.FATAL)]

@@ -80,3 +80,76 @@ def test_a_worker_counts_as_stepped_on_its_first_step_line_not_on_its_restore(tm
     with open(progress, "a") as fh:
         fh.write('1, "loss": 2.5, "t": 1.0}\n')
     assert [p["step"] for p in wk.read_progress(w)] == [41] and w.stepped
+
+
+# ------------------------------------------------- descriptors above 1024, and none left
+def _high_fd(fd: int, at_least: int = 1500) -> int:
+    """``fd`` duplicated to a number above select()'s FD_SETSIZE (1024)."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= at_least:
+        pytest.skip(f"hard RLIMIT_NOFILE {hard} leaves no descriptor above {at_least}")
+    if soft != resource.RLIM_INFINITY and soft <= at_least:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (at_least + 1, hard))
+    import os
+    return os.dup2(fd, at_least)
+
+
+def test_a_wake_descriptor_above_1024_wakes_the_wait(tmp_path):
+    import os
+    import socket
+    alive = _worker(tmp_path, "import time; time.sleep(60)")
+    a, b = socket.socketpair()
+    high = _high_fd(a.fileno())
+    try:
+        b.sendall(b"\n")  # the controller's wake-up
+        t0 = time.monotonic()
+        wk.wait_for_exit([alive], 30.0, wake_fd=high)
+        assert time.monotonic() - t0 < 10.0
+    finally:
+        os.close(high)
+        a.close()
+        b.close()
+        alive.popen.kill()
+        alive.popen.wait()
+
+
+def test_the_wait_survives_running_out_of_descriptors(tmp_path, monkeypatch):
+    import errno
+    import socket
+
+    def emfile(pid: int) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(wk.os, "pidfd_open", emfile)
+    alive = _worker(tmp_path, "import time; time.sleep(60)")
+    a, b = socket.socketpair()
+    try:
+        b.sendall(b"\n")
+        t0 = time.monotonic()
+        wk.wait_for_exit([alive], 30.0, wake_fd=a.fileno())  # the channel still wakes it
+        assert time.monotonic() - t0 < 10.0
+        t0 = time.monotonic()
+        wk.wait_for_exit([alive], 0.2)  # nothing to watch: a plain sleep, no error
+        assert 0.15 < time.monotonic() - t0 < 5.0
+    finally:
+        a.close()
+        b.close()
+        alive.popen.kill()
+        alive.popen.wait()
+
+
+
+def test_the_open_file_limit_is_raised_to_the_hard_limit():
+    import subprocess
+    code = ("import resource\n"
+            "from slurm_robust.launcher.limits import raise_nofile_limit\n"
+            "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+            "if hard == resource.RLIM_INFINITY or hard < 64: raise SystemExit(3)\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (min(32, hard), hard))\n"
+            "got = raise_nofile_limit()\n"
+            "assert got == (hard, hard) == resource.getrlimit(resource.RLIMIT_NOFILE), got\n")
+    rc = subprocess.run([sys.executable, "-c", code], check=False).returncode
+    if rc == 3:
+        pytest.skip("no finite hard limit above 64 here")
+    assert rc == 0
