@@ -75,6 +75,7 @@ from slurm_robust.ddp import wrap_ddp  # noqa: F401  (re-exported)
 from slurm_robust.launcher.classify import EXIT_NONFINITE, EXIT_SPIKE
 from slurm_robust.launcher.control.events import EventLog
 from slurm_robust.launcher.control.policy import WINDOW, step_anomaly
+from slurm_robust.launcher.worker_signals import DRAIN_FLUSH_S, DRAIN_SIGNAL
 from slurm_robust.stacks.handler import DEFAULT_TEMPLATE, install_stack_dump_handler
 
 POISON_SIGNAL = signal.SIGUSR1
@@ -463,6 +464,8 @@ def init(backend: str | None = None, timeout_s: float = 1800.0) -> RobustRun:
         run._poison = True
 
     signal.signal(POISON_SIGNAL, _poison)
+    if progress:
+        signal.signal(DRAIN_SIGNAL, lambda signum, frame: _drain(run))
     previous_hook = sys.excepthook
 
     def _flush_then_report(*exc_info: Any) -> None:
@@ -477,6 +480,21 @@ def init(backend: str | None = None, timeout_s: float = 1800.0) -> RobustRun:
 
     sys.excepthook = _flush_then_report
     return run
+
+
+def _drain(run: RobustRun) -> None:
+    """The agent ends this generation by choice (worker_signals.py): let the snapshots
+    already taken reach their tiers, then end as SIGTERM would."""
+    if run._mgr is not None:
+        try:
+            run._mgr.flush(timeout=DRAIN_FLUSH_S)
+        except Exception:  # noqa: BLE001 - ending is the point; the restart sees what is whole
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _finite_floats(values: Any) -> list[float]:

@@ -372,10 +372,16 @@ class Plan(Message):
     # update waiting for its step boundary), so that the next plan reaches every agent
     # within it rather than within a heartbeat.
     poll_s: float | None = None
+    # The generation this plan replaces ends by choice (a hot update at a step
+    # boundary): let its workers finish their snapshots for up to this many seconds
+    # before they are stopped (worker_signals.py). None: stop them at once.
+    drain_s: float | None = None
 
     def validate(self, where: str) -> None:
         if self.poll_s is not None and not 0 < self.poll_s <= 60:
             raise BadMessage(f"{where}: poll_s {self.poll_s} is not in (0, 60]")
+        if self.drain_s is not None and not 0 < self.drain_s <= 60:
+            raise BadMessage(f"{where}: drain_s {self.drain_s} is not in (0, 60]")
         if self.role is Role.EXIT:
             return
         if self.gen is None:

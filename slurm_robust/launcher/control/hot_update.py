@@ -34,6 +34,7 @@ from slurm_robust.launcher import versions as vs
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control.events import EventLog, new_incident
 from slurm_robust.launcher.enums import Category, Rung
+from slurm_robust.launcher.worker_signals import DRAIN_S
 from slurm_robust.taxonomy import ROWS, FailureClass, Side, canonical
 
 log = logging.getLogger("slurm_robust.launcher.control.hot_update")
@@ -98,8 +99,13 @@ class HotUpdate:
         # A change is "recorded" for the generations started within its window only: a
         # user error many steps later is the code's, not the change's.
         recent = eff is not None and eff.steps < max(eff.rollback_steps, 1)
-        return {"command": list(self.version.command), "env": dict(self.version.env),
-                "code_version": self.version.number, "code_change": recent}
+        fields = {"command": list(self.version.command), "env": dict(self.version.env),
+                  "code_version": self.version.number, "code_change": recent}
+        if eff is not None and not eff.resumed and eff.mode in ("now", "deadline"):
+            # The generation before this one ends by choice, right after a step: its
+            # workers drain, so that step's snapshot is whole and nothing is redone.
+            fields["drain_s"] = DRAIN_S
+        return fields
 
     # ------------------------------------------------------------------ input
     def poll(self, last_step: int | None, now: float) -> None:
@@ -147,8 +153,9 @@ class HotUpdate:
         req = self.due_request
         if req is None:
             return False
-        # A step boundary: a step finished after the request (its snapshot exists). A
-        # script that reports no steps has no boundary to wait for.
+        # A step boundary: a step finished after the request (the plans ask the workers
+        # to drain, so its snapshot is whole). A script that reports no steps has no
+        # boundary to wait for.
         if reports_steps and (last_step is None or last_step == self.due_after_step):
             return False
         return True

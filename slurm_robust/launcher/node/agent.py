@@ -366,7 +366,7 @@ class Agent:
         self.diagnoses_done[diagnosis_id] = report
 
     def restart(self, plan: Plan) -> None:
-        wk.stop_workers(self.workers, self.cfg.grace_s)
+        wk.stop_workers(self.workers, self.cfg.grace_s, drain_s=plan.drain_s or 0.0)
         self.workers, self.exits = [], []
         self.gen, self.role = int(plan.gen if plan.gen is not None else -1), plan.role
         if self.role is Role.ACTIVE:

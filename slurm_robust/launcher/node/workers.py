@@ -44,6 +44,8 @@ from typing import Any
 
 from slurm_robust.ckpt import CheckpointConfig
 from slurm_robust.launcher.node import zygote
+from slurm_robust.launcher.worker_signals import DRAIN_SIGNAL
+from slurm_robust.stacks import procfs
 
 TAIL_BYTES = 32768
 
@@ -259,11 +261,15 @@ def wait_for_exit(workers: Sequence[Worker], timeout_s: float,
             os.close(fd)
 
 
-def stop_workers(workers: list[Worker], grace_s: float) -> None:
+def stop_workers(workers: list[Worker], grace_s: float, drain_s: float = 0.0) -> None:
     """SIGTERM, wait up to ``grace_s``, then SIGKILL what is left, and reap everything.
 
-    A stopped (SIGSTOP) worker cannot act on SIGTERM; SIGKILL still ends it.
+    A stopped (SIGSTOP) worker cannot act on SIGTERM; SIGKILL still ends it. With
+    ``drain_s`` (a generation that ends by choice) the workers that handle
+    DRAIN_SIGNAL get it first and up to ``drain_s`` to finish their snapshots and end.
     """
+    if drain_s > 0:
+        _drain(workers, drain_s)
     alive = [w for w in workers if w.popen.poll() is None]
     for w in alive:
         _signal(w.popen.pid, signal.SIGTERM)
@@ -283,6 +289,21 @@ def stop_workers(workers: list[Worker], grace_s: float) -> None:
             w.popen.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass  # stuck in the kernel (D state); nothing more a user process can do
+
+
+def _drain(workers: list[Worker], drain_s: float) -> None:
+    """DRAIN_SIGNAL to the workers that handle it (a plain script would ignore it, but
+    one that does not handle it gains nothing from the wait), then wait for their exit."""
+    draining = [w for w in workers if w.popen.poll() is None
+                and procfs.catches_signal(w.popen.pid, DRAIN_SIGNAL)]
+    for w in draining:
+        _signal(w.popen.pid, DRAIN_SIGNAL)
+    deadline = time.time() + drain_s
+    while time.time() < deadline:
+        left = [w for w in draining if w.popen.poll() is None]
+        if not left:
+            return
+        wait_for_exit(left, min(0.05, max(0.0, deadline - time.time())))
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -20,6 +20,7 @@ from slurm_robust.launcher.control.recovery import HURRY_POLL_S, Recovery, Slurm
 from slurm_robust.launcher.enums import Phase, Rung
 from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.submit.update import parse_duration, request_update
+from slurm_robust.launcher.worker_signals import DRAIN_S
 from tests.unit.launcher.test_recovery_owner import Clock, Harness, Member, SlurmRecorder
 
 
@@ -195,6 +196,9 @@ def test_now_restarts_in_place_at_the_next_step_boundary(tmp_path):
     assert cmd is not None and cmd[1].endswith("versions/v1/code/train.py")
     assert h.rec.plan_for(0).code_version == 1 and h.rec.plan_for(0).code_change
     assert h.rec.plan_for(2).command is None  # the parked spare has no workers
+    # the old generation ends by choice: its workers drain (the boundary step's
+    # snapshot must be whole, or the new one redoes it)
+    assert h.rec.plan_for(0).drain_s == DRAIN_S
     h.restored(4)
     h.steps(1)
     assert h.changes() == ["requested", "applied", "resumed"]
@@ -221,6 +225,7 @@ def test_at_next_restart_goes_with_an_in_place_restart(tmp_path):
     assert h.gen() == 2 and h.command()[1].endswith("v1/code/train.py")
     applied = vs.read_changes(h.cfg.run_dir)[-1]
     assert applied["event"] == "applied" and applied["how"] == "restart"
+    assert h.rec.plan_for(0).drain_s is None  # a failure's stop does not drain
 
 
 def test_at_next_restart_is_forced_at_its_deadline(tmp_path):
