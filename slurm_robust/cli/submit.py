@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CPUs for each node's agent and its workers")
     parser.add_argument("--partition", "-p", default=None,
                         help="Slurm partition (default: the cluster's default one)")
-    parser.add_argument("--time", "-t", default="60", help="time limit: minutes or [D-]HH:MM[:SS] (default 60)")
+    parser.add_argument("--time", "-t", default="60",
+                        help="time limit: minutes or [D-]HH:MM[:SS] (default 60)")
     parser.add_argument("--job-name", "-J", default="slurm-robust",
                         help="Slurm job name (default slurm-robust)")
     parser.add_argument("--wait", action="store_true",

@@ -17,7 +17,8 @@ def _children(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPar
     return {}
 
 
-def _walk(parser: argparse.ArgumentParser, name: str) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+def _walk(parser: argparse.ArgumentParser,
+          name: str) -> Iterator[tuple[str, argparse.ArgumentParser]]:
     yield name, parser
     for child, sub in _children(parser).items():
         yield from _walk(sub, f"{name} {child}")
