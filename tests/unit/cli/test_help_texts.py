@@ -29,12 +29,15 @@ def _help(parser: argparse.ArgumentParser, option: str) -> str:
 
 
 def test_every_option_has_a_help_text_and_every_command_a_description() -> None:
+    """...in plain text: the terminal shows a docstring's reST ``markup`` as it is."""
     missing = []
     for name, parser in _walk(build_parser(), "slurm-robust"):
         missing += [f"{name} {a.option_strings[0]}" for a in parser._actions
                     if a.option_strings and not a.help]
         if not parser.description:
             missing.append(f"{name} (no description)")
+        texts = [parser.description or "", *(a.help or "" for a in parser._actions)]
+        missing += [f"{name}: reST markup in {t[:40]!r}..." for t in texts if "``" in t]
     assert not missing, "--help says nothing about:\n" + "\n".join(missing)
 
 
