@@ -420,6 +420,18 @@ def _grid_chunk(intervals: pd.DataFrame, live: pd.DataFrame, counts: np.ndarray,
                          "cumulative_ettr": np.clip(p_t / (t - starts), 0.0, 1.0)})
 
 
+def min_window_ettr(sliding: pd.DataFrame, window_s: float = DEFAULT_WINDOW_S) -> float:
+    """Lowest ETTR of one full window on the grid (NaN if no full window).
+
+    A window that reaches back before its run started is not an hour of that run: the
+    first grid points hold only the start-up, so counting them would make every run's
+    minimum 0."""
+    full = (sliding["time"] - sliding["start"]).to_numpy() >= window_s - 1e-9
+    if not full.any():
+        return float("nan")
+    return float(sliding["window_ettr"].to_numpy()[full].min())
+
+
 def max_unproductive_in_window(sliding: pd.DataFrame,
                                window_s: float = DEFAULT_WINDOW_S) -> float:
     """Most unproductive seconds in one full window on the grid (NaN if no full window)."""

@@ -72,7 +72,7 @@ class Analysis:
             "productive_h": float(self.per_run["productive_s"].sum() / 3600),
             "ettr": ettr.overall_ettr(self.per_run),
             "window_s": self.window_s,
-            "min_window_ettr": _min(self.sliding["window_ettr"]),
+            "min_window_ettr": ettr.min_window_ettr(self.sliding, self.window_s),
             "max_unproductive_s_in_window": ettr.max_unproductive_in_window(
                 self.sliding, self.window_s),
             "steps_kept": int(self.steps["kept_steps"].sum()),
@@ -128,10 +128,6 @@ def _counts(series: pd.Series, order: tuple[str, ...]) -> dict[str, int]:
 
 def _mean(series: pd.Series) -> float:
     return float(series.mean()) if series.notna().any() else float("nan")
-
-
-def _min(series: pd.Series) -> float:
-    return float(series.min()) if len(series) else float("nan")
 
 
 def _json_ready(obj: Any) -> Any:

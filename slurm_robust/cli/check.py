@@ -8,9 +8,13 @@ import os
 import socket
 
 from slurm_robust.health import run_suite
+from slurm_robust.launcher.node.monitor import MonitorSettings
+from slurm_robust.reserve.config import reserve_config
+from slurm_robust.site_config import SiteConfig, load_site_config
 from slurm_robust.slurm import check_node_name
 
-HELP = "run the node self-checks (quick = prolog suite, deep = epilog suite) and journal them"
+HELP = ("run the node self-checks (quick = prolog suite, deep = epilog suite) and journal "
+        "them; the whole site config is checked first")
 STAGE_TO_SUITE = {"prolog": "quick", "epilog": "deep", "all": "all"}
 
 
@@ -28,10 +32,20 @@ def default_node() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
-def run(args: argparse.Namespace) -> int:
+def validate_site_config(site: SiteConfig) -> None:
+    """Check the sections that other programs read later: ``reserve`` (reserve commands,
+    EpilogSlurmctld) and ``monitor`` (every job's agents, at start). A typo there must
+    fail here, on the admin's terminal, and not in the first robust job; ``checks`` is
+    checked by the suite itself. Raises UsageError naming the key and the valid ones."""
+    reserve_config(site)
+    MonitorSettings.from_site(site.monitor)
 
+
+def run(args: argparse.Namespace) -> int:
     node = check_node_name(args.node or default_node())
-    result = run_suite("manual", node, suite=STAGE_TO_SUITE[args.stage],
+    site = load_site_config()
+    validate_site_config(site)
+    result = run_suite("manual", node, config=site, suite=STAGE_TO_SUITE[args.stage],
                        journal=not args.no_journal)
     if args.json:
         print(json.dumps(result.to_dict()))

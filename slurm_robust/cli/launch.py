@@ -13,7 +13,9 @@ HELP = "inside an sbatch script: run the robust agents on this allocation (N + s
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gpus-per-node", type=int, default=None)
+    parser.add_argument("--gpus-per-node", type=int, default=None,
+                        help="GPUs each node of this allocation has (--nproc-per-node's "
+                             "default; none: a CPU run)")
     add_robust_options(parser)
 
 

@@ -36,7 +36,7 @@ class ResumeRefusedError(SlurmRobustError):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     sub.required = True
-    p = sub.add_parser("resume", help=HELP, description=__doc__)
+    p = sub.add_parser("resume", help=HELP, description=(__doc__ or "").replace("``", "`"))
     p.add_argument("node", help="Slurm node name")
     p.add_argument("--force", action="store_true",
                    help="resume an admin's drain (a reason slurm_robust did not write) or "

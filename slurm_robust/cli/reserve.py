@@ -22,7 +22,8 @@ HELP = "size, inspect and reconcile the warm reserve of deep-checked standby nod
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="reserve_action", metavar="ACTION")
     sub.required = True
-    size = sub.add_parser("size", help="spares needed: quantile of Binomial(nodes, p)")
+    size = sub.add_parser("size", help="spares needed: quantile of Binomial(nodes, p)",
+                          description="spares needed: quantile of Binomial(nodes, p)")
     size.add_argument("--nodes", type=int, required=True, help="nodes robust jobs use")
     size.add_argument("--failure-prob", type=float, required=True,
                       help="probability that one node fails within the replacement window")
@@ -35,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                      "the nodes of the largest queued job)"),
                        ("reset", "put the reserve and train partitions back to their "
                                  "slurm.conf members (after handoffs and reconciles)")):
-        p = sub.add_parser(name, help=text)
+        p = sub.add_parser(name, help=text, description=text)
         p.add_argument("--config", help="site config (default $SLURM_ROBUST_CONFIG or "
                                         "/etc/slurm_robust/config.json)")
         p.add_argument("--target", type=int, help="override the reserve target size")

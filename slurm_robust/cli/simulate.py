@@ -30,7 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="reserve target (default: auto, the real sizing)")
     parser.add_argument("--pool", type=int, default=None,
                         help="idle machines besides the reserve (default: 2%% of machines, >= 8)")
-    parser.add_argument("--failure-mix", default="byterobust", metavar="byterobust|FILE")
+    parser.add_argument("--failure-mix", default="byterobust", metavar="byterobust|FILE",
+                        help="failure rates by class: ByteRobust's (default) or a JSON "
+                             "file (docs/SIMULATOR.md)")
     parser.add_argument("--recovery-times", default="byterobust",
                         metavar="byterobust|measured|FILE",
                         help="measured: from runs/*/events.jsonl under --runs-dir")
@@ -39,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the launcher's restart budget (default: its own default)")
     parser.add_argument("--refill-spares", action="store_true",
                         help="refill in-job spares from the reserve (the paper's standby pool)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--sweep", action="store_true",
                         help="also run the what-if sweeps (spares, requeue delay, rungs)")
     parser.add_argument("--sweep-seeds", type=int, default=3,

@@ -28,7 +28,8 @@ HELP = "capture stack dumps of a job's ranks and name the parallel group to evic
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="stacks_command", metavar="ACTION")
     sub.required = True
-    cap = sub.add_parser("capture", help="dump the stacks of every worker and its children")
+    cap = sub.add_parser("capture", help="dump the stacks of every worker and its children",
+                         description="dump the stacks of every worker and its children")
     cap.add_argument("--job", help="job id of a running robust job (its run dir comes from "
                                    "the job comment; remote nodes are reached through srun)")
     cap.add_argument("--run-dir", help="the run directory (agents/<node>.json name the pids)")
@@ -48,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cap.add_argument("--budget-s", type=float, default=10.0,
                      help="wall-time budget per node (default 10)")
     cap.add_argument("--json", action="store_true", help="print the result as JSON")
-    ana = sub.add_parser("analyze", help="group the stacks of a capture and name a group")
+    ana = sub.add_parser("analyze", help="group the stacks of a capture and name a group",
+                         description="group the stacks of a capture and name a group")
     ana.add_argument("dir", help="a capture directory, or a run directory (latest capture)")
     ana.add_argument("--layout", default="",
                      help="tp=..,pp=..,dp=.. in Megatron order (default: data-parallel only)")

@@ -21,12 +21,17 @@ HELP = "submit a robust training run: one agent per node, spares, recovery ladde
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", "-N", type=int, required=True,
                         help="nodes that run workers (spares come on top)")
-    parser.add_argument("--gpus-per-node", type=int, default=None)
+    parser.add_argument("--gpus-per-node", type=int, default=None,
+                        help="GPUs to request on each node (also --nproc-per-node's "
+                             "default; none: a CPU run)")
     parser.add_argument("--cpus-per-task", type=int, default=None,
                         help="CPUs for each node's agent and its workers")
-    parser.add_argument("--partition", "-p", default=None)
-    parser.add_argument("--time", "-t", default="60", help="minutes or [D-]HH:MM[:SS]")
-    parser.add_argument("--job-name", "-J", default="slurm-robust")
+    parser.add_argument("--partition", "-p", default=None,
+                        help="Slurm partition (default: the cluster's default one)")
+    parser.add_argument("--time", "-t", default="60",
+                        help="time limit: minutes or [D-]HH:MM[:SS] (default 60)")
+    parser.add_argument("--job-name", "-J", default="slurm-robust",
+                        help="Slurm job name (default slurm-robust)")
     parser.add_argument("--wait", action="store_true",
                         help="wait for the run to end and print its summary")
     add_robust_options(parser)

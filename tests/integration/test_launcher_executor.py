@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -100,3 +101,57 @@ def test_launch_inside_own_sbatch_script(minicluster):
                  if e["event"] == "run_start")
     assert len(start["nodes"]) == 2 and len(start["spares"]) == 1
     assert start["job_id"] == job and os.path.exists(run_dir / "agents")
+
+
+def test_own_sbatch_script_with_no_kill_survives_a_node_loss_on_its_spare(minicluster):
+    """docs/USER_GUIDE.md: a hand-written batch script for `slurm-robust launch` asks for
+    `--requeue --no-kill`; with them a lost worker node is replaced by the in-job spare."""
+    from cluster_helpers import spare_path_victim
+
+    from slurm_robust.launcher.control.state import load_state
+    from slurm_robust.launcher.paths import RunPaths
+    from slurm_robust.rehearsal.inject.job import revive_node
+
+    run_dir = minicluster.cfg.shared_dir / f"test-launch-nokill-{int(time.time() * 1000)}"
+    script = run_dir.with_suffix(".sbatch")
+    script.write_text("\n".join([
+        "#!/bin/bash", "#SBATCH -N 3", "#SBATCH --requeue", "#SBATCH --no-kill",
+        "#SBATCH -t 10", f"cd {REPO}",
+        f"{sys.executable} -m slurm_robust.cli.main launch --spares 1 --folder {run_dir} "
+        f"--hang-timeout 8 -- {sys.executable} examples/train_gpt.py --steps 60 "
+        "--min-step-time 0.2", ""]))
+    out = subprocess.run(["sbatch", "--parsable", "-o", f"{run_dir}.out", str(script)],
+                         env=minicluster.env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.strip().split(";")[0]
+    paths = RunPaths.of(run_dir)
+    victim = None
+
+    def events(kind: str) -> list[dict]:
+        if not paths.events.exists():
+            return []
+        return [e for e in read_records(paths.events).records if e["event"] == kind]
+
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and not any(e["step"] >= 10 for e in events("step")):
+            time.sleep(0.5)
+        assert any(e["step"] >= 10 for e in events("step")), f"no step 10; see {run_dir}.out"
+        controller = json.loads(paths.controller.read_text())["node"]
+        victim = spare_path_victim(load_state(paths.state), controller)
+        inj = subprocess.run([sys.executable, "-m", "slurm_robust.cli.main", "inject",
+                              "kill-node", "--job", job, "--node", victim, "--json"],
+                             env=minicluster.env, capture_output=True, text=True, timeout=60)
+        assert inj.returncode == 0, inj.stderr
+        deadline = time.time() + 240
+        while time.time() < deadline and not events("run_end"):
+            time.sleep(0.5)
+        ends = events("run_end")
+        assert ends and ends[-1]["status"] == "completed", f"see {run_dir}.out"
+        incidents = events("incident")
+        assert [(i["class"], i["rung"]) for i in incidents] == [("node_lost", "spare")], \
+            incidents
+    finally:
+        subprocess.run(["scancel", job], env=minicluster.env, timeout=30)
+        if victim is not None:
+            revive_node(victim)

@@ -19,6 +19,7 @@ from slurm_robust.errors import UsageError
 from slurm_robust.launcher.config import RunConfig, env_defaults
 from slurm_robust.scriptenv import interpreter_warning
 
+_D = RunConfig  # its class attributes are the defaults the help texts show
 _TIME = re.compile(r"^(?:(?P<d>\d+)-)?(?P<h>\d+):(?P<m>\d+)(?::(?P<s>\d+))?$")
 
 
@@ -42,16 +43,26 @@ def add_robust_options(p: argparse.ArgumentParser) -> None:
                    help="report a step per optimizer.step() of an unmodified Python "
                         "script (hang detection, progress, ETTR; see docs/USER_GUIDE.md)")
     p.add_argument("--hang-timeout", type=float, default=None, metavar="S",
-                   help="hang floor in seconds (hang = no step for max(S, factor x median))")
-    p.add_argument("--hang-factor", type=float, default=None, metavar="M")
+                   help="hang floor in seconds (hang = no step for max(S, factor x median); "
+                        f"default {_D.hang_floor_s:g})")
+    p.add_argument("--hang-factor", type=float, default=None, metavar="M",
+                   help=f"the factor of --hang-timeout (default {_D.hang_factor:g})")
     p.add_argument("--startup-timeout", type=float, default=None, metavar="S",
                    help="longest wait for the first step of a (re)started worker group, "
                         "for scripts that report steps (default 1800); a script that never "
                         "reports a step is never declared hung")
-    p.add_argument("--max-restarts", type=int, default=None)
-    p.add_argument("--local-every", type=int, default=None, metavar="STEPS")
-    p.add_argument("--durable-every", type=int, default=None, metavar="STEPS")
-    p.add_argument("--heartbeat-timeout", type=float, default=None, metavar="S")
+    p.add_argument("--max-restarts", type=int, default=None, metavar="N",
+                   help="restart budget, in-job restarts and Slurm requeues together "
+                        f"(default {_D.max_restarts}; $SLURM_ROBUST_MAX_RESTARTS)")
+    p.add_argument("--local-every", type=int, default=None, metavar="STEPS",
+                   help="checkpoint to node-local disk every STEPS steps (default "
+                        f"{_D.local_every}; 0: never); memory and peer copies are every step")
+    p.add_argument("--durable-every", type=int, default=None, metavar="STEPS",
+                   help="checkpoint to the run directory every STEPS steps (default "
+                        f"{_D.durable_every}; 0: never)")
+    p.add_argument("--heartbeat-timeout", type=float, default=None, metavar="S",
+                   help="an agent silent this long is lost and its node blamed (default "
+                        f"{_D.heartbeat_timeout_s:g})")
     p.add_argument("--fail-slow-interval", type=float, default=None, metavar="S",
                    help="fail-slow detection: seconds per round (default 10; a node "
                         "flagged slowest in 3 of 5 rounds is evicted)")
@@ -65,8 +76,8 @@ def add_robust_options(p: argparse.ArgumentParser) -> None:
                         "data or the model: stop with a verdict (default) or skip that batch")
     p.add_argument("--on-shortfall", choices=("shrink", "stop", "wait"), default=None,
                    help="a requeue the partition and reserve cannot serve (too few nodes "
-                        "off the blamed ones): shrink = requeue with fewer spares if the "
-                        "world fits, else stop (default); stop = stop with a verdict; "
+                        "off the blamed ones): shrink (the default) = requeue with fewer "
+                        "spares if the world fits, else stop; stop = stop with a verdict; "
                         "wait = pend until nodes return")
     p.add_argument("--drain", action="store_true",
                    help="also drain blamed nodes directly (Slurm operators only)")

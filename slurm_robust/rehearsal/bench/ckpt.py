@@ -52,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, help="alternation rounds (first is warm-up)")
     parser.add_argument("--steps", type=int, help="steps per mode per round")
     parser.add_argument("--batch", type=int, help="sequences per rank per step")
-    parser.add_argument("--checksum", default="sum64", choices=("sum64", "crc32"))
+    parser.add_argument("--checksum", default="sum64", choices=("sum64", "crc32"),
+                        help="snapshot checksum (default sum64)")
     parser.add_argument("--workdir", help="scratch directory (default: a temp dir)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the round orders")
 

@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds between scrapes during the rounds (Prometheus: 15 s)")
     parser.add_argument("--recorded", type=int, default=10_000,
                         help="steps recorded before timing scrapes")
-    parser.add_argument("--scrapes", type=int, default=50)
+    parser.add_argument("--scrapes", type=int, default=50,
+                        help="/metrics requests timed (default 50)")
     parser.add_argument("--prom-interval", type=float, default=15.0,
                         help="scrape interval assumed by the accounted overhead")
 

@@ -91,7 +91,8 @@ NOT_MEASURED = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=3, help="worker nodes (default 3)")
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=100,
+                        help="training steps per run (default 100)")
     # Five steps after a save (--save-every 10), so the peers redo 5 steps; and in a
     # running job, not one in its first seconds. The agents refill their zygotes (a new
     # interpreter importing torch) once the first workers have stepped; on a loaded

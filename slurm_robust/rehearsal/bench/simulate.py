@@ -35,7 +35,7 @@ LINEAR_SPREAD_MAX = 3.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
 
 
 def measure(machines: int, days: float, seed: int) -> dict[str, Any]:

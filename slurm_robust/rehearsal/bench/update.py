@@ -49,7 +49,8 @@ CLI = [sys.executable, "-m", "slurm_robust.cli.main"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=3, help="worker nodes (default 3)")
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=100,
+                        help="training steps per run (default 100)")
     # Step 72 (14 s of 0.2 s steps): past the job's start-up. The agents start their
     # pre-started interpreters (torch + torch._dynamo) with the workers, and on a loaded
     # 2-core machine those imports take 8-11 s: a change at step 42 found them still

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,19 @@ def pick_worker(run_dir: str, node: str | None, rank: int | None,
     found = [(n, int(r), int(p)) for n, a in agents.items()
              for r, p in (a.get("workers") or {}).items()]
     if job_id is not None:
+        listed = [f for f in found if (rank is None or f[1] == rank)
+                  and (node is None or f[0] == node)]
         found = [f for f in found if _belongs(f[2], job_id)]
+        if listed and not [f for f in found if f in listed]:
+            # The pids are checked and signalled on this host only: on a cluster of
+            # several hosts the usual cause is running inject away from the worker.
+            where = listed[0][0]
+            raise InjectionError(
+                f"none of the {len(listed)} matching worker(s) listed in {run_dir}/agents is "
+                f"a live process of job {job_id} on this host ({socket.gethostname()}): "
+                "inject signals processes where it runs, so run it on the worker's node "
+                f"(srun --overlap --jobid {job_id} -w {where} slurm-robust inject ...), "
+                "or the workers are restarting: retry in a moment")
     if rank is not None:
         found = [f for f in found if f[1] == rank]
     if node is not None:

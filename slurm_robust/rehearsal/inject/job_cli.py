@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            help="chance per step that the node corrupts a gradient")
             p.add_argument("--bitwise", action="store_true",
                            help="the node also fails the bitwise reference test")
-        p.add_argument("--json", action="store_true")
+        p.add_argument("--json", action="store_true", help="print the result as JSON")
         p.set_defaults(_inject=_run_fault, _fault=fault)
 
 

@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                            help="added delay per packet the node sends, in ms (required "
                                 "unless --clear)")
         p.add_argument("--clear", action="store_true", help="undo the fault on --node")
-        p.add_argument("--json", action="store_true")
+        p.add_argument("--json", action="store_true", help="print the result as JSON")
         p.set_defaults(_inject=_run, _fault=fault)
 
 

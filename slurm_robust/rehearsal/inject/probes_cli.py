@@ -19,10 +19,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                     "Refused unless the site config sets injection_enabled. Probes: "
                     + "; ".join(f"{k}: {v}" for k, v in PROBES.items()))
     p.add_argument("--node", required=True, help="Slurm node name")
-    p.add_argument("--probe", required=True, choices=sorted(PROBES), metavar="PROBE")
+    p.add_argument("--probe", required=True, choices=sorted(PROBES), metavar="PROBE",
+                   help="the probe to override (listed above)")
     p.add_argument("--value", required=True, help='JSON, e.g. \'[{"gpu": 3, "xid": 79}]\'')
     p.set_defaults(_inject=_probe)
-    c = subparsers.add_parser("clear", help="remove injected probe values on a node")
+    c = subparsers.add_parser("clear", help="remove injected probe values on a node",
+                          description="remove injected probe values on a node")
     c.add_argument("--node", required=True, help="Slurm node name")
     c.add_argument("--probe", choices=sorted(PROBES), metavar="PROBE",
                    help="clear only this probe (default: all)")

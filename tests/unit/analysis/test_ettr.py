@@ -113,6 +113,19 @@ def test_window_with_no_work_has_ettr_zero():
     assert an.per_run.iloc[0]["ettr"] == pytest.approx(20 / 7220)
 
 
+def test_min_window_ettr_counts_full_windows_only():
+    # Steady 10-s steps after a 60-s start-up: every full 600-s window is productive, and
+    # only the windows reaching back into the start-up hold less work.
+    records = [ev("run_start", T0), ev("attempt_start", T0 + 60, restored_step=None)]
+    records += [step(T0 + 60 + 10 * k, k) for k in range(1, 361)]
+    records.append(ev("run_end", T0 + 3660, status="completed", step=360))
+    an = analysed(records, window_s=600.0, every_s=60.0)
+    assert an.sliding["window_ettr"].min() == pytest.approx(0.0)   # the start-up alone
+    assert an.headline()["min_window_ettr"] == pytest.approx(540 / 600)
+    short = analysed(records[:20], window_s=600.0)   # 18 steps: no full window
+    assert short.headline()["min_window_ettr"] is None
+
+
 def test_per_rank_records_reduce_to_the_slowest_rank():
     records = [ev("run_start", T0), ev("attempt_start", T0, restored_step=None)]
     records += [step(T0 + 10, 1, dt=8.0, rank=0), step(T0 + 10, 1, dt=10.0, rank=1)]

@@ -55,8 +55,10 @@ def command_lines(doc: Path) -> list[tuple[int, str]]:
         if block.lang not in ("sh", "bash", "console", "shell", ""):
             continue
         joined = block.body.replace("\\\n", " ")
-        out.extend((block.line, line) for line in joined.splitlines()
-                   if "slurm-robust" in line)
+        lines = joined.splitlines()
+        if block.lang == "console":  # commands are the `$ ` lines; the rest is output
+            lines = [line[2:] for line in lines if line.startswith("$ ")]
+        out.extend((block.line, line) for line in lines if "slurm-robust" in line)
     return out
 
 
@@ -113,3 +115,10 @@ def test_the_checker_refuses_what_the_cli_refuses() -> None:
     assert check("slurm-robust cluster up --netns") == []
     assert check("slurm-robust cluster start") == ["`cluster` has no action 'start'"]
     assert check("slurm-robust status RUN --jsn") == ["`status` takes no option --jsn"]
+
+
+def test_console_output_lines_are_not_commands(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text("```console\n$ slurm-robust check --no-journal\n"
+                   "slurm-robust check: error: site config ...\n```\n")
+    assert command_lines(doc) == [(1, "slurm-robust check --no-journal")]
