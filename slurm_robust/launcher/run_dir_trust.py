@@ -126,13 +126,25 @@ def ensure_run_dir(run_dir: str | os.PathLike[str]) -> Path:
 
 
 def ensure_private_subdir(path: str | os.PathLike[str], owner: int | None = None) -> Path:
-    """A directory under the run directory: created 0700 if absent, else verified."""
+    """A directory under the run directory: created 0700 if absent, else verified.
+
+    ``owner``: when root makes it for a user (an admin tool), the new directory is given
+    to that user through a descriptor opened ``O_NOFOLLOW`` (a link swapped in meanwhile
+    is refused, never chown-ed through)."""
     p = Path(path)
+    uid = expected_owner(owner)
     try:
         os.mkdir(p, 0o700)
     except FileExistsError:
         pass
-    check_dir(p, owner)
+    else:
+        if uid != os.geteuid():
+            fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fchown(fd, uid, -1)
+            finally:
+                os.close(fd)
+    check_dir(p, uid)
     return p
 
 
