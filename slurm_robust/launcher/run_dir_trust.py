@@ -38,7 +38,7 @@ from typing import Any
 from slurm_robust.secure_fs import UnsafePathError
 
 #: Directories a run keeps under its run directory that steer what runs.
-TRUSTED_SUBDIRS = ("versions",)
+TRUSTED_SUBDIRS = ("versions", "ckpt")
 #: The largest JSON document read back (a state file with years of signatures is ~1 MB).
 MAX_JSON_BYTES = 64 << 20
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

@@ -78,7 +78,12 @@ from slurm_robust.launcher.protocol import (
     ChannelClosed,
     host_address,
 )
-from slurm_robust.launcher.run_dir_trust import check_run_dir, ensure_run_dir, read_trusted_json
+from slurm_robust.launcher.run_dir_trust import (
+    check_run_dir,
+    ensure_private_subdir,
+    ensure_run_dir,
+    read_trusted_json,
+)
 from slurm_robust.records import write_json_atomic
 from slurm_robust.scriptenv import worker_command
 from slurm_robust.secure_fs import UnsafePathError, private_dir, relative_parts
@@ -110,6 +115,10 @@ class Agent:
         self.plan: Plan | None = None
         # What the run directory holds steers what this agent runs (run_dir_trust.py).
         ensure_run_dir(cfg.run_dir)
+        if cfg.durable_every:
+            # The durable tier's root is this run's alone: 0700, made before any worker
+            # writes there (a root the checkpoint code made would be a sticky 1777 one).
+            ensure_private_subdir(self.paths.durable)
         # The per-run secret (0600 in the run dir): authenticates the control channel
         # and names the checkpoint directories so no other user can pre-empt them.
         self.secret = ensure_run_secret(cfg.run_dir)

@@ -261,3 +261,11 @@ def test_launch_makes_the_run_dir_and_config_private(tmp_path, monkeypatch):
     monkeypatch.setattr(launch_mod, "_tag_job", lambda *a: None)
     launch_mod.launch(RunConfig(command=("true",), run_dir=str(root), nodes=1), "9")
     assert _mode(root) == 0o700 and _mode(root / "config.json") == 0o600
+
+
+def test_a_sticky_world_writable_durable_root_is_refused(tmp_path):
+    # <run_dir>/ckpt used to be made 1777: its squatters could rename our copies.
+    (tmp_path / "ckpt").mkdir()
+    os.chmod(tmp_path / "ckpt", 0o1777)
+    with pytest.raises(UntrustedRunDirError, match="ckpt.*writable by group or others"):
+        check_run_dir(tmp_path)
