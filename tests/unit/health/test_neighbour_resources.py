@@ -125,7 +125,10 @@ def _prolog(site, tmp_path, monkeypatch, injected: dict) -> str:
 
     monkeypatch.setattr(node_program, "drain_for_failure",
                         lambda node, reason: drained.append(reason) or Decision())
-    monkeypatch.setattr(node_program.time, "time", lambda: 1_800_000_000.0 + 5 * 3600)
+    # Five hours after the return (the repeat rule's clock; the global time is left alone).
+    rule = node_program.repeat_offender
+    monkeypatch.setattr(node_program, "repeat_offender",
+                        lambda node, reason: rule(node, reason, now=1_800_000_000.0 + 5 * 3600))
     env = {"SLURMD_NODENAME": "node2", "SLURM_JOB_ID": "4242",
            "SLURM_JOB_UID": str(JOB_UID)}
     assert node_program.main("prolog", env, out=io.StringIO(), err=io.StringIO()) == 1
