@@ -117,3 +117,22 @@ def test_update_as_someone_other_than_the_run_owner_is_refused(tmp_path):
 def test_status_of_a_directory_reads_its_state(tmp_path):
     Path(tmp_path / "events.jsonl").write_text("")
     assert status_mod.run_status(str(tmp_path))["status"] == "pending"
+
+
+@needs_root
+def test_changes_as_root_reads_a_users_run_as_that_users(tmp_path, capsys):
+    import argparse
+
+    from slurm_robust.cli import changes
+    from slurm_robust.launcher import versions as vs
+
+    vdir = tmp_path / "versions"
+    vdir.mkdir(mode=0o700)
+    vs.write_current(tmp_path, 3, [0, 2])
+    for p in (tmp_path, vdir, vdir / "current.json"):
+        os.chown(p, OTHER, -1)
+    assert changes.run(argparse.Namespace(target=str(tmp_path), json=True)) == 0
+    assert json.loads(capsys.readouterr().out)["current_version"] == 3
+    os.chown(vdir / "current.json", 0, -1)  # one file of someone else's in that run
+    with pytest.raises(UntrustedRunDirError):
+        changes.run(argparse.Namespace(target=str(tmp_path), json=True))
