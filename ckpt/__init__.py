@@ -58,9 +58,12 @@ mark, written atomically after the data: a JSON header (format 2: step, rank, wo
 layout, node, job, byte count, checksum, tensor table) with its own CRC32, and the
 non-tensor skeleton as tagged JSON (never pickle: nothing read back is executable).
 ``<job>`` is the job id plus a keyed hash of the run secret (the launcher's
-``job_key``), and every level below a shared root is private (0700, ours), walked with
+``job_key``), or ``<job id>.u<uid>`` outside the launcher (a directory of that name someone
+else made first is refused, naming its owner), and every level below a shared root is
+private (0700, ours), walked with
 O_NOFOLLOW and checked on every use, so other users cannot plant directories, links or
-copies there (slurm_robust.secure_fs). Shared
+copies there (slurm_robust.secure_fs). A durable root that does not exist yet is made
+0700 (it is one user's, e.g. the run directory's ``ckpt/``), not a shared 1777 level. Shared
 memory files outlive a crashed worker (tmpfs); :func:`purge_job_memory` removes them and
 belongs to whoever owns the node's lifetime for the job (the agent, or the epilog).
 

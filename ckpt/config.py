@@ -57,7 +57,8 @@ class CheckpointConfig:
         pin_memory: on CUDA, register the shared-memory buffers as pinned pages.
         job_key: the job's directory name under every tier root: the job id plus a keyed
             hash of the run's secret (the agent derives it), so other users cannot guess
-            or pre-create it; None means the plain job id (a run outside the launcher).
+            or pre-create it; None means ``<job id>.u<uid>`` (a run outside the launcher;
+            see job_dir_name).
     """
 
     shm_root: str = "/dev/shm/slurm_robust"
@@ -132,6 +133,17 @@ def _safe_name(kind: str, value: str) -> str:
     return value
 
 
+def job_dir_name(config: CheckpointConfig, job_id: str) -> str:
+    """The job's directory name under every tier root: ``config.job_key`` when the
+    launcher set one (unguessable), else ``<job_id>.u<uid>``. The uid keeps users apart
+    (a job id is visible to all in squeue) and makes whose directory it is explicit: one
+    pre-created by someone else is refused with UnsafePathError naming its owner (use the
+    launcher, whose keyed name cannot be guessed, where that matters)."""
+    if config.job_key:
+        return _safe_name("job key", config.job_key)
+    return f"{_safe_name('job id', str(job_id))}.u{os.geteuid()}"
+
+
 @dataclass(frozen=True)
 class CkptPaths:
     """Every path of one rank's checkpoints (see the package docstring for the layout)."""
@@ -193,15 +205,17 @@ class CkptPaths:
         return self.durable_dir / f"step{step:010d}" / f"rank{self.rank}"
 
 
-def ensure_dir(path: Path, shared_root: Path) -> None:
+def ensure_dir(path: Path, shared_root: Path, private_root: bool = False) -> None:
     """Create or reuse ``path``: ``shared_root`` (and missing levels above it) is shared
-    (created 1777), every level below it is private to us.
+    (created 1777; 0700 with ``private_root``, the durable tier's), every level below it
+    is private to us.
 
     Levels below the root are walked with O_NOFOLLOW and checked on every call (ours,
     mode 0700): a directory or symlink another user planted raises UnsafePathError
     and is never used.
     """
-    with private_dir(shared_root, relative_parts(path, shared_root), create=True):
+    with private_dir(shared_root, relative_parts(path, shared_root), create=True,
+                     private_root=private_root):
         pass
 
 

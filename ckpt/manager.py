@@ -24,7 +24,7 @@ from slurm_robust.ckpt.blob import (
     read_meta,
     write_file_atomic,
 )
-from slurm_robust.ckpt.config import CheckpointConfig, CkptPaths
+from slurm_robust.ckpt.config import CheckpointConfig, CkptPaths, job_dir_name
 from slurm_robust.ckpt.errors import CheckpointError, PeerBackupError
 from slurm_robust.ckpt.layout import ParallelLayout, backup_sources, pick_peers
 from slurm_robust.ckpt.plan import RestoreResult
@@ -93,7 +93,7 @@ class CheckpointManager:
         if self.layout.world_size != world_size:
             raise CheckpointError(f"layout {self.layout.as_dict()} does not have "
                                   f"{world_size} ranks")
-        self.paths = CkptPaths(config, str(job_id), node, rank)
+        self.paths = CkptPaths(config, job_dir_name(config, str(job_id)), node, rank)
         self.stats = CheckpointStats()
         self.peer: int | None = None
         self.source: int | None = None
@@ -438,8 +438,10 @@ class CheckpointManager:
                                 self.paths.local_shared)
                 prune_local(self.paths, self.config.keep_local)
             else:
+                # A missing durable root is made private: it is one user's (the run
+                # directory's ckpt/), not a shared level like the memory tier's.
                 write_disk_copy(slot.numpy(), meta, self.paths.durable(step),
-                                self.paths.durable_shared)
+                                self.paths.durable_shared, private_root=True)
                 prune_durable(self.paths, self.config.keep_durable)
         self.stats.disk_s += time.perf_counter() - t0
         self.stats.disk_writes += len(tiers)

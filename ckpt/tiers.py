@@ -28,11 +28,13 @@ _STEP_RE = re.compile(r"^step(\d+)$")
 _WRITE_CHUNK = 64 << 20
 
 
-def write_disk_copy(data: np.ndarray, meta: bytes, base: Path, shared_root: Path) -> None:
+def write_disk_copy(data: np.ndarray, meta: bytes, base: Path, shared_root: Path,
+                    private_root: bool = False) -> None:
     """Write a copy to disk: data first (fsync, rename), then the meta completion mark.
 
-    Directories up to ``shared_root`` are created shared (see ``ensure_dir``)."""
-    ensure_dir(base.parent, shared_root)
+    Directories up to ``shared_root`` are created shared, or private with
+    ``private_root`` (see ``ensure_dir``)."""
+    ensure_dir(base.parent, shared_root, private_root)
     view = memoryview(data)
     chunks = [view[i:i + _WRITE_CHUNK] for i in range(0, view.nbytes, _WRITE_CHUNK)]
     write_file_atomic(base.with_name(base.name + DATA_SUFFIX), chunks, durable=True)

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import TextIO
 
 from slurm_robust.errors import SlurmRobustError
+from slurm_robust.health.checks.host import RESOURCE_CHECKS
 from slurm_robust.health.drain import drain_for_failure
 from slurm_robust.health.journal import read_journal
 from slurm_robust.health.suite import job_identity, run_suite
@@ -68,7 +69,10 @@ def main(stage: str, environ: Mapping[str, str], out: TextIO = sys.stdout,
                       "check_errors": [r.reason for r in result.errors]}), file=out)
     if result.passed:
         return EXIT_OK
-    return _drain_and_fail(stage, node, result.reason, err)
+    # A shortfall of disk, memory or /dev/shm alone is drained, but never as a repeat
+    # offender: other users can cause one (the checks warn when they can tell).
+    resource_only = all(f.check in RESOURCE_CHECKS for f in result.failures)
+    return _drain_and_fail(stage, node, result.reason, err, repeatable=not resource_only)
 
 
 def _ensure_verdict_spool(uid: int, err: TextIO) -> None:
@@ -99,9 +103,11 @@ def repeat_offender(node: str, reason: str, now: float | None = None) -> str | N
                                   window_s, reason)
 
 
-def _drain_and_fail(stage: str, node: str, reason: str, err: TextIO) -> int:
+def _drain_and_fail(stage: str, node: str, reason: str, err: TextIO,
+                    repeatable: bool = True) -> int:
     try:
-        reason = repeat_offender(node, reason) or reason
+        if repeatable:
+            reason = repeat_offender(node, reason) or reason
     except SlurmRobustError as exc:
         print(f"slurm_robust {stage}: repeat-offender check skipped: {exc}", file=err)
     print(f"slurm_robust {stage}: {reason}", file=err)

@@ -141,14 +141,16 @@ def read_records(path: str | os.PathLike[str], schema: str | None = None) -> Rea
     return result
 
 
-def write_json_atomic(path: str | os.PathLike[str], obj: Any, mode: int = 0o644) -> None:
+def write_json_atomic(path: str | os.PathLike[str], obj: Any, mode: int = 0o644,
+                      owner: int | None = None) -> None:
     """Write a JSON document atomically (see :func:`write_bytes_atomic`)."""
     data = json.dumps(obj, indent=2, sort_keys=True, default=_json_default).encode()
-    write_bytes_atomic(path, [data], mode)
+    write_bytes_atomic(path, [data], mode, owner=owner)
 
 
 def write_bytes_atomic(path: str | os.PathLike[str], chunks: Iterable[bytes | memoryview],
-                       mode: int = 0o644, durable: bool = True) -> None:
+                       mode: int = 0o644, durable: bool = True,
+                       owner: int | None = None) -> None:
     """Write ``chunks`` to ``path`` atomically: a new temp file in the same directory,
     fsync (when ``durable``), rename over ``path``. The one atomic-write helper.
 
@@ -157,13 +159,17 @@ def write_bytes_atomic(path: str | os.PathLike[str], chunks: Iterable[bytes | me
     user plant a symlink there (the write lands in a file of their choosing) or a FIFO
     (the open blocks forever). With O_EXCL nothing that exists is opened; the rename
     replaces a link at ``path`` itself, never its target. ``mode`` is subject to the
-    umask, as for ``open``.
+    umask, as for ``open``. ``owner``: the uid the file is given (``fchown`` on the temp
+    file, before the rename) when root writes into a user's directory, so the user's
+    readers, which accept only their own files, can read it.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _create_temp(path, mode)
     try:
         try:
+            if owner is not None and owner != os.geteuid():
+                os.fchown(fd, owner, -1)
             for chunk in chunks:
                 view = memoryview(chunk).cast("B")
                 while view.nbytes:

@@ -55,17 +55,20 @@ def _check_shared_root(fd: int, where: str) -> None:
                               "root nor us")
 
 
-def open_shared_root(root: Path, create: bool = True) -> int:
-    """A descriptor of the shared root (created 1777 if absent and ``create``)."""
+def open_shared_root(root: Path, create: bool = True, private: bool = False) -> int:
+    """A descriptor of the shared root (created 1777 if absent and ``create``; 0700 when
+    ``private``: a root only this user's jobs use, such as a run's durable tier)."""
     if create and not root.exists():
         # Missing levels up to the root are shared by every user's jobs: sticky, like
-        # /tmp, so others may add their own entries but not remove ours.
+        # /tmp, so others may add their own entries but not remove ours. A private root
+        # is ours alone: nobody else gets to add or rename anything in it.
         for d in [*reversed(root.parents), root]:
             if d.exists():
                 continue
             try:
                 d.mkdir(mode=0o700)
-                os.chmod(d, 0o1777)
+                if not private:
+                    os.chmod(d, 0o1777)
             except FileExistsError:
                 pass
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -103,13 +106,14 @@ def _open_private_level(parent: int, name: str, where: str, create: bool) -> int
     return fd
 
 
-def open_private_dir(root: Path, parts: Sequence[str], create: bool = True) -> int:
+def open_private_dir(root: Path, parts: Sequence[str], create: bool = True,
+                     private_root: bool = False) -> int:
     """Walk ``root/parts...`` with O_NOFOLLOW; every part is a private 0700 level of ours.
 
     Returns a descriptor of the last level (the caller closes it). Raises
     UnsafePathError for a planted level, FileNotFoundError when absent and not ``create``.
     """
-    fd = open_shared_root(root, create=create)
+    fd = open_shared_root(root, create=create, private=private_root)
     where = str(root)
     try:
         for name in parts:
@@ -124,8 +128,9 @@ def open_private_dir(root: Path, parts: Sequence[str], create: bool = True) -> i
 
 
 @contextlib.contextmanager
-def private_dir(root: Path, parts: Sequence[str], create: bool = True) -> Iterator[int]:
-    fd = open_private_dir(root, parts, create)
+def private_dir(root: Path, parts: Sequence[str], create: bool = True,
+                private_root: bool = False) -> Iterator[int]:
+    fd = open_private_dir(root, parts, create, private_root)
     try:
         yield fd
     finally:

@@ -206,7 +206,7 @@ class RobustRun:
         """A replay's restore: this rank's own copy of the controller's step, no
         collective (the group is not the world the snapshot was taken in)."""
         from slurm_robust import ckpt
-        from slurm_robust.ckpt.config import CkptPaths
+        from slurm_robust.ckpt.config import CkptPaths, job_dir_name
         from slurm_robust.ckpt.layout import ParallelLayout
         from slurm_robust.ckpt.restore import restore_own
 
@@ -214,7 +214,7 @@ class RobustRun:
         if spec.restore_step is None:
             return self._apply_restored(None, None, None, 0.0, model, optimizer, scheduler)
         cfg = ckpt.CheckpointConfig.from_env(peer_backup=False)
-        paths = CkptPaths(cfg, cfg.job_key or self.job_id, self.node, self.global_rank)
+        paths = CkptPaths(cfg, job_dir_name(cfg, self.job_id), self.node, self.global_rank)
         res = restore_own(paths, spec.global_world,
                           ParallelLayout.data_parallel(spec.global_world).as_dict(),
                           cfg.peer_slots, spec.restore_step)

@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 
-from slurm_robust.launcher.submit.status import resolve_run_dir
+from slurm_robust.launcher.submit.status import resolve_run
 from slurm_robust.launcher.versions import read_changes, read_current
 
 HELP = "show a run's code/data change log (versions requested, applied, rolled back)"
@@ -18,9 +18,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    run_dir = resolve_run_dir(args.target)
+    # Verified as the job user's (a job id) or as its owner's (a directory), and read
+    # back only as that owner's files: root may run this on any user's run.
+    run = resolve_run(args.target)
+    run_dir = run.run_dir
     changes = read_changes(run_dir)
-    current = read_current(run_dir)
+    current = read_current(run_dir, run.owner)
     if args.json:
         print(json.dumps({"run_dir": run_dir, "current_version": current["version"],
                           "changes": changes}, indent=2))

@@ -59,6 +59,10 @@ HOST_PROBES: dict[str, str] = {
     "shm_free_bytes": "int: bytes free in the shared-memory filesystem",
     "mem_available_bytes": "int: MemAvailable from /proc/meminfo",
     "processes": 'list of {"pid": int, "uid": int, "comm": str}',
+    "disk_usage_by_uid": "{uid: int} for a path (injected as {path: {uid: int}}): bytes "
+                         "of the files each uid owns under it (one filesystem, links not "
+                         "followed, bounded walk: a lower bound)",
+    "mem_by_uid": "{uid: int}: resident bytes of each uid's processes",
     "mounts": "list of str: mount points",
     "lock_files": 'list of {"path": str, "pid": int|null, "alive": bool, "age_s": float}',
     "kernel_log": 'list of str: kernel-log records as /dev/kmsg gives them '
@@ -212,7 +216,7 @@ class ProbeView:
             raise ValueError(f"{name!r} is not a host or network probe")
         if name in self._p.injected:
             value = self._p.injected[name]
-            if name == "disk_free_bytes" and isinstance(value, dict):
+            if name in ("disk_free_bytes", "disk_usage_by_uid") and isinstance(value, dict):
                 if str(args[0]) in value:
                     self.used_injected = True
                     return value[str(args[0])]
@@ -237,6 +241,53 @@ def _mem_available() -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     raise OSError("MemAvailable not in /proc/meminfo")
+
+
+#: Bounds of the usage walk: a /tmp with millions of files must not stall the prolog.
+USAGE_WALK_ENTRIES = 200_000
+USAGE_WALK_S = 1.0
+
+
+def _disk_usage_by_uid(path: str) -> dict[int, int]:
+    """Bytes allocated to each uid's files under ``path`` (st_blocks, so sparse files
+    count what they hold), on its filesystem only, without following links; the walk
+    stops after USAGE_WALK_ENTRIES entries or USAGE_WALK_S, so it is a lower bound."""
+    out: dict[int, int] = {}
+    dev = os.lstat(path).st_dev
+    stack, seen, deadline = [path], 0, time.monotonic() + USAGE_WALK_S
+    while stack and seen < USAGE_WALK_ENTRIES and time.monotonic() < deadline:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if st.st_dev != dev:
+                continue  # another filesystem mounted below: not this one's space
+            out[st.st_uid] = out.get(st.st_uid, 0) + st.st_blocks * 512
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+    return out
+
+
+def _mem_by_uid() -> dict[int, int]:
+    page = os.sysconf("SC_PAGE_SIZE")
+    out: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            uid = entry.stat().st_uid
+            with open(f"/proc/{entry.name}/statm", "rb") as fh:
+                resident = int(fh.read(256).split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # exited while we looked
+        out[uid] = out.get(uid, 0) + resident * page
+    return out
 
 
 def _processes() -> list[dict[str, Any]]:
@@ -312,6 +363,7 @@ def _kernel_log() -> list[str]:
 _HOST_READERS: dict[str, Any] = {
     "disk_free_bytes": _disk_free, "shm_free_bytes": _shm_free,
     "mem_available_bytes": _mem_available, "processes": _processes, "mounts": _mounts,
+    "disk_usage_by_uid": _disk_usage_by_uid, "mem_by_uid": _mem_by_uid,
     "lock_files": _lock_files, "kernel_log": _kernel_log,
     "ib_ports": netsys.ib_ports, "net_ifaces": netsys.net_ifaces,
 }

@@ -21,11 +21,12 @@ Node-local (under the site's ``shm_root`` for the node)::
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_robust.launcher.run_dir_trust import read_trusted_json, run_dir_owner
+from slurm_robust.secure_fs import UnsafePathError
 from slurm_robust.site_config import CONFIG_ENV, SiteConfig, load_site_config
 
 #: The job's Slurm comment names its run directory (set at submission, or by `launch`).
@@ -97,15 +98,24 @@ class RunPaths:
     def inject(self) -> Path:
         return self.root / "inject"
 
-    def read_agents(self) -> dict[str, dict]:
+    def read_agents(self, owner: int | None = None) -> dict[str, dict]:
         """Every published agent file, by node (unreadable ones are skipped: a file being
-        replaced is retried by the caller's next poll)."""
+        replaced is retried by the caller's next poll). ``owner``: the run's user (default
+        the caller); a file of anyone else, or one others could write, is skipped too:
+        its pids are what `inject` signals. Root reading a directory named to it trusts
+        the directory's owner (run_dir_trust.run_dir_owner)."""
         out: dict[str, dict] = {}
+        try:
+            uid = run_dir_owner(self.root, owner)
+        except OSError:
+            return out
         for path in sorted(self.agents.glob("*.json")):
             try:
-                out[path.stem] = json.loads(path.read_text())
-            except (OSError, ValueError):
+                obj = read_trusted_json(path, uid)
+            except (OSError, ValueError, UnsafePathError):
                 continue
+            if isinstance(obj, dict):
+                out[path.stem] = obj
         return out
 
 

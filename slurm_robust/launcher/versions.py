@@ -43,6 +43,11 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.errors import UsageError
+from slurm_robust.launcher.run_dir_trust import (
+    UntrustedRunDirError,
+    check_dir,
+    read_trusted_json,
+)
 from slurm_robust.records import append_record, read_records, write_json_atomic
 from slurm_robust.scriptenv import is_python
 
@@ -163,10 +168,17 @@ def ensure_versions_dir(run_dir: str | os.PathLike[str]) -> Path:
     except FileExistsError:
         pass
     st = os.lstat(root)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise UsageError(f"{root} is not a private directory of uid {os.getuid()} "
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise UsageError(f"{root} is not a private directory of uid {os.geteuid()} "
                          "(expected mode 0700, not a link); fix or remove it")
     return root
+
+
+def _read_versions_json(path: Path, owner: int | None) -> Any:
+    """A file under ``versions/``: the directory and the file must be the run owner's
+    and writable by nobody else (run_dir_trust.py): they decide what the workers run."""
+    check_dir(path.parent, owner)
+    return read_trusted_json(path, owner)
 
 
 def tree_digest(root: Path) -> str:
@@ -305,14 +317,17 @@ def original_version(command: Sequence[str], env: Mapping[str, str]) -> CodeVers
 
 
 def load_version(run_dir: str | os.PathLike[str], number: int,
-                 command: Sequence[str] = (), env: Mapping[str, str] | None = None
-                 ) -> CodeVersion:
-    """Version ``number`` (0 is built from ``command``/``env``, the run's config)."""
+                 command: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                 owner: int | None = None) -> CodeVersion:
+    """Version ``number`` (0 is built from ``command``/``env``, the run's config).
+
+    Raises UntrustedRunDirError when the record is not the run owner's (``owner``,
+    default the caller) or others could have written it."""
     if number == 0:
         return original_version(command, env or {})
     path = record_path(run_dir, number)
     try:
-        return CodeVersion.from_dict(json.loads(path.read_text()))
+        return CodeVersion.from_dict(_read_versions_json(path, owner))
     except FileNotFoundError as exc:
         raise UsageError(f"version {number} does not exist in {versions_dir(run_dir)}") \
             from exc
@@ -329,10 +344,14 @@ def version_numbers(run_dir: str | os.PathLike[str]) -> list[int]:
     return sorted(out)
 
 
-def read_current(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """``{"version": N, "previous": [..]}`` (version 0 and no history when unset)."""
+def read_current(run_dir: str | os.PathLike[str], owner: int | None = None) -> dict[str, Any]:
+    """``{"version": N, "previous": [..]}`` (version 0 and no history when unset).
+
+    A ``current.json`` someone other than the run's owner could have written raises
+    UntrustedRunDirError: the run must not fall back to another version silently, nor
+    run the one it names."""
     try:
-        raw = json.loads(current_path(run_dir).read_text())
+        raw = _read_versions_json(current_path(run_dir), owner)
     except (FileNotFoundError, ValueError):
         return {"version": 0, "previous": [], "staged": None}
     return {"version": int(raw.get("version", 0)),
@@ -375,11 +394,14 @@ def take_request(run_dir: str | os.PathLike[str]) -> UpdateRequest | str | None:
     request file could not be read (it is removed too, so it cannot block updates)."""
     path = request_path(run_dir)
     try:
-        raw = json.loads(path.read_text())
+        raw = _read_versions_json(path, None)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
-        path.unlink(missing_ok=True)
+    except (OSError, ValueError, UntrustedRunDirError) as exc:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            pass  # in a directory that is not ours: refused again on every poll
         return f"unreadable request: {exc}"
     path.unlink(missing_ok=True)
     try:

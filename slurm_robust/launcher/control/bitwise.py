@@ -51,7 +51,7 @@ def request(run_dir: str | Path, attempt: int, incident: Incident,
     req = BitwiseRequest(f"{incident.incident}-a{attempt}", attempt, incident, now)
     write_json_atomic(nan_dir(run_dir) / BITWISE_FILE,
                       {"v": NAN_FILES_VERSION, "id": req.id, "attempt": attempt,
-                       "time": now}, mode=0o664)
+                       "time": now}, mode=0o600)
     return req
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from slurm_robust.launcher.enums import Category
 from slurm_robust.launcher.messages import Incident
-from slurm_robust.records import EVENT_SCHEMA, EVENT_VERSION, append_record, make_record
+from slurm_robust.records import EVENT_SCHEMA, EVENT_VERSION, append_records, make_record
 
 INCIDENT_FIELDS = ("incident", "category", "class", "fault_time", "detected_at",
                    "localized_at", "recovered_at", "rung", "nodes", "ranks", "last_step",
@@ -44,7 +44,8 @@ class EventLog:
         record = make_record(EVENT_SCHEMA, EVENT_VERSION,
                              {"run_id": self.run_id, "job_id": self.job_id,
                               "attempt": self.attempt, "event": event, **fields}, now)
-        append_record(self.path, record)
+        # 0600: the run's config (its env included) is in run_start.
+        append_records(self.path, [record], mode=0o600)
         return record
 
     def run_start(self, nodes: list[str], spares: list[str], world_size: int,

@@ -244,5 +244,5 @@ def write_skips(run_dir: str | Path, steps: Sequence[int]) -> Path:
     path = nan_dir(run_dir) / SKIP_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, {"v": NAN_FILES_VERSION, "steps": sorted(set(steps)),
-                             "time": time.time()}, mode=0o664)
+                             "time": time.time()}, mode=0o600)
     return path

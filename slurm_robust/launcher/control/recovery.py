@@ -113,6 +113,7 @@ from slurm_robust.launcher.messages import (
     WorkerExit,
 )
 from slurm_robust.launcher.paths import RunPaths
+from slurm_robust.launcher.run_dir_trust import ensure_run_dir
 from slurm_robust.stacks.failslow import FailSlowDecision, FailSlowMonitor
 
 log = logging.getLogger("slurm_robust.launcher.control.recovery")
@@ -164,6 +165,9 @@ class Recovery:
         self.slurm = slurm or SlurmSide(capacity=self._count_capacity)
         self.clock = clock
         self.paths = RunPaths.of(cfg.run_dir)
+        # Every controller start (the first, a successor, a requeue's): the state and
+        # versions it loads decide what the workers run (run_dir_trust.py).
+        ensure_run_dir(self.paths.root)
         self.state: RunState = load_state(self.paths.state)
         self.events = EventLog(self.paths.events, self.state.run_id, ident.job_id,
                                max(self.state.attempt, 0), cfg.step_events_per_s)

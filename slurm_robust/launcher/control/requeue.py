@@ -158,7 +158,7 @@ def requeue_after_controller_loss(cfg: RunConfig, ident: Any, controller_node: s
     paths = RunPaths.of(cfg.run_dir)
     lock = paths.root / f"requeue-{ident.step_key}.lock"
     try:
-        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o664))
+        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
     except FileExistsError:
         return False
     now = time.time()

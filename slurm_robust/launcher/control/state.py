@@ -9,7 +9,6 @@ open by a requeue (closed by the next allocation's controller once a step finish
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from dataclasses import asdict, dataclass, field, fields
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.launcher.messages import Incident
+from slurm_robust.launcher.run_dir_trust import read_trusted_json
 from slurm_robust.records import write_json_atomic
 
 STATE_VERSION = 1
@@ -76,15 +76,17 @@ class RunState:
         return cls(**kw)
 
 
-def load_state(path: str | os.PathLike[str]) -> RunState:
+def load_state(path: str | os.PathLike[str], owner: int | None = None) -> RunState:
     """The saved state, or a fresh one when there is none yet.
 
     A state file that is not valid JSON is an error (never silently reset: the restart
-    budget would start over): raises ValueError naming the file.
+    budget would start over): raises ValueError naming the file. One that is not the
+    run owner's (``owner``, default the caller), a link, or writable by others raises
+    UntrustedRunDirError (run_dir_trust.py).
     """
     p = Path(path)
     try:
-        raw = json.loads(p.read_text())
+        raw = read_trusted_json(p, owner)
     except FileNotFoundError:
         return RunState()
     except ValueError as exc:
@@ -94,7 +96,7 @@ def load_state(path: str | os.PathLike[str]) -> RunState:
 
 
 def save_state(path: str | os.PathLike[str], state: RunState) -> None:
-    write_json_atomic(path, state.to_dict(), mode=0o664)
+    write_json_atomic(path, state.to_dict(), mode=0o600)
     # The rename is durable only once the directory entry is: a successor that takes
     # over after a crash must read this version, not the one before it.
     fd = os.open(Path(path).parent, os.O_RDONLY | os.O_DIRECTORY)

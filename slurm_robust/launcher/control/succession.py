@@ -21,7 +21,6 @@ Called by the agent (node/agent.py) after ``heartbeat_timeout_s`` without an ans
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -34,6 +33,8 @@ from slurm_robust.launcher.control import failover
 from slurm_robust.launcher.control.state import RunState, load_state
 from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.paths import RunPaths
+from slurm_robust.launcher.run_dir_trust import read_trusted_json
+from slurm_robust.secure_fs import UnsafePathError
 from slurm_robust.slurm import Slurm, SlurmCommandError
 from slurm_robust.slurm.runner import RetryPolicy
 
@@ -63,8 +64,8 @@ class Succession:
 def read_controller(paths: RunPaths, step_key: str) -> dict[str, Any] | None:
     """This job step's ``controller.json`` (None: missing, unreadable or stale)."""
     try:
-        info = json.loads(paths.controller.read_text())
-    except (OSError, ValueError):
+        info = read_trusted_json(paths.controller)
+    except (OSError, ValueError, UnsafePathError):  # a planted one is no controller
         return None
     return info if isinstance(info, dict) and info.get("key") == step_key else None
 

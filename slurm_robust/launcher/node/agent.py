@@ -24,7 +24,6 @@ controller in a thread (control/failover.py says where, and why not on the batch
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import sys
@@ -79,9 +78,15 @@ from slurm_robust.launcher.protocol import (
     ChannelClosed,
     host_address,
 )
+from slurm_robust.launcher.run_dir_trust import (
+    check_run_dir,
+    ensure_private_subdir,
+    ensure_run_dir,
+    read_trusted_json,
+)
 from slurm_robust.records import write_json_atomic
 from slurm_robust.scriptenv import worker_command
-from slurm_robust.secure_fs import private_dir, relative_parts
+from slurm_robust.secure_fs import UnsafePathError, private_dir, relative_parts
 from slurm_robust.stacks.capture import CaptureOptions, capture_local
 from slurm_robust.taxonomy import Action, Side
 
@@ -108,6 +113,12 @@ class Agent:
         self.diagnoses_done: dict[str, DiagnosisReport] = {}
         self._diagnosis_threads: dict[str, threading.Thread] = {}
         self.plan: Plan | None = None
+        # What the run directory holds steers what this agent runs (run_dir_trust.py).
+        ensure_run_dir(cfg.run_dir)
+        if cfg.durable_every:
+            # The durable tier's root is this run's alone: 0700, made before any worker
+            # writes there (a root the checkpoint code made would be a sticky 1777 one).
+            ensure_private_subdir(self.paths.durable)
         # The per-run secret (0600 in the run dir): authenticates the control channel
         # and names the checkpoint directories so no other user can pre-empt them.
         self.secret = ensure_run_secret(cfg.run_dir)
@@ -233,10 +244,13 @@ class Agent:
 
     def _controller_info(self) -> dict[str, Any] | None:
         try:
-            info = json.loads(self.paths.controller.read_text())
+            info = read_trusted_json(self.paths.controller)
         except (OSError, ValueError):
             return None
-        if info.get("key") != self.ident.step_key:
+        except UnsafePathError as exc:  # planted: never connected to, never trusted
+            log.warning("agent %s: %s", self.ident.index, exc)
+            return None
+        if not isinstance(info, dict) or info.get("key") != self.ident.step_key:
             return None
         self.term = max(self.term, int(info.get("term") or 0))
         return info
@@ -316,7 +330,7 @@ class Agent:
             "node": self.ident.node, "agent_pid": os.getpid(), "agent": self.ident.index,
             "job_id": self.ident.job_id, "gen": self.gen, "role": self.role,
             "workers": {str(w.rank): w.pid for w in self.workers if w.popen.poll() is None},
-            "time": time.time()}, mode=0o664)
+            "time": time.time()}, mode=0o600)
 
     # ------------------------------------------------------------------ plan
     def apply(self, plan: Plan | None) -> int | None:
@@ -464,8 +478,7 @@ class Agent:
         wk.stop_workers(self.workers, self.cfg.grace_s)
         if got.outcome is Outcome.FINISHED:
             return 0
-        info = json.loads(self.paths.controller.read_text()) if \
-            self.paths.controller.exists() else {}
+        info = self._controller_info() or {}
         requeue_after_controller_loss(self.cfg, self.ident, info.get("node"), why, last_ok)
         return 0
 
@@ -508,8 +521,11 @@ def run_agent(cfg: RunConfig) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """``python -m slurm_robust.launcher.node.agent RUN_DIR/config.json`` (used by `launch`)."""
     args = sys.argv[1:] if argv is None else argv
-    cfg = RunConfig.from_dict(json.loads(Path(args[0]).read_text()))
     try:
+        # The config names the workers' command: only one of ours, in a run directory
+        # no one else can write (run_dir_trust.py).
+        check_run_dir(Path(args[0]).parent)
+        cfg = RunConfig.from_dict(read_trusted_json(args[0]))
         run_agent(cfg)
     except Exception as exc:  # noqa: BLE001 - exit status is what srun sees
         print(f"slurm-robust agent: {exc}", file=sys.stderr)

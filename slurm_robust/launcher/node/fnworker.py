@@ -13,13 +13,16 @@ import pickle
 import sys
 from pathlib import Path
 
+from slurm_robust.launcher.run_dir_trust import check_run_dir, read_trusted_bytes
 from slurm_robust.records import write_bytes_atomic
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     path = Path(args[0])
-    fn, fargs, fkwargs = pickle.loads(path.read_bytes())
+    # Unpickling runs code: only a pickle of ours in a run directory no one else writes.
+    check_run_dir(path.parent)
+    fn, fargs, fkwargs = pickle.loads(read_trusted_bytes(path))
     result = fn(*fargs, **fkwargs)
     if os.environ.get("RANK", "0") == "0":
         out = path.with_name("result.pkl")

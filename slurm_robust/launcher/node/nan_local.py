@@ -22,7 +22,6 @@ Also here, the worker's side of the files the controller and the rehearsal tools
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import zlib
@@ -39,14 +38,17 @@ from slurm_robust.launcher.nan_files import (  # noqa: F401 - the files' names, 
     SKIP_FILE,
     nan_dir,
 )
+from slurm_robust.launcher.run_dir_trust import read_trusted_json
+from slurm_robust.secure_fs import UnsafePathError
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
     """The file's object, or None when absent or unreadable (a rehearsal file being
     replaced, a skip list not written yet): never fatal to a training step."""
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError):
+        # Written by the controller; one not the run's own (planted) is not read.
+        raw = read_trusted_json(path)
+    except (OSError, ValueError, UnsafePathError):
         return None
     return raw if isinstance(raw, dict) else None
 

@@ -130,9 +130,14 @@ def spawn(command: list[str] | tuple[str, ...], env: dict[str, str], rank: int,
                           extra={"zygote": True})
         except (BrokenPipeError, OSError):
             pass  # the zygote died: start the worker the plain way
-    with open(log_path, "ab") as log:
-        popen = subprocess.Popen(list(command), env=env, stdout=log,
+    # 0600, not a link: a worker's output can hold anything the training code prints.
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW |
+                     os.O_CLOEXEC, 0o600)
+    try:
+        popen = subprocess.Popen(list(command), env=env, stdout=log_fd,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    finally:
+        os.close(log_fd)
     return Worker(rank, local_rank, gen, popen, log_path, progress, time.time())
 
 

@@ -48,7 +48,8 @@ def main() -> None:
     if not line:
         raise SystemExit(0)  # the agent closed us without work (shutdown)
     order = json.loads(line)
-    fd = os.open(order["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(order["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
+                 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

@@ -33,7 +33,17 @@ from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.errors import LauncherError, RunStopped
 from slurm_robust.launcher.node.agent import run_agent
 from slurm_robust.launcher.paths import COMMENT_PREFIX, RunPaths, site_config_path
-from slurm_robust.records import EVENT_SCHEMA, read_records, write_json_atomic
+from slurm_robust.launcher.run_dir_trust import (
+    ensure_private_subdir,
+    ensure_run_dir,
+    read_trusted_bytes,
+)
+from slurm_robust.records import (
+    EVENT_SCHEMA,
+    read_records,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 
 
 @dataclass(frozen=True)
@@ -56,11 +66,13 @@ def submit_run(cfg: RunConfig, slurm: SlurmOptions) -> Any:
     import submitit  # function-level: heavy, and only the submitting side needs it
 
     paths = RunPaths.of(cfg.run_dir)
-    paths.root.mkdir(parents=True, exist_ok=True)
-    os.chmod(paths.root, 0o775)
+    # Private (0700), or an existing directory of ours no one else can write: submitit's
+    # pickles and our config in it are what every allocation of the job runs.
+    ensure_run_dir(paths.root)
+    ensure_private_subdir(paths.submitit)
     if not cfg.site_config:
         cfg = dataclasses.replace(cfg, site_config=site_config_path())
-    write_json_atomic(paths.config, cfg.to_dict(), mode=0o664)
+    write_json_atomic(paths.config, cfg.to_dict(), mode=0o600)
     ex = submitit.SlurmExecutor(folder=str(paths.submitit), max_num_timeout=3)
     params: dict[str, Any] = {
         "nodes": cfg.total_nodes, "ntasks_per_node": 1, "time": slurm.time_min,
@@ -117,10 +129,10 @@ class RobustExecutor:
 
         run_dir = self.folder / time.strftime("%Y%m%d-%H%M%S") if \
             (self.folder / "events.jsonl").exists() else self.folder
-        run_dir.mkdir(parents=True, exist_ok=True)
+        ensure_run_dir(run_dir)
         fn_path = run_dir / "function.pkl"
         _pickle_user_module_by_value(fn, cloudpickle)
-        fn_path.write_bytes(cloudpickle.dumps((fn, args, kwargs)))
+        write_bytes_atomic(fn_path, [cloudpickle.dumps((fn, args, kwargs))], mode=0o600)
         p = self._params
         robust = {k: v for k, v in p.items() if k in _ROBUST_KEYS}
         cfg = RunConfig(command=(sys.executable, "-m", "slurm_robust.launcher.node.fnworker",
@@ -175,7 +187,11 @@ class RobustJob:
         if ends and ends[-1].get("status") == "stopped":
             raise RunStopped(ends[-1].get("verdict") or "stopped", self.run_dir)
         result = Path(self.run_dir) / "result.pkl"
-        if not result.exists():
+        try:
+            # Ours, not a link, not writable by others: unpickling runs code.
+            data = read_trusted_bytes(result)
+        except FileNotFoundError:
             raise LauncherError(f"job {self.job_id} ended ({self.state}) without a result; "
-                                f"see {self.run_dir}/events.jsonl and {self.run_dir}/logs")
-        return pickle.loads(result.read_bytes())
+                                f"see {self.run_dir}/events.jsonl and {self.run_dir}/logs"
+                                ) from None
+        return pickle.loads(data)

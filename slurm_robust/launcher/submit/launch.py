@@ -23,6 +23,7 @@ from pathlib import Path
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.paths import COMMENT_PREFIX, RunPaths, site_config_path
+from slurm_robust.launcher.run_dir_trust import ensure_run_dir
 from slurm_robust.records import write_json_atomic
 from slurm_robust.slurm import Slurm, SlurmCommandError
 
@@ -57,10 +58,13 @@ def srun_argv(cfg: RunConfig, config_path: Path) -> list[str]:
 def launch(cfg: RunConfig, job_id: str) -> int:
     """Write the config, tag the job with its run directory, run the agents; srun's code."""
     paths = RunPaths.of(cfg.run_dir)
-    paths.root.mkdir(parents=True, exist_ok=True)
+    # A pre-existing directory (the requeued batch script's, or one someone else made at
+    # the predictable runs/job-<id>) is used only when it is ours and no one else can
+    # write it: its versions and state decide what the workers run (run_dir_trust.py).
+    ensure_run_dir(paths.root)
     if not cfg.site_config:
         cfg = dataclasses.replace(cfg, site_config=site_config_path())
-    write_json_atomic(paths.config, cfg.to_dict(), mode=0o664)
+    write_json_atomic(paths.config, cfg.to_dict(), mode=0o600)
     _tag_job(job_id, cfg.run_dir)
     return subprocess.call(srun_argv(cfg, paths.config))
 

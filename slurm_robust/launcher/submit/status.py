@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pwd
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -9,33 +11,77 @@ from slurm_robust.errors import UsageError
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.messages import Incident
 from slurm_robust.launcher.paths import RunPaths, run_dir_from_comment
+from slurm_robust.launcher.run_dir_trust import check_run_dir, run_dir_owner
 from slurm_robust.records import EVENT_SCHEMA, VERDICT_SCHEMA, read_records
 from slurm_robust.slurm import Slurm
 
 
-def resolve_run_dir(target: str) -> str:
-    """A run directory, or a job id whose comment names one (via the Slurm layer)."""
-    if Path(target).is_dir():
-        return str(Path(target).absolute())
-    if target.isdigit():
-        job = Slurm().job(target)
-        run_dir = run_dir_from_comment(job.comment) if job else None
-        if run_dir:
-            return run_dir
-        raise UsageError(f"job {target} is not a running robust job known to Slurm; "
+@dataclass(frozen=True)
+class RunTarget:
+    """A run directory an admin tool may use, and the uid whose files it accepts there."""
+
+    run_dir: str
+    owner: int
+
+
+def user_uid(user: str, job_id: str) -> int:
+    """The uid of a job's user as Slurm names it (UsageError when this host lacks it)."""
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        if user.isdigit():
+            return int(user)
+        raise UsageError(f"job {job_id}'s user {user!r} is unknown on this host; give "
+                         "the run directory instead") from None
+
+
+def job_run(job_id: str, run_dir: str | None = None, slurm: Slurm | None = None
+            ) -> RunTarget:
+    """Job ``job_id``'s run directory (``run_dir``, or the one its Slurm comment names),
+    verified to be its user's: the comment is the job's own words, so a directory of
+    anyone else (even root's) or one others can write is refused before anything is read
+    or written there (run_dir_trust.py)."""
+    job = (slurm or Slurm()).job(job_id)
+    if job is None:
+        raise UsageError(f"job {job_id} is not a running robust job known to Slurm; "
                          "give its run directory instead")
+    run_dir = run_dir or run_dir_from_comment(job.comment)
+    if not run_dir:
+        raise UsageError(f"job {job_id} has no run directory in its comment (not a "
+                         "robust job?); give its run directory instead")
+    owner = user_uid(job.user, job_id)
+    check_run_dir(run_dir, owner)
+    return RunTarget(str(Path(run_dir).absolute()), owner)
+
+
+def resolve_run(target: str, slurm: Slurm | None = None) -> RunTarget:
+    """A run directory, or a job id whose comment names one (via the Slurm layer), with
+    the owner its files must have: the job's user for a job id; for a directory, the
+    caller (root: the directory's owner, run_dir_trust.run_dir_owner)."""
+    if Path(target).is_dir():
+        owner = run_dir_owner(target)
+        check_run_dir(target, owner)
+        return RunTarget(str(Path(target).absolute()), owner)
+    if target.isdigit():
+        return job_run(target, slurm=slurm)
     raise UsageError(f"{target!r} is neither a run directory nor a job id")
 
 
+def resolve_run_dir(target: str) -> str:
+    """:func:`resolve_run`'s directory (verified the same way)."""
+    return resolve_run(target).run_dir
+
+
 def run_status(target: str) -> dict[str, Any]:
-    run_dir = resolve_run_dir(target)
+    run = resolve_run(target)
+    run_dir = run.run_dir
     paths = RunPaths.of(run_dir)
     read = read_records(paths.events, EVENT_SCHEMA)
     events = read.records
     if not events:
         return {"run_dir": run_dir, "status": "pending", "events": 0,
                 "malformed_lines": read.malformed}
-    state = load_state(paths.state)
+    state = load_state(paths.state, run.owner)
     start = next((e for e in events if e["event"] == "run_start"), {})
     steps = [e for e in events if e["event"] == "step"]
     ends = [e for e in events if e["event"] == "run_end"]

@@ -10,7 +10,7 @@ same trust boundary as the controller's authenticated channel.
 
 from __future__ import annotations
 
-import json
+import os
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +21,7 @@ from slurm_robust.errors import UsageError
 from slurm_robust.launcher import versions as vs
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.paths import RunPaths
+from slurm_robust.launcher.run_dir_trust import check_run_dir, read_trusted_json
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -53,9 +54,11 @@ def check_running(run_dir: str, job_running: Callable[[str], bool] = slurm_job_r
     if state.finished:
         raise UsageError(f"run {run_dir} is not running (it ended: {state.finished})")
     try:
-        info = json.loads(paths.controller.read_text())
+        info = read_trusted_json(paths.controller)
     except (OSError, ValueError) as exc:
         raise UsageError(f"run {run_dir} is not running (no controller yet)") from exc
+    if not isinstance(info, dict):
+        raise UsageError(f"run {run_dir}: {paths.controller} is not a JSON object")
     job_id = str(info.get("key", "")).split(".")[0]
     if not job_id or not job_running(job_id):
         raise UsageError(f"run {run_dir} is not running (job {job_id or '?'} is not "
@@ -79,6 +82,13 @@ def request_update(run_dir: str, *, code: str | None = None, git: str | None = N
     if rollback_steps < 0:
         raise UsageError(f"--rollback-steps {rollback_steps}: use >= 0")
     env_delta = vs.parse_env(env)
+    owner = os.stat(run_dir).st_uid
+    if owner != os.geteuid():
+        # The versions made here are code the job's user runs: they must be that
+        # user's files (the controller refuses anyone else's), made by that user.
+        raise UsageError(f"run {run_dir} belongs to uid {owner}: run `slurm-robust update` "
+                         "as that user (e.g. `runuser -u USER -- slurm-robust update ...`)")
+    check_run_dir(run_dir)
     check_running(run_dir, job_running)
     vs.ensure_versions_dir(run_dir)
     with vs.UpdateLock(run_dir):
@@ -99,7 +109,7 @@ def request_update(run_dir: str, *, code: str | None = None, git: str | None = N
                                     "who": req.who, "message": message}, now)
             vs.put_request(run_dir, req)
             return rec
-        cfg = json.loads(RunPaths.of(run_dir).config.read_text())
+        cfg = read_trusted_json(RunPaths.of(run_dir).config)
         base = vs.load_version(run_dir, current["version"], cfg["command"], cfg.get("env"))
         number = max([0, *vs.version_numbers(run_dir)]) + 1
         ver = vs.make_version(run_dir, base, code=code, git=git, args=args, env=env_delta,

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from slurm_robust.ckpt.config import CheckpointConfig, purge_job_memory
+from slurm_robust.ckpt.config import CheckpointConfig, job_dir_name, purge_job_memory
 from slurm_robust.ckpt.manager import CheckpointManager
 from slurm_robust.ckpt.state import capture_state
 from slurm_robust.rehearsal.bench.gpu_paths import run_all as gpu_paths
@@ -86,7 +86,7 @@ def single_gpu(steps: int, layers: int, root: str) -> dict[str, Any]:
             torch.cuda.synchronize()
             times[mode].append((time.perf_counter() - t0) / steps)
     mgr1.close()
-    purge_job_memory(ck1, "gpucheck1t")
+    purge_job_memory(ck1, job_dir_name(ck1, "gpucheck1t"))
     # The torn-copy check: snapshot, wait, mutate at once, then compare what was saved.
     expected = [p.detach().cpu().clone() for p in model.parameters()]
     mgr.snapshot(step + 1, capture_state(model, opt, None, data_position=0))
@@ -106,7 +106,7 @@ def single_gpu(steps: int, layers: int, root: str) -> dict[str, Any]:
                                                              strict=True)]
               for mode in ("snapshot", "snapshot_1thread")}
     stats = mgr.stats
-    purge_job_memory(ck, "gpucheck")
+    purge_job_memory(ck, job_dir_name(ck, "gpucheck"))
     return {
         "device": torch.cuda.get_device_name(dev), "n_params": n_params(model),
         "state_bytes": stats.state_bytes, "pinned": pinned, "restore_bit_exact": exact,
@@ -140,7 +140,7 @@ def _nccl_rank(rank: int, world: int, port: int, root: str, out: str) -> None:
     mgr.close()
     dist.barrier()
     if rank == 0:  # rank 1's node is lost: only rank 0's backup of it survives
-        purge_job_memory(ck, "ncclcheck", nodes[1])
+        purge_job_memory(ck, job_dir_name(ck, "ncclcheck"), nodes[1])
     dist.barrier()
     mgr = CheckpointManager(ck, rank, world, nodes[rank], "ncclcheck", rank_nodes=nodes)
     res = mgr.restore()

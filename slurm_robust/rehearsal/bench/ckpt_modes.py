@@ -15,7 +15,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from slurm_robust.ckpt.blob import checksum
-from slurm_robust.ckpt.config import CheckpointConfig, purge_job_memory
+from slurm_robust.ckpt.config import CheckpointConfig, job_dir_name, purge_job_memory
 from slurm_robust.ckpt.manager import CheckpointManager, CheckpointStats
 from slurm_robust.ckpt.state import capture_state
 from slurm_robust.rehearsal.workloads.gpt import GPT, GPTConfig, n_params
@@ -175,7 +175,7 @@ def copy_bandwidth(params: dict[str, Any], algo: str, repeats: int = 5) -> dict[
             del dst
     finally:
         mgr.close()
-        purge_job_memory(cfg, job)
+        purge_job_memory(cfg, job_dir_name(cfg, job))
     snap = nbytes / statistics.median(copy_s) / 1e9
     mem = nbytes / statistics.median(memcpy_s) / 1e9
     return {"bytes": nbytes, "tensors": len(mgr._spec_objs), "snapshot_GBps": snap,

@@ -36,7 +36,8 @@ from slurm_robust.cluster.config import ClusterConfig
 from slurm_robust.cluster.manager import MiniCluster
 from slurm_robust.launcher.errors import InjectionError
 from slurm_robust.launcher.paths import CLUSTER_DIR_ENV, RunPaths, load_site
-from slurm_robust.launcher.submit.status import resolve_run_dir
+from slurm_robust.launcher.run_dir_trust import ensure_private_subdir
+from slurm_robust.launcher.submit.status import job_run
 from slurm_robust.records import write_json_atomic
 from slurm_robust.slurm import Slurm, SlurmCommandError
 from slurm_robust.stacks import procfs
@@ -45,11 +46,12 @@ FAULTS = ("kill-worker", "stop-worker", "nan", "kill-node", "slow-worker", "sdc"
 
 
 def pick_worker(run_dir: str, node: str | None, rank: int | None,
-                job_id: str | None = None) -> tuple[str, int, int]:
+                job_id: str | None = None, owner: int | None = None) -> tuple[str, int, int]:
     """(node, rank, pid) of the worker to hit: the given rank and/or node, else the
     highest rank. Only live processes of ``job_id`` count (the agent file of a lost
-    node still lists its dead workers)."""
-    agents = RunPaths.of(run_dir).read_agents()
+    node still lists its dead workers), and only agent files of ``owner``, the job's
+    user (RunPaths.read_agents)."""
+    agents = RunPaths.of(run_dir).read_agents(owner)
     found = [(n, int(r), int(p)) for n, a in agents.items()
              for r, p in (a.get("workers") or {}).items()]
     if job_id is not None:
@@ -99,7 +101,10 @@ def inject(fault: str, job_id: str, node: str | None = None, rank: int | None = 
     """Inject ``fault`` into job ``job_id``; returns what was done (also recorded)."""
     if fault not in FAULTS:
         raise InjectionError(f"unknown fault {fault!r}; choose from {', '.join(FAULTS)}")
-    run_dir = run_dir or resolve_run_dir(job_id)
+    # The job's own user must own the directory its comment (or --run-dir) names: the
+    # comment is the job's words, and this runs as root (status.job_run).
+    run = job_run(job_id, run_dir)
+    run_dir, owner = run.run_dir, run.owner
     now = time.time()
     if fault == "sdc" or (fault == "nan" and mode == "data"):  # NaN ladder
         from slurm_robust.rehearsal.inject import nan_faults
@@ -110,18 +115,19 @@ def inject(fault: str, job_id: str, node: str | None = None, rank: int | None = 
         if fault == "sdc":
             if node is None:
                 raise InjectionError("sdc needs --node")
-            extra = nan_faults.inject_sdc(job_id, run_dir, node, probability, bitwise, mine)
+            extra = nan_faults.inject_sdc(job_id, run_dir, node, probability, bitwise, mine,
+                                           owner)
         else:
-            wnode, wrank, _ = pick_worker(run_dir, node, rank, job_id)
-            extra = nan_faults.inject_data_nan(job_id, run_dir, wrank, wnode, mine)
+            wnode, wrank, _ = pick_worker(run_dir, node, rank, job_id, owner)
+            extra = nan_faults.inject_data_nan(job_id, run_dir, wrank, wnode, mine, owner)
         record = {"fault": fault, "job_id": job_id, "time": now, **extra}
     elif fault == "kill-node":
         if node is None:
-            node, _, _ = pick_worker(run_dir, None, rank, job_id)
+            node, _, _ = pick_worker(run_dir, None, rank, job_id, owner)
         record = {"fault": fault, "job_id": job_id, "node": node, "time": now,
                   **kill_node(job_id, node)}
     else:
-        wnode, wrank, pid = pick_worker(run_dir, node, rank, job_id)
+        wnode, wrank, pid = pick_worker(run_dir, node, rank, job_id, owner)
         check_pid(pid, job_id)
         # Stamped at the signal, not before the lookup above (tens of ms of /proc reads
         # on a busy node): the benchmarks time the recovery from it.
@@ -142,9 +148,11 @@ def inject(fault: str, job_id: str, node: str | None = None, rank: int | None = 
                                      f"0.002..duration ({duration_s} s)")
             record.update(duration_s=duration_s, period_s=period_s)
             slow_down(pid, duration_s, period_s)
-    out = RunPaths.of(run_dir).inject / f"{time.strftime('%H%M%S')}-{int(now * 1000) % 1000:03d}" \
+    # Written as the job's user's files, without following links (records.py).
+    inject_dir = ensure_private_subdir(RunPaths.of(run_dir).inject, owner)
+    out = inject_dir / f"{time.strftime('%H%M%S')}-{int(now * 1000) % 1000:03d}" \
         f"-{fault}.json"
-    write_json_atomic(out, record, mode=0o664)
+    write_json_atomic(out, record, mode=0o600, owner=owner)
     return record
 
 

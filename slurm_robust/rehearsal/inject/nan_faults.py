@@ -29,6 +29,7 @@ from slurm_robust.launcher.node.nan_local import (
     nan_dir,
 )
 from slurm_robust.launcher.paths import RunPaths
+from slurm_robust.launcher.run_dir_trust import ensure_private_subdir
 from slurm_robust.launcher.submit.status import run_status
 from slurm_robust.records import write_json_atomic
 from slurm_robust.stacks import procfs
@@ -39,8 +40,8 @@ AHEAD_STEPS = 5
 
 
 def _signal_workers(run_dir: str, job_id: str, node: str | None, rank: int | None,
-                    pick: Any) -> list[tuple[str, int, int]]:
-    agents = RunPaths.of(run_dir).read_agents()
+                    pick: Any, owner: int | None = None) -> list[tuple[str, int, int]]:
+    agents = RunPaths.of(run_dir).read_agents(owner)
     hit = []
     for n, a in agents.items():
         for r, p in (a.get("workers") or {}).items():
@@ -58,27 +59,34 @@ def _signal_workers(run_dir: str, job_id: str, node: str | None, rank: int | Non
     return hit
 
 
+def _write(run_dir: str, name: str, record: dict[str, Any], owner: int | None) -> None:
+    # The workers read only their own user's files (nan_local.read_json): root writes
+    # these as the job's user's, without following links.
+    ensure_private_subdir(nan_dir(run_dir), owner)
+    write_json_atomic(nan_dir(run_dir) / name, record, mode=0o600, owner=owner)
+
+
 def inject_data_nan(job_id: str, run_dir: str, rank: int, node: str | None,
-                    pick: Any) -> dict[str, Any]:
+                    pick: Any, owner: int | None = None) -> dict[str, Any]:
     step = (run_status(run_dir).get("step") or 0) + AHEAD_STEPS
     now = time.time()
     record = {"v": NAN_FILES_VERSION, "id": f"data-{now:.3f}", "rank": rank, "step": step,
               "time": now}
-    write_json_atomic(nan_dir(run_dir) / POISON_FILE, record, mode=0o664)
-    hit = _signal_workers(run_dir, job_id, node, rank, pick)
+    _write(run_dir, POISON_FILE, record, owner)
+    hit = _signal_workers(run_dir, job_id, node, rank, pick, owner)
     return {"mode": "data", "node": hit[0][0], "rank": rank, "pid": hit[0][2],
             "poison_step": step}
 
 
 def inject_sdc(job_id: str, run_dir: str, node: str, probability: float, bitwise: bool,
-               pick: Any) -> dict[str, Any]:
+               pick: Any, owner: int | None = None) -> dict[str, Any]:
     if not 0 < probability <= 1:
         raise InjectionError(f"sdc: probability {probability} must be in (0, 1]")
     now = time.time()
     record = {"v": NAN_FILES_VERSION, "id": f"sdc-{now:.3f}", "node": node,
               "probability": probability, "seed": int(now * 1000) % 100_000,
               "bitwise": bitwise, "time": now}
-    write_json_atomic(nan_dir(run_dir) / SDC_FILE, record, mode=0o664)
-    hit = _signal_workers(run_dir, job_id, node, None, pick)
+    _write(run_dir, SDC_FILE, record, owner)
+    hit = _signal_workers(run_dir, job_id, node, None, pick, owner)
     return {"node": node, "ranks": sorted(r for _, r, _ in hit),
             "probability": probability, "bitwise": bitwise}

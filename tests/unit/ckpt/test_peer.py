@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from tests.unit.ckpt.helpers import dist_worker, free_port, reference_params
 
 WORLD = 4
 JOB = "job42"
+#: The directory a job outside the launcher gets (ckpt.config.job_dir_name).
+JOB_DIR = f"{JOB}.u{os.geteuid()}"
 
 
 def spawn(cfg: ckpt.CheckpointConfig, nodes: list[str], until: int, crash: bool,
@@ -33,7 +36,7 @@ def test_lost_node_restores_from_peer_backup_bit_identical(tmp_path):
     # Phase 1: train to step 5 and die without closing.
     spawn(cfg, ["nodeA", "nodeA", "nodeB", "nodeB"], crash_at, crash=True, out=tmp_path)
     # nodeB is lost: its shared memory and its local disk are gone.
-    ckpt.purge_job_memory(cfg, JOB, "nodeB")
+    ckpt.purge_job_memory(cfg, JOB_DIR, "nodeB")
     shutil.rmtree(tmp_path / "local" / "nodeB")
     # Phase 2: ranks 2 and 3 come back on a replacement node.
     out = spawn(cfg, ["nodeA", "nodeA", "nodeC", "nodeC"], steps, crash=False, out=tmp_path)
@@ -46,5 +49,5 @@ def test_lost_node_restores_from_peer_backup_bit_identical(tmp_path):
         ref = reference_params(rank, steps)
         assert all(torch.equal(a, b) for a, b in zip(res["params"], ref, strict=True)), rank
     # The backups themselves sit on the other node, under the holder's paths.
-    backup = read_meta(tmp_path / "shm" / JOB / "nodeA" / "rank0" / "backup0")[0]
+    backup = read_meta(tmp_path / "shm" / JOB_DIR / "nodeA" / "rank0" / "backup0")[0]
     assert (backup["rank"], backup["step"]) == (2, steps)

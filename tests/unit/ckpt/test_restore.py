@@ -16,6 +16,8 @@ from tests.unit.ckpt.helpers import make_trainer, params, reference_params, resu
 
 STEPS = 12
 RANK = 0
+#: The directory a job outside the launcher gets (ckpt.config.job_dir_name).
+JOB_DIR = f"job7.u{os.geteuid()}"
 
 
 def config(tmp_path: Path, **kw: object) -> ckpt.CheckpointConfig:
@@ -106,7 +108,7 @@ def test_snapshot_after_wait_is_not_torn_by_the_next_optimizer_step(tmp_path):
 def test_corrupt_newest_memory_copy_is_skipped(tmp_path, reference, disk, expected):
     cfg = config(tmp_path) if disk else config(tmp_path, local_every=0, durable_every=0)
     run_until(cfg, 8)
-    slot = max((tmp_path / "shm/job7/nodeA/rank0").glob("slot*.meta"),
+    slot = max((tmp_path / "shm" / JOB_DIR / "nodeA/rank0").glob("slot*.meta"),
                key=lambda p: read_meta(p.with_suffix(""))[0]["step"])
     data = slot.with_suffix(".data")
     raw = bytearray(data.read_bytes())
@@ -120,7 +122,7 @@ def test_corrupt_newest_memory_copy_is_skipped(tmp_path, reference, disk, expect
 def test_torn_copy_without_completion_mark_is_never_loaded(tmp_path, reference):
     cfg = config(tmp_path)
     run_until(cfg, 6)
-    for meta in (tmp_path / "shm/job7/nodeA/rank0").glob("slot*.meta"):
+    for meta in (tmp_path / "shm" / JOB_DIR / "nodeA/rank0").glob("slot*.meta"):
         header, _ = read_meta(meta.with_suffix(""))
         if header["step"] == 6:
             meta.unlink()  # a crash between the data copy and the completion mark
@@ -132,14 +134,14 @@ def test_torn_copy_without_completion_mark_is_never_loaded(tmp_path, reference):
 def test_lost_memory_falls_back_to_local_then_durable(tmp_path, reference):
     cfg = config(tmp_path)
     run_until(cfg, 10)
-    ckpt.purge_job_memory(cfg, "job7", "nodeA")
+    ckpt.purge_job_memory(cfg, JOB_DIR, "nodeA")
     result, final = finish(cfg)
     assert (result.step, result.tiers) == (9, {0: "local"})
     assert_same(final, reference)
 
     cfg2 = config(tmp_path / "second")
     run_until(cfg2, 10)
-    ckpt.purge_job_memory(cfg2, "job7")
+    ckpt.purge_job_memory(cfg2, JOB_DIR)
     shutil.rmtree(tmp_path / "second" / "local" / "nodeA")  # the node and its disk are gone
     result, final = finish(cfg2, node="nodeB")
     assert (result.step, result.tiers) == (8, {0: "durable"})
@@ -149,8 +151,8 @@ def test_lost_memory_falls_back_to_local_then_durable(tmp_path, reference):
 def test_corrupt_disk_copy_falls_back_to_an_older_valid_step(tmp_path, reference):
     cfg = config(tmp_path, durable_root=None, durable_every=0)
     run_until(cfg, 7)
-    ckpt.purge_job_memory(cfg, "job7")
-    newest = tmp_path / "local/nodeA/job7/rank0/step0000000006.data"
+    ckpt.purge_job_memory(cfg, JOB_DIR)
+    newest = tmp_path / "local/nodeA" / JOB_DIR / "rank0/step0000000006.data"
     with open(newest, "r+b") as fh:
         fh.seek(100)
         fh.write(b"\xff\xfe")
@@ -162,7 +164,7 @@ def test_corrupt_disk_copy_falls_back_to_an_older_valid_step(tmp_path, reference
 def test_no_valid_step_is_a_clear_error(tmp_path):
     cfg = config(tmp_path, local_every=0, durable_every=0)
     run_until(cfg, 2)
-    for data in (tmp_path / "shm/job7/nodeA/rank0").glob("slot*.data"):
+    for data in (tmp_path / "shm" / JOB_DIR / "nodeA/rank0").glob("slot*.data"):
         data.write_bytes(b"\0" * data.stat().st_size)
     with pytest.raises(ckpt.NoValidCheckpointError, match="no step has a valid checkpoint"):
         manager(cfg).restore()
@@ -192,7 +194,7 @@ def test_restore_own_loads_this_ranks_copy_of_a_given_step_without_a_collective(
 
     cfg = config(tmp_path)
     run_until(cfg, 6)
-    paths = CkptPaths(cfg, "job7", "nodeA", RANK)
+    paths = CkptPaths(cfg, JOB_DIR, "nodeA", RANK)
     layout = ParallelLayout.data_parallel(1).as_dict()
     res = restore_own(paths, 1, layout, cfg.peer_slots, 5)  # the older memory slot
     assert res.step == 5 and res.tiers == {RANK: "memory"}

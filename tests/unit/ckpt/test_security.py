@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import stat
 import struct
 import zlib
 
@@ -25,6 +26,7 @@ JOB = "42.secretkey"
 def _cfg(tmp_path, **kw):
     kw.setdefault("local_every", 1)
     kw.setdefault("keep_local", 3)
+    kw.setdefault("job_key", JOB)  # the launcher's keyed directory name
     return ckpt.CheckpointConfig(shm_root=str(tmp_path / "shm"),
                                  local_root=str(tmp_path / "local"), peer_backup=False,
                                  pin_memory=False, **kw)
@@ -196,3 +198,37 @@ def test_fuzzed_copies_restore_the_right_state_or_are_skipped(tmp_path):
             pytest.fail(f"trial {trial}: restore raised {exc!r}")
         assert res.step in (1, 2, 3), trial
         assert _same(res.state, _state(res.step)), trial
+
+
+def test_outside_the_launcher_the_job_directory_carries_the_uid(tmp_path):
+    # A squatter who pre-creates the plain job id's directory is simply not in the way.
+    cfg = _cfg(tmp_path, job_key=None)
+    shm = tmp_path / "shm"
+    shm.mkdir(mode=0o755)
+    os.chmod(shm, 0o1777)
+    (shm / "77").mkdir(mode=0o700)
+    os.chown(shm / "77", NOBODY, NOBODY)
+    _snapshot_steps(cfg, [1], job="77")
+    mine = shm / f"77.u{os.geteuid()}"
+    assert mine.is_dir() and os.stat(mine).st_uid == os.geteuid()
+    assert _restore(cfg, job="77").step == 1
+
+
+def test_a_squatted_uid_directory_is_refused_naming_its_owner(tmp_path):
+    cfg = _cfg(tmp_path, job_key=None)
+    shm = tmp_path / "shm"
+    shm.mkdir(mode=0o755)
+    os.chmod(shm, 0o1777)
+    squat = shm / f"78.u{os.geteuid()}"
+    squat.mkdir(mode=0o700)
+    os.chown(squat, NOBODY, NOBODY)
+    with pytest.raises(UnsafePathError, match=f"owned by uid {NOBODY}.*created it first"):
+        _snapshot_steps(cfg, [1], job="78")
+
+
+def test_a_missing_durable_root_is_made_private(tmp_path):
+    durable = tmp_path / "run" / "ckpt"
+    cfg = _cfg(tmp_path, local_every=0, durable_root=str(durable), durable_every=1)
+    _snapshot_steps(cfg, [1])
+    assert stat.S_IMODE(os.stat(durable).st_mode) == 0o700
+    assert _restore(cfg).step == 1
