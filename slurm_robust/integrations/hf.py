@@ -33,7 +33,9 @@ What it does, through :mod:`slurm_robust.train` (a no-op outside the launcher):
   (:func:`slurm_robust.ddp.fix_buckets`): DDP would otherwise rebuild its buckets after
   the first step of every process, and a restarted process would sum that step in
   another order (three or more ranks). The callback gets the unwrapped model only, so it
-  finds the wrapper with a global forward pre-hook removed after that first call.
+  finds the wrapper with a global forward pre-hook removed after that first call. (With
+  ``ddp_find_unused_parameters=True``, the Trainer's default unless activation
+  checkpointing is on, DDP never rebuilds and there is nothing to fix.)
 
 Per-step losses need ``logging_steps=1`` (the loss is the Trainer's logged mean over the
 ranks; a step that is not logged is reported without a loss, which hang detection and
