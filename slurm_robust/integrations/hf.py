@@ -33,9 +33,9 @@ What it does, through :mod:`slurm_robust.train` (a no-op outside the launcher):
   (:func:`slurm_robust.ddp.fix_buckets`): DDP would otherwise rebuild its buckets after
   the first step of every process, and a restarted process would sum that step in
   another order (three or more ranks). The callback gets the unwrapped model only, so it
-  finds the wrapper with a global forward pre-hook removed after that first call. (With
-  ``ddp_find_unused_parameters=True``, the Trainer's default unless activation
-  checkpointing is on, DDP never rebuilds and there is nothing to fix.)
+  finds the wrapper with a global forward pre-hook, removed at the first forward with
+  gradients. (With ``ddp_find_unused_parameters=True``, the Trainer's default unless
+  activation checkpointing is on, DDP never rebuilds and there is nothing to fix.)
 
 Per-step losses need ``logging_steps=1`` (the loss is the Trainer's logged mean over the
 ranks; a step that is not logged is reported without a loss, which hang detection and
@@ -233,6 +233,8 @@ class RobustCallback(TrainerCallback):
             return
 
         def first_forward(module: Any, inputs: Any) -> None:
+            if not torch.is_grad_enabled():
+                return  # an evaluation (eval_on_start): DDP rebuilds only when training
             # The outermost module's hook runs first: the Trainer's wrapper, or the model
             # itself when nothing wraps it (FSDP, DeepSpeed: no DDP buckets to fix).
             self._remove_hook()

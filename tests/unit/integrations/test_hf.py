@@ -40,27 +40,30 @@ class Pairs(torch.utils.data.Dataset):
 
 
 class Regression(torch.nn.Module):
-    """Raises in the forward of step ``crash_at + 1`` (a worker dying mid-step)."""
+    """Raises in the first forward of step ``crash_at + 1`` (a worker dying mid-step);
+    ``accum``: micro-batches a step."""
 
-    def __init__(self, crash_at: int | None = None) -> None:
+    def __init__(self, crash_at: int | None = None, accum: int = 1) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
                                        torch.nn.Dropout(0.2), torch.nn.Linear(16, 1))
-        self.crash_at, self.calls = crash_at, 0
+        self.crash_at, self.accum, self.calls = crash_at, accum, 0
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
         self.calls += 1
-        if self.crash_at is not None and self.calls == self.crash_at + 1:
+        if self.crash_at is not None and self.calls == self.crash_at * self.accum + 1:
             raise RuntimeError(f"deliberate crash after step {self.crash_at}")
         return {"loss": torch.nn.functional.mse_loss(self.net(x), labels)}
 
 
 def fit(tmp_path: Any, crash_at: int | None = None,
-        callback: RobustCallback | None = None, robust: bool = True) -> Regression:
-    model = Regression(crash_at)
+        callback: RobustCallback | None = None, robust: bool = True,
+        accum: int = 1, steps: int = STEPS) -> Regression:
+    model = Regression(crash_at, accum)
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"), max_steps=STEPS, per_device_train_batch_size=BATCH,
+        output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=BATCH,
+        gradient_accumulation_steps=accum,
         learning_rate=1e-2, lr_scheduler_type="linear", warmup_steps=3, logging_steps=1,
         save_strategy="no", report_to=[], use_cpu=True, seed=0, disable_tqdm=True,
         dataloader_num_workers=0)
@@ -128,6 +131,20 @@ def test_a_crashed_run_resumes_bit_identical(monkeypatch, tmp_path, clean_state,
                for i in reported), reported
     final = [i for i in items if i["kind"] == "final"]
     assert final[-1]["step"] == STEPS and final[-1]["params_sha256"]
+
+
+def test_gradient_accumulation_resumes_bit_identical(monkeypatch, tmp_path):
+    """Two micro-batches a step: 4 steps an epoch; step 6 is 4 batches into epoch 1."""
+    robust_env(monkeypatch, tmp_path, "clean-accum")
+    clean = fit(tmp_path, accum=2, steps=10)
+    progress = robust_env(monkeypatch, tmp_path, "crash-accum")
+    crashed = RobustCallback()
+    with pytest.raises(RuntimeError, match="deliberate crash"):
+        fit(tmp_path, crash_at=6, callback=crashed, accum=2, steps=10)
+    crashed.run._mgr.flush(timeout=10.0)
+    assert_same_params(clean, fit(tmp_path, accum=2, steps=10))
+    steps = [i["step"] for i in lines(progress) if i["kind"] == "step"]
+    assert steps == list(range(1, 11)), steps
 
 
 def test_the_first_loss_after_a_restore_is_the_steps_own(monkeypatch, tmp_path, clean_state):
