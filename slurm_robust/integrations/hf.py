@@ -42,9 +42,9 @@ ranks; a step that is not logged is reported without a loss, which hang detectio
 progress still use). The data order must be a function of the seed and the epoch, as it
 is with the Trainer's default seedable sampler (accelerate's ``use_seedable_sampler``).
 
-Limits: the skipped batches are still read (as accelerate's ``skip_batches`` does), so a
-restore late in a long run reads that much data again without training on it; the
-Trainer warns once for each epoch skipped whole ("There seems not to be a single sample
+Limits: the training dataset needs a length (map-style, not an IterableDataset); the
+skipped batches are still read (as accelerate's ``skip_batches`` does), so a restore late
+in a long run reads that much data again without training on it; the Trainer warns once for each epoch skipped whole ("There seems not to be a single sample
 in your epoch_iterator"), which the callback answers by keeping training going. With
 ``gradient_accumulation_steps > 1`` an epoch's batch count must be a multiple of it for
 a mid-epoch restore (the Trainer would otherwise not step on the epoch's last, partial
@@ -124,7 +124,12 @@ class RobustCallback(TrainerCallback):
 
     def _plan_skip(self, args: Any, state: Any, loader: Any) -> None:
         """Which batches the Trainer's loop, restarted at epoch 0, must not train on."""
-        per_epoch = len(loader)
+        try:
+            per_epoch = len(loader)
+        except TypeError as exc:
+            raise TypeError("RobustCallback resumes at a batch of an epoch, so it needs a "
+                            "training dataset with a length (a map-style Dataset, not an "
+                            "IterableDataset)") from exc
         accum = args.gradient_accumulation_steps
         updates = per_epoch // accum + int(per_epoch % accum > 0)
         epochs, update_in_epoch = divmod(state.global_step, updates)
