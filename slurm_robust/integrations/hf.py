@@ -44,8 +44,9 @@ is with the Trainer's default seedable sampler (accelerate's ``use_seedable_samp
 
 Limits: the training dataset needs a length (map-style, not an IterableDataset); the
 skipped batches are still read (as accelerate's ``skip_batches`` does), so a restore late
-in a long run reads that much data again without training on it; the Trainer warns once for each epoch skipped whole ("There seems not to be a single sample
-in your epoch_iterator"), which the callback answers by keeping training going. With
+in a long run reads that much data again without training on it; the Trainer warns
+once for each epoch skipped whole ("There seems not to be a single sample in your
+epoch_iterator"), which the callback answers by keeping training going. With
 ``gradient_accumulation_steps > 1`` an epoch's batch count must be a multiple of it for
 a mid-epoch restore (the Trainer would otherwise not step on the epoch's last, partial
 accumulation). ``log_history`` is not snapshotted (it grows with every log); the first
