@@ -18,7 +18,7 @@ $(PY):
 venv: $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_PIN)"
-	$(PY) -m pip install -q -e '.[test,lightning]'
+	$(PY) -m pip install -q -e '.[test,lightning,hf]'
 
 packages: venv
 	$(CLI) cluster packages

@@ -2,4 +2,6 @@
 
 - ``slurm_robust.integrations.lightning``: a PyTorch Lightning ``Callback``
   (``pip install slurm-robust[lightning]``).
+- ``slurm_robust.integrations.hf``: a transformers ``TrainerCallback``
+  (``pip install slurm-robust[hf]``).
 """
