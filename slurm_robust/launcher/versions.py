@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from slurm_robust.errors import UsageError
 from slurm_robust.records import append_record, read_records, write_json_atomic
@@ -329,7 +329,16 @@ def version_numbers(run_dir: str | os.PathLike[str]) -> list[int]:
     return sorted(out)
 
 
-def read_current(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+class Current(TypedDict):
+    """``versions/current.json``: the version running, what it can roll back to (newest
+    last), and a staged ``--at-next-restart`` request (an UpdateRequest's dict)."""
+
+    version: int
+    previous: list[int]
+    staged: Any
+
+
+def read_current(run_dir: str | os.PathLike[str]) -> Current:
     """``{"version": N, "previous": [..]}`` (version 0 and no history when unset)."""
     try:
         raw = json.loads(current_path(run_dir).read_text())

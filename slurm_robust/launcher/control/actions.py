@@ -7,11 +7,12 @@ without changing anything (a failure settling, a capture or a diagnosis in progr
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from slurm_robust.launcher.control.generation import Failure, Generation, PendingDiagnosis
 from slurm_robust.launcher.control.ladder import Decision
+from slurm_robust.launcher.control.monitor import IdleHang
 from slurm_robust.launcher.control.stop_diagnosis import Conclusion
 from slurm_robust.launcher.messages import Incident
 
@@ -60,7 +61,7 @@ class Capture:
     evidence of an idle hang (None: no step for too long)."""
 
     gen: Generation
-    signal: Mapping[str, object] | None = None
+    signal: IdleHang | None = None
 
 
 @dataclass(frozen=True)

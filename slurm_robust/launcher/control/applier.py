@@ -485,7 +485,7 @@ class Applier:
         """A hang: ask every active agent for a stack dump before anything is killed."""
         gen = c.gen
         if c.signal is not None:
-            gen.hang_signal = dict(c.signal)
+            gen.hang_signal = c.signal
         gen.capture = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now))}-g{gen.number}"
         gen.capture_deadline = now + CAPTURE_BUDGET_S
         gen.hang_detected = now

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from slurm_robust.ckpt.config import TIERS
 from slurm_robust.launcher.control.failover import Takeover
+from slurm_robust.launcher.control.monitor import IdleHang
 from slurm_robust.launcher.messages import Incident, Progress, WorkerExit
 
 
@@ -73,7 +74,7 @@ class Generation:
     hang_detected: float | None = None
     # The monitor's implicit-hang evidence (idle GPUs, silent RDMA ports), when it was
     # the monitor and not a missing step report that declared the hang.
-    hang_signal: dict[str, Any] | None = None
+    hang_signal: IdleHang | None = None
     capture_deadline: float = 0.0
     announced: bool = False
     diagnosis: PendingDiagnosis | None = None

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from slurm_robust.launcher import versions as vs
 from slurm_robust.launcher.config import RunConfig
@@ -44,6 +44,16 @@ POLL_S = 0.1
 #: Failure classes that, soon after a change, are the change's fault (user side).
 _ROLLBACK_EXTRA = frozenset({FailureClass.NAN, FailureClass.LOSS_SPIKE,
                              FailureClass.CODE_DATA_CHANGE})
+
+
+class CodeFields(TypedDict, total=False):
+    """The code fields of every active plan (messages.Plan): the version's command and
+    environment, its number, and whether a change is recorded for this generation."""
+
+    command: list[str]
+    env: dict[str, str]
+    code_version: int
+    code_change: bool
 
 
 @dataclass
@@ -88,7 +98,7 @@ class HotUpdate:
         return vs.load_version(self.run_dir, number, self.cfg.command, self.cfg.env)
 
     # ------------------------------------------------------------------ plans
-    def plan_fields(self) -> dict[str, Any]:
+    def plan_fields(self) -> CodeFields:
         """What every active plan carries: the version's command and environment
         (version 0: nothing, the agents run the config's), and whether a change is
         recorded for this generation (the classifier's ``change_recorded``)."""
