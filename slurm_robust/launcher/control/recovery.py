@@ -308,7 +308,7 @@ class Recovery:
                 gen.bitwise[rank] = str(item.extra.get("digest"))
         elif item.kind is ProgressKind.STEP and item.step is not None:
             step = item.step
-            busy = failslow.busy_of({"busy_s": item.busy_s})
+            busy = failslow.busy_of(item.busy_s)
             mon = self.watch.failslow
             if busy is not None and mon is not None and 0 <= rank < self.cfg.world_size:
                 mon.record(rank, busy, now)
