@@ -2,7 +2,8 @@
 an agent.
 
 :class:`Generation` is the running generation's record (slots, progress, failures, a
-pending capture or diagnosis); recovery.py owns it and its detectors read it.
+pending capture or diagnosis); the applier (applier.py) starts it, the recovery owner
+records reports into it and the detectors read it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """The controller's side of hot update and rollback.
 
-:class:`HotUpdate` lives inside the recovery owner (recovery.py calls it at four small
-hooks) and owns which code version the workers run:
+:class:`HotUpdate` is a collaborator of the recovery owner (a detector asks whether an
+update is due, the applier takes the plans' code fields from it, and its listener in
+listeners.py follows restarts, decisions and steps) and owns which code version the
+workers run:
 
 - it polls ``versions/request.json`` (made by ``slurm-robust update``, see versions.py);
 - ``--now`` and ``--rollback`` become *due* once a step has finished after the request

@@ -28,7 +28,7 @@ A replay that gets CLEAN_STEPS past the NaN's step closes the episode
 (:meth:`NanLadder.on_step`); a NaN before that, elsewhere, is the same one moving. The
 open episode and the skipped batches are part of ``state.json``, so a requeued
 allocation's controller (or a failover successor) goes on from the same rung.
-Pure but for :func:`write_skips`; recovery.py applies the decisions.
+Pure but for :func:`write_skips`; nan_recovery.py applies the decisions.
 """
 
 from __future__ import annotations

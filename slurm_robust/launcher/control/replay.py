@@ -13,8 +13,8 @@ TP inside a node); with m x n = the node count, m the largest divisor not above 
 square root. Four nodes make a 2 x 2 grid (two replays of two groups of two nodes);
 a prime count makes one row (the whole job, a plain replay) and single-node columns.
 
-Pure: recovery.py runs the replays (each one a generation whose plans give every group
-its own world, ``Recovery._replay_plans``) and hands the outcomes back here.
+Pure: nan_recovery.py runs the replays (each one a generation whose plans give every
+group its own world, ``plans.replay_plans``) and hands the outcomes back here.
 """
 
 from __future__ import annotations
