@@ -15,7 +15,7 @@ from pathlib import Path
 import slurm_robust.launcher
 
 LAUNCHER = Path(slurm_robust.launcher.__file__).parent
-CEILING = 75
+CEILING = 73
 PATTERN = re.compile(r"dict\[str, Any\]")
 
 
