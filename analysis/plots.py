@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from slurm_robust.analysis.taxonomy import CATEGORIES, RUNGS
+from slurm_robust.vocabulary import Rung
 
 if TYPE_CHECKING:
     from slurm_robust.analysis.pipeline import Analysis
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 MAX_RUNS_DRAWN = 8
 MAX_POINTS = 50_000
 CATEGORY_COLOURS = {"explicit": "tab:red", "implicit": "tab:orange", "manual": "tab:blue"}
-RUNG_MARKERS = {"in_place": "o", "spare": "s", "requeue": "^", "stop": "X"}
+RUNG_MARKERS = {Rung.IN_PLACE: "o", Rung.SPARE: "s", Rung.REQUEUE: "^", Rung.STOP: "X"}
 
 
 def _pyplot() -> Any:

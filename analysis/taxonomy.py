@@ -11,17 +11,14 @@ record whose class is unknown or whose category contradicts its class is unread 
 from __future__ import annotations
 
 from slurm_robust.taxonomy import CATEGORIES, CLASS_CATEGORY, CLASSES, TABLE, canonical
+from slurm_robust.vocabulary import HEALTH_STATUSES, RUN_STATUSES, RUNGS
 
 TAXONOMY: dict[str, tuple[str, ...]] = {
     cat: tuple(row.cls.value for row in TABLE if row.category.value == cat)
     for cat in CATEGORIES}
 
-# The recovery ladder, cheapest first: restart in place, swap in a spare, requeue, stop
-# (docs/ARCHITECTURE.md, "Recovery ladder").
-RUNGS: tuple[str, ...] = ("in_place", "spare", "requeue", "stop")
-
-RUN_STATUSES: tuple[str, ...] = ("completed", "stopped", "failed")
-HEALTH_STATUSES: tuple[str, ...] = ("ok", "warn", "fail", "skip", "error")
+# The recovery ladder (cheapest first), a run's end and a health check's verdict are the
+# shared vocabulary's (slurm_robust/vocabulary.py), the words the records use.
 
 __all__ = ["CATEGORIES", "CLASSES", "CLASS_CATEGORY", "HEALTH_STATUSES", "RUNGS",
            "RUN_STATUSES", "TAXONOMY", "read_class"]

@@ -23,12 +23,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from slurm_robust.errors import UsageError
 from slurm_robust.health.errors import NoNVMLError, NVMLHungError
 from slurm_robust.health.probes import ProbeView
+from slurm_robust.vocabulary import HealthStatus
 
 log = logging.getLogger("slurm_robust.health")
 
@@ -43,20 +43,9 @@ DEEP_ONLY = (DEEP,)
 COMMON_PARAMS = ("enabled", "budget_s", "skip_stages")
 
 
-class Status(StrEnum):
-    """A check's verdict. ``warn`` and ``skip`` pass; only ``fail`` drains.
-
-    ``error``: the check program itself raised (a bug, or input it could not parse,
-    such as a hostile process name). It is logged, journaled and counted, but it is not
-    evidence against the node, so it never drains by itself: otherwise any user who can
-    make a check crash could drain every node.
-    """
-
-    OK = "ok"
-    WARN = "warn"
-    FAIL = "fail"
-    SKIP = "skip"
-    ERROR = "error"
+#: A check's verdict (``warn`` and ``skip`` pass; only ``fail`` drains; ``error`` is the
+#: check's own failure, never evidence against the node): the shared vocabulary's.
+Status = HealthStatus
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,8 @@ through the code.
   step for max(floor, m x median step time); stacks are captured with
   slurm_robust.stacks before anything is killed), NaN/Inf and 5x spikes (checked in the
   worker by slurm_robust.train, which exits 87/88 without snapshotting the bad state).
-- The ladder (control/ladder.py, pure; applied by the recovery owner,
-  control/recovery.py): in-place restart from the
+- The ladder (control/ladder.py, pure; applied by the recovery owner's applier,
+  control/applier.py): in-place restart from the
   shared-memory snapshots -> spare node (verdict for the bad node; its ranks restore from
   peer backups) -> ``scontrol requeue`` + StartTime=now + ExcNodeList (no spare left, or
   the controller's node lost: the surviving agents requeue) -> stop with a verdict

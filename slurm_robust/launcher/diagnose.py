@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypedDict
 
 from slurm_robust.health.framework import QUICK, CheckContext, CheckResult, Status, run_check
 from slurm_robust.health.journal import journal_path, make_records, write_run
@@ -35,7 +35,7 @@ from slurm_robust.site_config import SiteConfig, load_site_config
 #: agent process on shared cores measured 0.18 GFLOP/s on a healthy mini-cluster node, so
 #: its throughput floor would blame healthy nodes (the GPU floor stays: the GPUs are idle
 #: once the failed generation's workers are stopped).
-SELF_TEST: dict[str, dict[str, Any]] = {
+SELF_TEST: dict[str, dict[str, float]] = {
     "deep_matmul": {"cpu_n": 128, "gpu_n": 2048, "min_gflops": 0.0},
     "deep_membw": {"mib": 32},
 }
@@ -48,6 +48,24 @@ class NextStep(StrEnum):
     EVICT = "evict"            # the node failed its checks
     REATTEMPT = "reattempt"    # the node passed: restart in place on it
     STOP_USER = "stop_user"    # passed before, and the same signature came back
+
+
+class FailedCheck(TypedDict):
+    check: str
+    reason: str
+    evidence: dict[str, object]
+
+
+class DiagnosisEvidence(TypedDict):
+    """What a verdict or an incident records about one diagnosis."""
+
+    node: str
+    passed: bool
+    complete: bool
+    elapsed_s: float
+    budget_s: float
+    failed: list[FailedCheck]
+    ran: list[str]
 
 
 @dataclass(frozen=True)
@@ -70,7 +88,7 @@ class Diagnosis:
         """One line for a verdict: the first failing check and its evidence."""
         return failure_reason("diagnosis", self.failures)
 
-    def evidence(self) -> dict[str, Any]:
+    def evidence(self) -> DiagnosisEvidence:
         """What a verdict or an incident records about the diagnosis."""
         return {"node": self.node, "passed": self.passed, "complete": self.complete,
                 "elapsed_s": round(self.elapsed_s, 3), "budget_s": self.budget_s,

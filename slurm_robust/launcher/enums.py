@@ -1,9 +1,10 @@
-"""The launcher's closed vocabularies, as ``StrEnum`` (a leaf: only the taxonomy below it).
+"""The launcher's closed vocabularies, as ``StrEnum`` (a leaf: only the taxonomy and the
+shared vocabulary below it; rungs and run statuses are slurm_robust/vocabulary.py's).
 
 Every value is the string that goes on the wire, into ``state.json`` and into the event
 log (docs/SCHEMAS.md), so a member compares equal to the plain string other code and the
 analysis read. The run's phases and their allowed transitions are here too: the recovery
-owner (control/recovery.py) checks every transition against :data:`PHASE_TRANSITIONS`,
+applier (control/applier.py) checks every transition against :data:`PHASE_TRANSITIONS`,
 and docs/ARCHITECTURE.md shows the same table (a unit test keeps the two in step).
 """
 
@@ -15,6 +16,7 @@ from enum import StrEnum
 # slurm_robust/taxonomy.py, shared with the classifier and the analysis).
 from slurm_robust.taxonomy import Category
 from slurm_robust.taxonomy import FailureClass as IncidentClass
+from slurm_robust.vocabulary import Rung, RunStatus
 
 __all__ = ["Category", "IncidentClass", "PHASE_TRANSITIONS", "Phase", "PhaseError",
            "ProgressKind", "Role", "Rung", "RunStatus", "Severity"]
@@ -67,26 +69,6 @@ class Role(StrEnum):
     EVICTED = "evicted"  # its node was blamed; idle until the run ends
     HOLD = "hold"        # a requeue is under way: stop workers, wait
     EXIT = "exit"        # the run ended: stop workers and exit
-
-
-class Rung(StrEnum):
-    """The recovery ladder's rungs, cheapest first (control/ladder.py decides)."""
-
-    IN_PLACE = "in_place"
-    SPARE = "spare"
-    REQUEUE = "requeue"
-    STOP = "stop"
-
-
-class RunStatus(StrEnum):
-    """How a run ended (``run_end.status``), or how one controller's part in it did."""
-
-    COMPLETED = "completed"
-    STOPPED = "stopped"
-    FAILED = "failed"
-    #: A controller replaced by a successor (failover.py): the run's end is not its own.
-    #: Never in a ``run_end`` record.
-    STOOD_DOWN = "stood_down"
 
 
 class ProgressKind(StrEnum):

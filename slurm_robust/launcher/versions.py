@@ -37,10 +37,10 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.run_dir_trust import (
@@ -79,6 +79,37 @@ class ApplyMode(StrEnum):
     ROLLBACK = "rollback"                # back to the previous version, now
 
 
+class CodeVersionRecord(TypedDict):
+    """A :class:`CodeVersion` as its ``version.json`` holds it."""
+
+    v: int
+    number: int
+    kind: str
+    source: str | None
+    rev: str | None
+    digest: str | None
+    path: str | None
+    command: list[str]
+    env: dict[str, str]
+    args: list[str] | None
+    who: str
+    when: float
+    message: str
+
+
+class RequestRecord(TypedDict):
+    """An :class:`UpdateRequest` as ``versions/request.json`` holds it."""
+
+    v: int
+    version: int | None
+    mode: str
+    requested_at: float
+    deadline_s: float | None
+    rollback_steps: int
+    who: str
+    message: str
+
+
 @dataclass(frozen=True)
 class CodeVersion:
     """One version of what the workers run (see the module docstring)."""
@@ -96,8 +127,12 @@ class CodeVersion:
     when: float = 0.0
     message: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"v": VERSION_RECORD_VERSION, **asdict(self)}
+    def to_dict(self) -> CodeVersionRecord:
+        return {"v": VERSION_RECORD_VERSION, "number": self.number, "kind": self.kind,
+                "source": self.source, "rev": self.rev, "digest": self.digest,
+                "path": self.path, "command": list(self.command), "env": dict(self.env),
+                "args": None if self.args is None else list(self.args), "who": self.who,
+                "when": self.when, "message": self.message}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> CodeVersion:
@@ -117,8 +152,11 @@ class UpdateRequest:
     who: str = ""
     message: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"v": REQUEST_VERSION, **asdict(self), "mode": self.mode.value}
+    def to_dict(self) -> RequestRecord:
+        return {"v": REQUEST_VERSION, "version": self.version, "mode": self.mode.value,
+                "requested_at": self.requested_at, "deadline_s": self.deadline_s,
+                "rollback_steps": self.rollback_steps, "who": self.who,
+                "message": self.message}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> UpdateRequest:
@@ -344,7 +382,16 @@ def version_numbers(run_dir: str | os.PathLike[str]) -> list[int]:
     return sorted(out)
 
 
-def read_current(run_dir: str | os.PathLike[str], owner: int | None = None) -> dict[str, Any]:
+class Current(TypedDict):
+    """``versions/current.json``: the version running, what it can roll back to (newest
+    last), and a staged ``--at-next-restart`` request (an UpdateRequest's dict)."""
+
+    version: int
+    previous: list[int]
+    staged: Any
+
+
+def read_current(run_dir: str | os.PathLike[str], owner: int | None = None) -> Current:
     """``{"version": N, "previous": [..]}`` (version 0 and no history when unset).
 
     A ``current.json`` someone other than the run's owner could have written raises

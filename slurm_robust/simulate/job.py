@@ -38,6 +38,7 @@ from slurm_robust.simulate.reserve import Reserve
 from slurm_robust.simulate.results import IncidentResult
 from slurm_robust.simulate.trace import TraceIncident
 from slurm_robust.taxonomy import row as taxonomy_row
+from slurm_robust.vocabulary import Rung, RunStatus
 
 UNLIMITED = -1  # --spares value of the oracle: every blamed machine has a spare
 
@@ -97,7 +98,7 @@ class Job:
         if self.running_since is not None:
             self._segment(self.running_since, int((end - self.running_since) // self.step))
             self.running_since = None
-        self.sink.run_end("completed", self.steps_done, end)
+        self.sink.run_end(RunStatus.COMPLETED, self.steps_done, end)
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -218,13 +219,13 @@ class Job:
                                 lost, reason=decision.reason)
         self.incidents.append(result)
         evicted = tuple(self.fleet.index(n) for n in decision.evict)
-        if decision.rung == "stop":
+        if decision.rung == Rung.STOP:
             yield from self._stop(inc, result)
         else:
             st.restarts += 1
-            if decision.rung == "in_place":
+            if decision.rung == Rung.IN_PLACE:
                 yield self._wait(inc.restart)
-            elif decision.rung == "spare":
+            elif decision.rung == Rung.SPARE:
                 self._use_spares(evicted, inc.refill)
                 yield self._wait(inc.spare)
             else:

@@ -15,8 +15,9 @@ from slurm_robust.errors import UsageError
 from slurm_robust.records import EVENT_SCHEMA, read_records
 from slurm_robust.simulate.config import RecoveryTimes
 from slurm_robust.simulate.dists import Dist
+from slurm_robust.vocabulary import Rung
 
-RUNG_FIELD = {"in_place": "restart", "spare": "spare", "requeue": "requeue"}
+RUNG_FIELD = {Rung.IN_PLACE: "restart", Rung.SPARE: "spare", Rung.REQUEUE: "requeue"}
 
 
 def failover_samples(root: str | Path) -> dict[str, list[float]]:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from slurm_robust.launcher.control.policy import RUNGS
+from slurm_robust.vocabulary import RUNGS, Rung
 
 if TYPE_CHECKING:
     from slurm_robust.simulate.results import IncidentResult
@@ -72,7 +72,7 @@ def summarize(incidents: Sequence[IncidentResult], segments: Sequence[tuple[floa
         split["localisation"] += loc - det
         split["failover"] += rec - loc
         split["recompute"] += r.lost_s
-        if r.rung in ("spare", "requeue") and r.recovered is not None:
+        if r.rung in (Rung.SPARE, Rung.REQUEUE) and r.recovered is not None:
             evict_failover.append(r.recovered - r.localized)
     job_machine_s = machines * end
     spare_s = _integral(spare_level, end)

@@ -37,9 +37,10 @@ from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import failover
 from slurm_robust.launcher.control.admission import PreauthGate
 from slurm_robust.launcher.control.failover import StoodDown, Takeover
-from slurm_robust.launcher.control.metrics import start_for_controller
+from slurm_robust.launcher.control.metrics import RunMetrics, serve_for_controller
 from slurm_robust.launcher.control.outcome import RunOutcome
-from slurm_robust.launcher.control.recovery import Recovery, SlurmSide
+from slurm_robust.launcher.control.recovery import Fence, Recovery, SlurmSide
+from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.enums import Phase, Role, RunStatus
 from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.messages import BadMessage, Plan, Report
@@ -110,9 +111,17 @@ class Controller:
         self.paths = RunPaths.of(cfg.run_dir)
         self.lock = threading.Lock()
         self.agents: dict[int, AgentView] = {}
+        # Failover: the term this controller acts under and its fence (superseded).
+        self.takeover = takeover
+        state = load_state(self.paths.state)
+        self.term = takeover.term if takeover else state.term + 1
+        # Live metrics: kept from the start, served once start() binds the endpoint.
+        self.metrics = RunMetrics(ident.job_id, state.run_id)
         self.recovery = Recovery(cfg, ident, self.agents,
                                  expected=int(os.environ.get("SLURM_NTASKS")
-                                              or cfg.total_nodes), slurm=slurm)
+                                              or cfg.total_nodes), slurm=slurm,
+                                 state=state, fence=Fence(self.term, self.superseded),
+                                 takeover=takeover, metrics=self.metrics)
         self._server: socketserver.ThreadingTCPServer | None = None
         self._thread: threading.Thread | None = None
         # Channel security (docs/SECURITY.md): the run secret for the handshake,
@@ -125,12 +134,6 @@ class Controller:
         self.connections = 0  # authenticated
         self._conn_lock = threading.Lock()  # for the count: a frozen loop must not block it
         self.preauth = PreauthGate()
-        # Failover: the term this controller acts under and its fence.
-        self.takeover = takeover
-        self.term = takeover.term if takeover else self.recovery.state.term + 1
-        self.recovery.term = self.term
-        self.recovery.takeover = takeover
-        self.recovery.superseded = self.superseded
         self.stood_down = False
         self._lease_at = 0.0
         #: recovery.wake_token() when the agents were last woken.
@@ -204,10 +207,9 @@ class Controller:
                                             self.takeover.evidence)
         # Live metrics on this node's address; phase and spares are read at scrape time.
         rec = self.recovery
-        rec.metrics = start_for_controller(self.ident.job_id, rec.state.run_id,
-                                           self.cfg.run_dir, host_address())
-        rec.metrics.watch(phase=lambda: rec.phase, spares_parked=lambda: len(rec.spares),
-                          spares_used=lambda: len(rec.evicted))
+        serve_for_controller(self.metrics, self.cfg.run_dir, host_address())
+        self.metrics.watch(phase=lambda: rec.phase, spares_parked=lambda: len(rec.spares),
+                           spares_used=lambda: len(rec.evicted))
         self._thread = threading.Thread(target=self._loop, daemon=True,
                                         name="robust-controller")
         self._thread.start()
@@ -223,8 +225,7 @@ class Controller:
             self._server.shutdown()
             self._server.server_close()
         rec = self.recovery
-        if rec.metrics is not None:
-            rec.metrics.close()  # stop serving, withdraw the discovery target
+        self.metrics.close()  # stop serving, withdraw the discovery target
         if rec.phase is Phase.DONE and rec.batch_lost:
             # Last, once every agent has had its exit plan: this ends the job, and this
             # process with it.

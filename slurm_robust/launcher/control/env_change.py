@@ -35,9 +35,9 @@ import os
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 FINGERPRINT_VERSION = 1
 MAX_FILES = 16
@@ -45,6 +45,24 @@ MAX_HASH_BYTES = 64 << 20
 #: Steps past the step the run had reached within which a failure is the change's (as
 #: ``slurm-robust update --rollback-steps``' default).
 WINDOW_STEPS = 10
+
+
+class FingerprintRecord(TypedDict):
+    """A :class:`Fingerprint` as ``state.json`` keeps it."""
+
+    v: int
+    files: dict[str, str]
+    packages: str | None
+    packages_basis: str
+
+
+class ChangeRecord(TypedDict):
+    """``state.json``'s ``env_change``: a change found at a new allocation."""
+
+    step: int | None
+    attempt: int
+    what: list[str]
+    time: float
 
 
 @dataclass(frozen=True)
@@ -55,8 +73,9 @@ class Fingerprint:
     packages: str | None = None
     packages_basis: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"v": FINGERPRINT_VERSION, **asdict(self)}
+    def to_dict(self) -> FingerprintRecord:
+        return {"v": FINGERPRINT_VERSION, "files": dict(self.files),
+                "packages": self.packages, "packages_basis": self.packages_basis}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any] | None) -> Fingerprint | None:

@@ -33,7 +33,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from slurm_robust.launcher.paths import RunPaths
 
@@ -52,11 +52,32 @@ def claim_path(paths: RunPaths, step_key: str, term: int) -> Path:
     return paths.root / f"term-{step_key}.{term}"
 
 
+class Claimant(TypedDict):
+    """Who claims a term (in the claim file, with the term and the time)."""
+
+    agent: int
+    node: str
+
+
+class ControllerRecord(TypedDict, total=False):
+    """``controller.json``: where this job step's controller listens, and its term. Read
+    back from a file, so a reader checks ``key`` before trusting the rest."""
+
+    key: str
+    host: str
+    port: int
+    node: str
+    pid: int
+    time: float
+    agent: int
+    term: int
+
+
 def lease_path(paths: RunPaths) -> Path:
     return paths.root / "controller.lease"
 
 
-def claim_term(paths: RunPaths, step_key: str, term: int, who: dict[str, Any]) -> bool:
+def claim_term(paths: RunPaths, step_key: str, term: int, who: Claimant) -> bool:
     """Try to become the controller of ``term``; True for exactly one caller per term."""
     path = claim_path(paths, step_key, term)
     try:

@@ -21,7 +21,6 @@ ranks' nodes changed, and the old timings describe the old group).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control.events import new_incident
@@ -43,10 +42,9 @@ def new_monitor(cfg: RunConfig, rank_nodes: list[str]) -> FailSlowMonitor | None
     return FailSlowMonitor(layout, cfg.fail_slow_options())
 
 
-def busy_of(item: dict[str, Any]) -> float | None:
-    """The step item's busy seconds, or None when absent or not a sane number (the
+def busy_of(value: object) -> float | None:
+    """A step item's ``busy_s`` as seconds, or None when absent or not a sane number (the
     line comes from the training script; a bad value must not break the controller)."""
-    value = item.get("busy_s")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     value = float(value)

@@ -2,7 +2,8 @@
 an agent.
 
 :class:`Generation` is the running generation's record (slots, progress, failures, a
-pending capture or diagnosis); recovery.py owns it and its detectors read it.
+pending capture or diagnosis); the applier (applier.py) starts it, the recovery owner
+records reports into it and the detectors read it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Protocol
 
 from slurm_robust.ckpt.config import TIERS
 from slurm_robust.launcher.control.failover import Takeover
+from slurm_robust.launcher.control.monitor import IdleHang
 from slurm_robust.launcher.messages import Incident, Progress, WorkerExit
 
 
@@ -73,7 +75,7 @@ class Generation:
     hang_detected: float | None = None
     # The monitor's implicit-hang evidence (idle GPUs, silent RDMA ports), when it was
     # the monitor and not a missing step report that declared the hang.
-    hang_signal: dict[str, Any] | None = None
+    hang_signal: IdleHang | None = None
     capture_deadline: float = 0.0
     announced: bool = False
     diagnosis: PendingDiagnosis | None = None

@@ -1,7 +1,8 @@
 """A hang's incident from its stack capture: who is stuck, and the evidence.
 
-Pure of the recovery owner's state: recovery.py decides when a capture is done (every
-live agent answered, or the budget ran out) and applies the ladder; this module reads
+Pure of the run's state: a detector (detectors.py) decides when a capture is done
+(every live agent answered, or the budget ran out) and the applier runs the ladder; this
+module reads
 the captured stacks and the agents' process states and builds the ``job_hang``
 incident.
 """

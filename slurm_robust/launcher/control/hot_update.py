@@ -1,7 +1,9 @@
 """The controller's side of hot update and rollback.
 
-:class:`HotUpdate` lives inside the recovery owner (recovery.py calls it at four small
-hooks) and owns which code version the workers run:
+:class:`HotUpdate` is a collaborator of the recovery owner (a detector asks whether an
+update is due, the applier takes the plans' code fields from it, and its listener in
+listeners.py follows restarts, decisions and steps) and owns which code version the
+workers run:
 
 - it polls ``versions/request.json`` (made by ``slurm-robust update``, see versions.py);
 - ``--now`` and ``--rollback`` become *due* once a step has finished after the request
@@ -28,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from slurm_robust.launcher import versions as vs
 from slurm_robust.launcher.config import RunConfig
@@ -45,6 +47,17 @@ POLL_S = 0.1
 #: Failure classes that, soon after a change, are the change's fault (user side).
 _ROLLBACK_EXTRA = frozenset({FailureClass.NAN, FailureClass.LOSS_SPIKE,
                              FailureClass.CODE_DATA_CHANGE})
+
+
+class CodeFields(TypedDict, total=False):
+    """The code fields of every active plan (messages.Plan): the version's command and
+    environment, its number, and whether a change is recorded for this generation."""
+
+    command: list[str]
+    env: dict[str, str]
+    code_version: int
+    code_change: bool
+    drain_s: float
 
 
 @dataclass
@@ -89,7 +102,7 @@ class HotUpdate:
         return vs.load_version(self.run_dir, number, self.cfg.command, self.cfg.env)
 
     # ------------------------------------------------------------------ plans
-    def plan_fields(self) -> dict[str, Any]:
+    def plan_fields(self) -> CodeFields:
         """What every active plan carries: the version's command and environment
         (version 0: nothing, the agents run the config's), and whether a change is
         recorded for this generation (the classifier's ``change_recorded``)."""
@@ -99,8 +112,9 @@ class HotUpdate:
         # A change is "recorded" for the generations started within its window only: a
         # user error many steps later is the code's, not the change's.
         recent = eff is not None and eff.steps < max(eff.rollback_steps, 1)
-        fields = {"command": list(self.version.command), "env": dict(self.version.env),
-                  "code_version": self.version.number, "code_change": recent}
+        fields: CodeFields = {"command": list(self.version.command),
+                              "env": dict(self.version.env),
+                              "code_version": self.version.number, "code_change": recent}
         if eff is not None and not eff.resumed and eff.mode in ("now", "deadline"):
             # The generation before this one ends by choice, right after a step: its
             # workers drain, so that step's snapshot is whole and nothing is redone.

@@ -223,15 +223,14 @@ def sd_dir_from_env(env: Mapping[str, str] | None = None) -> Path | None:
     return None
 
 
-def start_for_controller(job_id: str | None, run_id: str, run_dir: str | os.PathLike[str],
-                         host: str, port: int = 0) -> RunMetrics:
-    """Build and serve a run's metrics.
+def serve_for_controller(metrics: RunMetrics, run_dir: str | os.PathLike[str], host: str,
+                         port: int = 0) -> RunMetrics:
+    """Serve a run's metrics.
 
     Metrics must never stop a training run: when the endpoint cannot start (a busy port,
     an unwritable discovery directory) that is logged, and the metrics are still kept in
     memory (the hooks stay valid) but not served.
     """
-    metrics = RunMetrics(job_id, run_id)
     try:
         metrics.serve(host, run_dir, port, sd_dir_from_env())
     except OSError as exc:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter, deque
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import failslow
@@ -42,6 +42,14 @@ IDLE_UTIL = 1.0
 #: RDMA bytes per second at or below which a node's ports count as silent (management
 #: traffic such as subnet-manager queries stays far below a collective's).
 SILENT_RDMA_BPS = 64 * 1024.0
+
+
+class IdleHang(TypedDict):
+    """The in-job monitor's evidence of an implicit hang: why each node counts as idle
+    (``gpus_idle``, ``rdma_silent``) and for how long."""
+
+    implicit_hang: dict[str, str]
+    idle_for_s: float
 
 
 @dataclass
@@ -124,7 +132,7 @@ class NodeFindings:
         return kept[-1] if kept else None
 
     def idle_hang(self, nodes: list[str], since: float, now: float,
-                  timeout_s: float) -> dict[str, Any] | None:
+                  timeout_s: float) -> IdleHang | None:
         """Evidence of an implicit hang, or None: for ``timeout_s`` up to ``now`` (and
         after ``since``, the last progress) every node was idle -- its GPUs idle, or its
         RDMA ports silent (ByteRobust's zero-RDMA rule) -- and each was seen busy the same
@@ -135,7 +143,7 @@ class NodeFindings:
         evidence and a script that reports no steps is never killed for it."""
         if not nodes or now - since < timeout_s:
             return None
-        evidence: dict[str, Any] = {}
+        evidence: dict[str, str] = {}
         for node in nodes:
             kept = list(self.samples.get(node, ()))
             window = [s for s in kept if s.time >= now - timeout_s]

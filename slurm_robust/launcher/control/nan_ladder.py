@@ -28,7 +28,7 @@ A replay that gets CLEAN_STEPS past the NaN's step closes the episode
 (:meth:`NanLadder.on_step`); a NaN before that, elsewhere, is the same one moving. The
 open episode and the skipped batches are part of ``state.json``, so a requeued
 allocation's controller (or a failover successor) goes on from the same rung.
-Pure but for :func:`write_skips`; recovery.py applies the decisions.
+Pure but for :func:`write_skips`; nan_recovery.py applies the decisions.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from slurm_robust.launcher.nan_files import NAN_FILES_VERSION, SKIP_FILE, nan_dir
 from slurm_robust.records import write_json_atomic
@@ -72,6 +72,37 @@ class NanResolution(StrEnum):
     EVICT = "evict"          # a node failed the bitwise test
 
 
+
+class OriginEvidence(TypedDict):
+    """A NaN origin in an incident's ``evidence.nan`` (docs/SCHEMAS.md)."""
+
+    origin: str
+    origin_ranks: list[int]
+    origin_nodes: list[str]
+    step: int | None
+    data_position: Any
+    origin_reason: str
+
+
+class OriginState(TypedDict):
+    """A NaN origin as ``state.json`` keeps it."""
+
+    step: int | None
+    ranks: list[int]
+    nodes: list[str]
+    data_position: Any
+    reason: str
+
+
+class LadderState(TypedDict):
+    """``state.json``'s ``nan_ladder``: the episode awaiting its replay, skipped batches."""
+
+    last: OriginState | None
+    last_at: float | None
+    skipped: list[int]
+    moves: int
+    steps: list[int]
+
 @dataclass(frozen=True)
 class NanOrigin:
     """Where a NaN first appeared: the ranks (and their nodes) that had it locally at
@@ -95,12 +126,12 @@ class NanOrigin:
     def same_place(self, other: NanOrigin) -> bool:
         return self.step == other.step and self.ranks == other.ranks
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> OriginEvidence:
         return {"origin": self.describe(), "origin_ranks": list(self.ranks),
                 "origin_nodes": sorted(set(self.nodes)), "step": self.step,
                 "data_position": self.data_position, "origin_reason": self.reason}
 
-    def to_state(self) -> dict[str, Any]:
+    def to_state(self) -> OriginState:
         return {"step": self.step, "ranks": list(self.ranks), "nodes": list(self.nodes),
                 "data_position": self.data_position, "reason": self.reason}
 
@@ -212,7 +243,7 @@ class NanLadder:
         self.last = self.last_at = None
         self.moves, self.steps = 0, []
 
-    def to_state(self) -> dict[str, Any]:
+    def to_state(self) -> LadderState:
         """What a requeued or successor controller needs (``state.json``'s
         ``nan_ladder``): the episode awaiting its replay and the batches skipped so far."""
         return {"last": None if self.last is None else self.last.to_state(),

@@ -3,7 +3,7 @@ test, and dual-phase replay (docs/ARCHITECTURE.md, phase ``replaying``).
 
 :class:`NanRecovery` owns the NaN ladder, the pending bitwise request and the replay in
 progress; what it changes of the run (a generation, the plans, the phase, an incident
-through the ladder) it changes through its recovery owner, ``rec``.
+through the ladder) it changes through the run's applier (applier.py), ``rec``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Protocol
 
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import accounting, bitwise, replay
+from slurm_robust.launcher.control.actions import Handle
 from slurm_robust.launcher.control.events import EventLog
 from slurm_robust.launcher.control.generation import (
     Failure,
@@ -38,7 +39,7 @@ from slurm_robust.launcher.messages import Incident, Plan, Progress, WorkerExit
 
 
 class Owner(Protocol):
-    """What this module uses of its recovery owner (recovery.Recovery)."""
+    """What this module uses of the run's applier (applier.Applier)."""
 
     cfg: RunConfig
     state: RunState
@@ -46,26 +47,21 @@ class Owner(Protocol):
     members: Mapping[int, Member]
     gen: Generation | None
     gen_count: int
-    _plans: dict[int, Plan]
-
-    @property
-    def phase(self) -> Phase: ...
+    plans: dict[int, Plan]
+    phase: Phase
 
     def ranks_of(self, agent_index: int) -> list[int]: ...
 
     def persist(self) -> None: ...
 
-    def _enter(self, new: Phase) -> None: ...
+    def enter(self, new: Phase) -> None: ...
 
-    def _plan_context(self) -> PlanContext: ...
+    def plan_context(self) -> PlanContext: ...
 
-    def _incident_from_failure(self, gen: Generation, root: Failure,
-                               detected: float) -> Incident: ...
+    def incident_from_failure(self, gen: Generation, root: Failure,
+                              detected: float) -> Incident: ...
 
-    def _handle(self, gen: Generation, incident: Incident, signature: str | None,
-                nodes: list[str], now: float, evict: str | None = None, *,
-                diagnosed_repeat: bool = False, diagnosis_failed: bool = False,
-                override: Decision | None = None) -> None: ...
+    def handle(self, h: Handle, now: float) -> None: ...
 
 
 log = logging.getLogger("slurm_robust.launcher.control.recovery")
@@ -97,7 +93,7 @@ class NanRecovery:
         if prev is not None and prev.restored_step is None:
             # The replay failed before finishing a step: the restore itself happened.
             prev.restored_step, prev.restore_tier = restored_of(gen)
-        incident = self.rec._incident_from_failure(gen, root, detected)
+        incident = self.rec.incident_from_failure(gen, root, detected)
         reporters = sorted(gen.anomalies)
         incident.nodes, incident.ranks = sorted(set(origin.nodes)), list(origin.ranks)
         incident.evidence["nan"] = {**origin.to_json(), "resolution": step.resolution,
@@ -122,7 +118,7 @@ class NanRecovery:
             incident.evidence["nan"]["bitwise"] = {"requested": self.bitwise_req.id}
         # No node is blamed for a NaN here (nodes=[]): only a failed bitwise test may
         # evict one; no signature either, the NaN ladder replaces the repeat rule.
-        self.rec._handle(gen, incident, None, [], now, override=override)
+        self.rec.handle(Handle(gen, incident, None, [], override=override), now)
 
     def bitwise_tick(self, gen: Generation, now: float) -> bool:
         """Compare the bitwise digests once every active rank sent one (or the wait is
@@ -160,7 +156,8 @@ class NanRecovery:
         incident.localized_at = now
         reason = (f"bitwise reference test: {', '.join(result.differing)} differ(s) from "
                   f"the other nodes' digest {result.reference and result.reference[:16]}")
-        self.rec._handle(gen, incident, None, list(result.differing), now, evict=reason)
+        self.rec.handle(Handle(gen, incident, None, list(result.differing), evict=reason),
+                        now)
         return True
 
     # ------------------------------------------------------------------ replay
@@ -204,8 +201,8 @@ class NanRecovery:
         self.rec.gen_count += 1
         gen = Generation(self.rec.gen_count, first, list(rp.origin_gen.slots), now)
         self.rec.gen = gen
-        self.rec._plans = replay_plans(self.rec._plan_context(), gen, groups, rp)
-        self.rec._enter(Phase.REPLAYING)
+        self.rec.plans = replay_plans(self.rec.plan_context(), gen, groups, rp)
+        self.rec.enter(Phase.REPLAYING)
         self.rec.persist()
         log.info("replay %s: %s phase, groups %s", rp.id, phase.value,
                  [[self.rec.members[gen.slots[m]].node for m in grp] for grp in groups])
@@ -270,18 +267,18 @@ class NanRecovery:
             nan_ev["resolution"] = NanResolution.ROLLBACK
             incident.rung = Rung.IN_PLACE
             self.rec.state.open_incident = incident
-            self.rec._enter(Phase.RUNNING)
+            self.rec.enter(Phase.RUNNING)
             return
         # The ladder goes on from the generation the NaN ended (its slots, its progress);
         # self.rec.gen stays the replay's, so the next plans' numbers keep increasing.
         if node is None:
             nan_ev["resolution"] = NanResolution.ROLLBACK
-            self.rec._handle(rp.origin_gen, incident, None, [], now, override=Decision(
+            self.rec.handle(Handle(rp.origin_gen, incident, None, [], override=Decision(
                 Rung.IN_PLACE, f"dual-phase replay inconclusive ({why}): rolling back "
-                               "again"))
+                               "again")), now)
             return
         nan_ev["resolution"] = NanResolution.REPLAY
         incident.localized_at = now
         self.nan.on_evicted()
-        self.rec._handle(rp.origin_gen, incident, None, [node], now,
-                     evict=f"dual-phase replay: {why}, crossing at {node}")
+        self.rec.handle(Handle(rp.origin_gen, incident, None, [node],
+                               evict=f"dual-phase replay: {why}, crossing at {node}"), now)

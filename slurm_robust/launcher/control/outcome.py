@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from slurm_robust.launcher.enums import RunStatus
+
+
+class OutcomeSummary(TypedDict, total=False):
+    """What :meth:`RunOutcome.summary` gives an agent's summary."""
+
+    status: RunStatus
+    verdict: str | None
+    step: int | None
+    params_sha256: str | None
+    attempt: int | None
+    restarts: int | None
+    term: int | None
 
 
 @dataclass(frozen=True)
@@ -21,7 +33,7 @@ class RunOutcome:
     restarts: int | None = None
     term: int | None = None
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> OutcomeSummary:
         """The fields an agent's summary carries (a stood-down controller's: its term)."""
         if self.status is RunStatus.STOOD_DOWN:
             return {"status": self.status, "term": self.term, "verdict": self.verdict}

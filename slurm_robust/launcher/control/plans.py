@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import replay
 from slurm_robust.launcher.control.generation import Generation, Member
+from slurm_robust.launcher.control.hot_update import CodeFields
 from slurm_robust.launcher.enums import Role
 from slurm_robust.launcher.messages import Plan
 from slurm_robust.launcher.ports import rendezvous_port
@@ -28,7 +28,7 @@ class PlanContext:
     run_id: str
     members: Mapping[int, Member]
     spares: Sequence[int]
-    code: Mapping[str, Any]
+    code: CodeFields
 
 
 def generation_plans(ctx: PlanContext, gen: Generation) -> dict[int, Plan]:

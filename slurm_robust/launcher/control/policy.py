@@ -1,7 +1,7 @@
 """Detection thresholds, blame, rendezvous ports and slots, as pure functions.
 
 Nothing here touches a process, a socket or Slurm: the controller gathers facts,
-calls these functions, and the recovery owner (recovery.py) applies what they return:
+calls these functions, and the applier (applier.py) applies what they return:
 decisions stay testable without a cluster. The ladder itself is ladder.py.
 """
 

@@ -13,8 +13,8 @@ TP inside a node); with m x n = the node count, m the largest divisor not above 
 square root. Four nodes make a 2 x 2 grid (two replays of two groups of two nodes);
 a prime count makes one row (the whole job, a plain replay) and single-node columns.
 
-Pure: recovery.py runs the replays (each one a generation whose plans give every group
-its own world, ``Recovery._replay_plans``) and hands the outcomes back here.
+Pure: nan_recovery.py runs the replays (each one a generation whose plans give every
+group its own world, ``plans.replay_plans``) and hands the outcomes back here.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypedDict
 
 from slurm_robust.launcher.messages import Incident
 
@@ -143,8 +143,16 @@ def window(restore_step: int | None, nan_steps: Sequence[int | None]) -> int:
     return max(last, (restore_step or 0) + 1) + EXTRA_STEPS
 
 
+class ReplayEvidence(TypedDict):
+    """An incident's ``evidence.nan.replay`` outcome part."""
+
+    grid: list[int]
+    groups: dict[str, dict[int, str]]
+    located: str | None
+
+
 def evidence(grid: Grid, outcomes: dict[str, dict[int, str]],
-             located: str | None) -> dict[str, Any]:
+             located: str | None) -> ReplayEvidence:
     """The incident's ``evidence.nan.replay``: the grid, each group's outcome, the node."""
     return {"grid": [grid.m, grid.n], "groups": outcomes, "located": located}
 

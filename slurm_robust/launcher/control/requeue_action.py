@@ -1,8 +1,9 @@
 """One requeue of the job in flight: count what it could get, then ask Slurm.
 
 Both run in a :class:`SlurmAction` thread (a slurmctld outage is waited out there, never
-under the controller's lock); recovery.py polls :meth:`PendingRequeue.result` on its
-tick and applies what it says (hold, stop for a shortfall, or fail on a refusal).
+under the controller's lock); the applier (applier.py) polls
+:meth:`PendingRequeue.result` on the tick and applies what it says (hold, stop for a
+shortfall, or fail on a refusal).
 """
 
 from __future__ import annotations

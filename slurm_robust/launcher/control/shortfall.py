@@ -25,8 +25,8 @@ import enum
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import TypedDict
 
 from slurm_robust.errors import SlurmRobustError, UsageError
 from slurm_robust.launcher.paths import load_site
@@ -52,6 +52,15 @@ class Choice(enum.StrEnum):
     STOP = "stop"         # do not requeue: stop the run with a verdict
 
 
+class CapacityRecord(TypedDict):
+    """A :class:`Capacity` in an incident's evidence."""
+
+    partition: str
+    needs: int
+    has: int
+    reserve: int
+
+
 @dataclass(frozen=True)
 class Capacity:
     """What a requeued job could get, counted before the requeue."""
@@ -68,8 +77,9 @@ class Capacity:
     def describe(self) -> str:
         return f"reserve shortfall (needs {self.needs}, has {self.has})"
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> CapacityRecord:
+        return {"partition": self.partition, "needs": self.needs, "has": self.has,
+                "reserve": self.reserve}
 
 
 @dataclass(frozen=True)
@@ -96,7 +106,15 @@ def plan_requeue(cap: Capacity | None, policy: ShortfallPolicy, min_nodes: int) 
                                            "resubmit when nodes return")
 
 
-def evidence(cap: Capacity, plan: RequeuePlan) -> dict[str, Any]:
+class ShortfallEvidence(CapacityRecord):
+    """An incident's ``evidence.shortfall``: the count and the plan taken."""
+
+    choice: str
+    nodes: int | None
+    why: str
+
+
+def evidence(cap: Capacity, plan: RequeuePlan) -> ShortfallEvidence:
     """The incident's ``evidence.shortfall`` (docs/SCHEMAS.md); ``status`` reads it."""
     return {**cap.to_dict(), "choice": plan.choice.value, "nodes": plan.nodes,
             "why": plan.reason}

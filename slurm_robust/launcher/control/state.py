@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from slurm_robust.launcher.control.env_change import ChangeRecord, FingerprintRecord
+from slurm_robust.launcher.control.nan_ladder import LadderState
 from slurm_robust.launcher.messages import Incident
 from slurm_robust.launcher.run_dir_trust import read_trusted_json
 from slurm_robust.records import write_json_atomic
@@ -54,12 +56,12 @@ class RunState:
     spares: list[str] = field(default_factory=list)
     # The NaN ladder (nan_ladder.NanLadder.to_state): an open episode and the
     # skipped batches, so a requeue does not replay a data NaN once more.
-    nan_ladder: dict[str, Any] | None = None
+    nan_ladder: LadderState | None = None
     # Code/data changes made outside `slurm-robust update` (env_change.py): the
     # last allocation's fingerprint of the training command, and the change a new one
     # found (step reached, attempt, what differs).
-    fingerprint: dict[str, Any] | None = None
-    env_change: dict[str, Any] | None = None
+    fingerprint: FingerprintRecord | None = None
+    env_change: ChangeRecord | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {"v": STATE_VERSION, **asdict(self)}

@@ -1,8 +1,9 @@
 """Stop-time diagnosis (ByteRobust's EUD) as seen by recovery: whether an unclear crash
 is diagnosed before a node is blamed, and what the diagnosis concluded.
 
-Pure: recovery.py asks the node's agent (phase ``diagnosing``, docs/ARCHITECTURE.md),
-waits, and applies :class:`Conclusion` (the incident's evidence, its localisation, a
+Pure: the applier asks the node's agent (phase ``diagnosing``, docs/ARCHITECTURE.md),
+the ``diagnosing`` handler (detectors.py) waits, and the applier applies
+:class:`Conclusion` (the incident's evidence, its localisation, a
 cleared signature) before running the ladder with ``diagnosis_failed``.
 """
 

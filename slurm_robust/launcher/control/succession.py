@@ -61,7 +61,7 @@ class Succession:
     takeover: failover.Takeover | None = None
 
 
-def read_controller(paths: RunPaths, step_key: str) -> dict[str, Any] | None:
+def read_controller(paths: RunPaths, step_key: str) -> failover.ControllerRecord | None:
     """This job step's ``controller.json`` (None: missing, unreadable or stale)."""
     try:
         info = read_trusted_json(paths.controller)
@@ -145,7 +145,7 @@ def _claim(paths: RunPaths, ident: Identity, term: int, lost: dict[str, Any],
     """Claim term + 1 for this agent: TAKE_OVER with the takeover's evidence, or None
     when another agent won the claim."""
     lost_agent, lost_node = lost.get("agent"), lost.get("node")
-    who = {"agent": ident.index, "node": ident.node}
+    who: failover.Claimant = {"agent": ident.index, "node": ident.node}
     if not failover.claim_term(paths, ident.step_key, term + 1, who):
         return None
     evidence = {"controller_lost": True, "detected_by": ident.node,

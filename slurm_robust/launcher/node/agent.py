@@ -44,6 +44,8 @@ from slurm_robust.launcher.classify import classify
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import failover
 from slurm_robust.launcher.control.controller import Controller
+from slurm_robust.launcher.control.failover import ControllerRecord
+from slurm_robust.launcher.control.outcome import OutcomeSummary
 from slurm_robust.launcher.control.requeue import requeue_after_controller_loss
 from slurm_robust.launcher.control.succession import Outcome, after_controller_loss
 from slurm_robust.launcher.diagnose import diagnose
@@ -242,7 +244,7 @@ class Agent:
                 return None
             time.sleep(0.1)
 
-    def _controller_info(self) -> dict[str, Any] | None:
+    def _controller_info(self) -> ControllerRecord | None:
         try:
             info = read_trusted_json(self.paths.controller)
         except (OSError, ValueError):
@@ -483,7 +485,16 @@ class Agent:
         return 0
 
 
-def run_agent(cfg: RunConfig) -> dict[str, Any]:
+class AgentSummary(OutcomeSummary, total=False):
+    """What :func:`run_agent` returns: this agent, its exit code, and the run's outcome as
+    its controller saw it (when it hosted the one that ended the run)."""
+
+    agent: int
+    node: str
+    exit_code: int | None
+
+
+def run_agent(cfg: RunConfig) -> AgentSummary:
     """The function every Slurm task of a robust job runs (submitit pickles it).
 
     The first controller's agent (failover.first_controller_index: agent 1, off the batch
@@ -507,7 +518,7 @@ def run_agent(cfg: RunConfig) -> dict[str, Any]:
         agent.controllers.append(controller)
         agent.local_controller = controller.alive
     code = agent.run()
-    summary: dict[str, Any] = {"agent": ident.index, "node": ident.node, "exit_code": code}
+    summary: AgentSummary = {"agent": ident.index, "node": ident.node, "exit_code": code}
     for ctl in agent.controllers:
         result = ctl.join()
         if result is None or result.status is RunStatus.STOOD_DOWN:

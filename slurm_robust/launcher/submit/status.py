@@ -5,7 +5,7 @@ from __future__ import annotations
 import pwd
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.control.state import load_state
@@ -72,7 +72,41 @@ def resolve_run_dir(target: str) -> str:
     return resolve_run(target).run_dir
 
 
-def run_status(target: str) -> dict[str, Any]:
+#: One incident as ``status`` shows it (functional form: ``class`` is a keyword).
+IncidentSummary = TypedDict("IncidentSummary", {
+    "incident": str, "class": str, "rung": str | None, "nodes": list[str],
+    "ranks": list[int], "steps_lost": int | None, "restore_tier": str | None,
+    "recovery_s": float | None, "detect_s": float | None})
+
+
+class StatusReport(TypedDict, total=False):
+    """``slurm-robust status --json``: a run as its event log and state.json show it
+    (only ``run_dir``, ``status``, ``events`` and ``malformed_lines`` while pending)."""
+
+    run_dir: str
+    run_id: str | None
+    job_id: str | None
+    status: str
+    verdict: str | None
+    params_sha256: str | None
+    attempt: int | None
+    restarts: int
+    requeues: int
+    nodes: list[str] | None
+    world_size: int | None
+    step: int | None
+    step_reports: bool
+    loss: float | None
+    last_step_time: float | None
+    incidents: list[IncidentSummary]
+    open_incident: dict[str, Any] | None
+    verdicts: list[dict[str, str]]
+    events: int
+    malformed_lines: int
+    pending: str | None
+
+
+def run_status(target: str) -> StatusReport:
     run = resolve_run(target)
     run_dir = run.run_dir
     paths = RunPaths.of(run_dir)
@@ -118,7 +152,7 @@ def _pending(incident: Incident | None) -> str | None:
             f"partition {short['partition']}")
 
 
-def _incident_summary(e: dict[str, Any]) -> dict[str, Any]:
+def _incident_summary(e: dict[str, Any]) -> IncidentSummary:
     start = e.get("fault_time") or e.get("detected_at")
     rec = e.get("recovered_at")
     return {"incident": e["incident"], "class": e["class"], "rung": e["rung"],
@@ -128,7 +162,7 @@ def _incident_summary(e: dict[str, Any]) -> dict[str, Any]:
             "detect_s": round(e["detected_at"] - start, 2) if start else None}
 
 
-def format_status(s: dict[str, Any]) -> str:
+def format_status(s: StatusReport) -> str:
     if s.get("status") == "pending":
         return f"{s['run_dir']}: no events yet (job pending or starting)"
     # A script that reports no steps (no training API, no --auto-steps) has no step to

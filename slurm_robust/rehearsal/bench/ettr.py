@@ -34,6 +34,7 @@ from slurm_robust.errors import SlurmRobustError, UsageError
 from slurm_robust.launcher.submit.status import run_status
 from slurm_robust.rehearsal.bench.polling import wait_for
 from slurm_robust.slurm import Slurm
+from slurm_robust.vocabulary import RUN_STATUSES
 
 HELP = "long rehearsal with faults on a schedule: cumulative and 1-hour ETTR, downtime split"
 REPO = Path(__file__).resolve().parents[3]
@@ -162,8 +163,7 @@ def _drive(cli: list[str], env: dict[str, str], job: str, run_dir: Path,
 
 
 def _wait_end(run_dir: Path, timeout_s: float) -> None:
-    wait_for(lambda: run_status(str(run_dir)).get("status") in ("completed", "stopped",
-                                                                "failed"),
+    wait_for(lambda: run_status(str(run_dir)).get("status") in RUN_STATUSES,
              timeout_s, "the run to end", every_s=0.5)
 
 

@@ -51,6 +51,7 @@ from slurm_robust.records import read_records
 from slurm_robust.rehearsal.bench.polling import wait_for
 from slurm_robust.rehearsal.inject.job import inject as inject_fault
 from slurm_robust.slurm import Slurm
+from slurm_robust.vocabulary import RUN_STATUSES
 
 HELP = ("recovery from a killed worker: robust launcher vs torchrun+DCP, ft_launcher+DCP "
         "and plain Slurm --requeue + torch.save")
@@ -388,7 +389,7 @@ def _robust_run(cfg: Any, args: argparse.Namespace, train: list[str]) -> dict[st
     record = inject_fault("kill-worker", job, rank=args.nodes - 1, run_dir=run_dir)
     fault_t = float(record["time"])
     status = wait_for(lambda: (s := run_status(run_dir)).get("status") in
-                      ("completed", "stopped", "failed") and s, args.timeout,
+                      RUN_STATUSES and s, args.timeout,
                       "robust run end")
     events = read_records(Path(run_dir) / "events.jsonl").records
     incident = next(e for e in events if e.get("event") == "incident")

@@ -40,6 +40,7 @@ from slurm_robust.launcher.submit.status import run_status
 from slurm_robust.rehearsal.bench.polling import wait_for
 from slurm_robust.rehearsal.bench.recovery import EXAMPLE, _first_after, _max_step
 from slurm_robust.slurm import Slurm
+from slurm_robust.vocabulary import RUN_STATUSES
 
 HELP = ("a code change to a running job: `update --now` in place vs cancel + resubmit + "
         "restore from the last save")
@@ -159,7 +160,7 @@ def _hot(cfg: Any, args: argparse.Namespace, train: list[str], code: Path) -> di
                                      if c["event"] == "resumed"), None), args.timeout,
                        "the first step on the new version")
     status = wait_for(lambda: (s := run_status(run_dir)).get("status") in
-                      ("completed", "stopped", "failed") and s, args.timeout,
+                      RUN_STATUSES and s, args.timeout,
                       "robust run end")
     return {"job_id": job, "downtime_s": round(resumed["time"] - t_req, 3),
             "controller_downtime_s": resumed["downtime_s"],

@@ -19,14 +19,8 @@ from slurm_robust.analysis.frames import as_category
 from slurm_robust.analysis.loaders import RunLog
 from slurm_robust.analysis.pipeline import Inputs
 from slurm_robust.analysis.slurm_text import JOB_STATES
-from slurm_robust.analysis.taxonomy import (
-    CATEGORIES,
-    CLASS_CATEGORY,
-    CLASSES,
-    HEALTH_STATUSES,
-    RUN_STATUSES,
-    RUNGS,
-)
+from slurm_robust.analysis.taxonomy import CATEGORIES, CLASS_CATEGORY, CLASSES
+from slurm_robust.vocabulary import HEALTH_STATUSES, RUN_STATUSES, RUNGS, Rung
 
 BASE_TIME = 1_700_000_000.0
 SPAN_S = 90 * 86400.0        # three months, as ByteRobust's 778,135 jobs
@@ -72,12 +66,12 @@ def synth_fleet(n_jobs: int, steps_per_job: int = 8, incident_rate: float = 0.1,
     k = rng.integers(1, S, m)
     cls = rng.integers(0, len(CLASSES), m)
     rung = rng.choice(len(RUNGS), m, p=RUNG_P)
-    stop = rung == RUNGS.index("stop")
+    stop = rung == RUNGS.index(Rung.STOP)
     back = np.where(stop, 0, np.minimum(rng.integers(0, 3, m), k))
     fault = a0[J] + k * dt[J] + 0.5 * dt[J]
     det = fault + rng.uniform(1.0, 120.0, m)
     loc = det + rng.uniform(0.0, 60.0, m)
-    resume = loc + np.where(rung == RUNGS.index("requeue"), rng.uniform(120, 900, m),
+    resume = loc + np.where(rung == RUNGS.index(Rung.REQUEUE), rng.uniform(120, 900, m),
                             rng.uniform(10.0, 120.0, m))
     steps = _steps(n, S, J, k, back, stop, a0, resume, dt, run_cats)
     end = a0 + S * dt
@@ -85,7 +79,7 @@ def synth_fleet(n_jobs: int, steps_per_job: int = 8, incident_rate: float = 0.1,
     nodes_of_job = rng.integers(1, 9, n)
     first_node = rng.integers(0, CLUSTER_NODES - 8, n)
     blamed = J[(np.array([CLASS_CATEGORY[CLASSES[c]] for c in cls]) == "explicit")
-               & ((rung == RUNGS.index("spare")) | (rung == RUNGS.index("requeue")))]
+               & ((rung == RUNGS.index(Rung.SPARE)) | (rung == RUNGS.index(Rung.REQUEUE)))]
     blamed_mask = np.isin(J, blamed)
     node_names = [f"node{i}" for i in range(CLUSTER_NODES)]
     log = _runlog(n, run_cats, start, a0, J, stop, resume, k, back, end, steps, cls, rung,
@@ -206,14 +200,14 @@ def _node_events(rng, det, nodes, node_names) -> pd.DataFrame:
 
 
 def _sacct(rng, n, start, end, nnodes, first_node, J, rung, resume) -> pd.DataFrame:
-    requeued = J[rung == RUNGS.index("requeue")]
-    stopped = J[rung == RUNGS.index("stop")]
+    requeued = J[rung == RUNGS.index(Rung.REQUEUE)]
+    stopped = J[rung == RUNGS.index(Rung.STOP)]
     jobs = np.concatenate([np.arange(n), requeued])
     state = np.full(len(jobs), JOB_STATES.index("COMPLETED"), np.int8)
     state[stopped] = JOB_STATES.index("FAILED")
     state[n:] = JOB_STATES.index("REQUEUED")
     # A requeued job's first record runs until the requeue, its last one from there on.
-    requeue_at = resume[rung == RUNGS.index("requeue")]
+    requeue_at = resume[rung == RUNGS.index(Rung.REQUEUE)]
     final_start = start.copy()
     final_start[requeued] = requeue_at
     rec_start = np.concatenate([final_start, start[requeued]])

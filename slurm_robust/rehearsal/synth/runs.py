@@ -23,7 +23,8 @@ from typing import Any
 
 from slurm_robust import records as rec
 from slurm_robust.analysis.loaders import EVENTS_FILE, VERDICTS_FILE
-from slurm_robust.analysis.taxonomy import CLASS_CATEGORY, RUNGS, read_class
+from slurm_robust.analysis.taxonomy import CLASS_CATEGORY, read_class
+from slurm_robust.vocabulary import RUNGS, Rung, RunStatus
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def synth_run(run_id: str = "run0", steps: int = 20, step_time_s: float = 10.0,
     sim.t = start + startup_s
     sim.emit("attempt_start", sim.t, nodes=list(nodes), restored_step=None, restore_tier=None)
     truth = Truth(wall_s=0.0, productive_s=0.0, steps_kept=0, steps_redone=0)
-    done, status, kept = 0, "completed", steps
+    done, status, kept = 0, RunStatus.COMPLETED, steps
     for i, f in enumerate(faults):
         if not done < f.after_step <= steps and not (f.after_step == done == 0):
             raise ValueError(f"fault {i} after step {f.after_step}: must be in "
@@ -118,10 +119,10 @@ def synth_run(run_id: str = "run0", steps: int = 20, step_time_s: float = 10.0,
             sim.step(done)
         stopped = _fire(sim, f, f"inc{i}", done, truth)
         if stopped:
-            status, kept = "stopped", done
+            status, kept = RunStatus.STOPPED, done
             break
         done = f.after_step - f.restore_back
-    if status == "completed":
+    if status == RunStatus.COMPLETED:
         while done < steps:
             done += 1
             sim.step(done)
@@ -144,7 +145,7 @@ def _fire(sim: _Sim, f: Fault, inc_id: str, last: int, truth: Truth) -> bool:
             "nodes": list(f.nodes), "ranks": [], "last_step": last,
             "restore_tier": None, "evidence": {"injected": True}}
     for node in f.nodes:
-        if f.rung in ("spare", "requeue"):
+        if f.rung in (Rung.SPARE, Rung.REQUEUE):
             sim.verdicts.append(rec.make_record(
                 rec.VERDICT_SCHEMA, rec.VERDICT_VERSION,
                 {"job_id": sim.job_id, "node": node, "reason": f"{f.cls} injected",

@@ -2,14 +2,14 @@
 
 ``tests/data/ladder_trace.jsonl`` is a trace of incident facts and the decisions the
 ladder made for them, recorded from the code before the ladder was one function (the
-rung from ``policy.decide``, then the five refinements ``Recovery._handle`` made: NaN
+rung from ``policy.decide``, then the five refinements the recovery owner made: NaN
 advice, hot-update rollback, evict reason, diagnosis reason, blame cap). Its cases are
 those the policy, blame, failover and recovery tests cover. Each line is replayed through
 the launcher's ladder and the simulator's and must give the recorded decision in both.
 
 The other two tests record a trace from a live run of each side (the launcher's
 recovery owner with scripted agents, a small simulated fleet) and replay it through the
-other side's ladder: what the launcher applied (the incident's rung and reason) must be
+other side's ladder: what the launcher's applier applied (the incident's rung and reason) must be
 exactly what the simulator would decide from the same facts, and back.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from slurm_robust.launcher.control import recovery
+from slurm_robust.launcher.control import applier
 from slurm_robust.launcher.control.ladder import Decision, Facts, decision_from_json
 from slurm_robust.simulate import job as sim_job
 from slurm_robust.simulate.engine import simulate
@@ -53,7 +53,7 @@ def _record(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[tuple[Facts, D
 def test_recorded_trace_gives_the_same_decisions_on_both_sides(line: dict[str, Any]) -> None:
     facts = Facts.from_json(line["facts"])
     expected = decision_from_json(line["decision"])
-    assert recovery.decide(facts) == expected
+    assert applier.decide(facts) == expected
     assert sim_job.decide(facts) == expected
     assert Facts.from_json(json.loads(json.dumps(facts.to_json()))) == facts
 
@@ -71,7 +71,7 @@ def test_trace_covers_every_rung_and_refinement() -> None:
 
 def test_the_launchers_decisions_replay_through_the_simulator(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    seen = _record(monkeypatch, recovery)
+    seen = _record(monkeypatch, applier)
     h = Harness(tmp_path)
     h.start()
     h.fail(h.members[1], "user_exception", signature="TypeError@t.py:3")
@@ -102,5 +102,5 @@ def test_the_simulators_decisions_replay_through_the_launcher(
     result = simulate(config(trace, spares=1))
     assert [d.rung for _, d in seen] == ["spare", "requeue", "in_place", "requeue"]
     for (facts, decision), inc in zip(seen, result.job.incidents, strict=True):
-        assert recovery.decide(facts) == decision
+        assert applier.decide(facts) == decision
         assert inc.rung == decision.rung and inc.reason == decision.reason

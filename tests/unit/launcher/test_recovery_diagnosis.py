@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from slurm_robust.launcher.control.recovery import DIAGNOSIS_WAIT_S
 from slurm_robust.launcher.control.state import load_state
+from slurm_robust.launcher.control.stop_diagnosis import DIAGNOSIS_WAIT_S
 from slurm_robust.launcher.enums import Phase, Role
 from slurm_robust.launcher.messages import DiagnosisReport, WorkerExit
 from slurm_robust.launcher.paths import RunPaths

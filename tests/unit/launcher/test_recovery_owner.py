@@ -340,12 +340,12 @@ def test_a_refused_requeue_ends_the_run(tmp_path):
 def test_the_phase_table_refuses_a_wrong_transition(tmp_path):
     h = Harness(tmp_path)
     with pytest.raises(PhaseError, match="gather -> dumping"):
-        h.rec._enter(Phase.DUMPING)
+        h.rec.app.enter(Phase.DUMPING)
     h.start()
     h.rec.finish("completed", None)
     assert h.rec.phase is Phase.DONE
     with pytest.raises(PhaseError, match="done -> running"):
-        h.rec._enter(Phase.RUNNING)
+        h.rec.app.enter(Phase.RUNNING)
 
 
 def test_a_requeue_in_flight_never_blocks_the_tick(tmp_path):
