@@ -105,7 +105,9 @@ def test_launch_inside_own_sbatch_script(minicluster):
 
 def test_own_sbatch_script_with_no_kill_survives_a_node_loss_on_its_spare(minicluster):
     """docs/USER_GUIDE.md: a hand-written batch script for `slurm-robust launch` asks for
-    `--requeue --no-kill`; with them a lost worker node is replaced by the in-job spare."""
+    `--requeue --no-kill`; with them a lost worker node is replaced by the in-job spare.
+    Four nodes: three active (the batch node and the controller's are not the victim:
+    their loss takes other rungs) and the spare."""
     from cluster_helpers import spare_path_victim
 
     from slurm_robust.launcher.control.state import load_state
@@ -115,7 +117,7 @@ def test_own_sbatch_script_with_no_kill_survives_a_node_loss_on_its_spare(minicl
     run_dir = minicluster.cfg.shared_dir / f"test-launch-nokill-{int(time.time() * 1000)}"
     script = run_dir.with_suffix(".sbatch")
     script.write_text("\n".join([
-        "#!/bin/bash", "#SBATCH -N 3", "#SBATCH --requeue", "#SBATCH --no-kill",
+        "#!/bin/bash", "#SBATCH -N 4", "#SBATCH --requeue", "#SBATCH --no-kill",
         "#SBATCH -t 10", f"cd {REPO}",
         f"{sys.executable} -m slurm_robust.cli.main launch --spares 1 --folder {run_dir} "
         f"--hang-timeout 8 -- {sys.executable} examples/train_gpt.py --steps 60 "
