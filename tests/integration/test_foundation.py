@@ -48,9 +48,14 @@ def test_requeue_with_immediate_start_runs_again_quickly(minicluster):
     s = minicluster.slurm
     out = _out_dir(minicluster, "requeue")
     job_id = s.sbatch(["-N", "1", "-p", "train", "--requeue", "-o", str(out / "%j.out")],
-                      script="#!/bin/sh\nsleep 300\n")
+                      script=f"#!/bin/sh\ntouch {out}/started.$SLURM_JOB_ID\nsleep 300\n")
     try:
-        wait_until("job running", lambda: s.job(job_id).running)
+        # Running in squeue is not enough: Slurm 22.05 kills a batch step whose launch is
+        # still in flight when it is requeued ("Killing non-startable batch JobId=N: Job
+        # credential revoked"), and the job then ends instead of running again. The
+        # requeue is measured from a job whose script has started.
+        wait_until("job script started",
+                   lambda: s.job(job_id).running and (out / f"started.{job_id}").exists())
         t0 = time.monotonic()
         s.requeue(job_id, start_now=True)
         job = wait_until("job running again",
