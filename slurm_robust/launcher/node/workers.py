@@ -279,13 +279,7 @@ def stop_workers(workers: list[Worker], grace_s: float, drain_s: float = 0.0) ->
     for w in alive:
         _signal(w.popen.pid, signal.SIGTERM)
         _signal(w.popen.pid, signal.SIGCONT)
-    deadline = time.time() + grace_s
-    while time.time() < deadline:
-        left = [w for w in alive if w.popen.poll() is None]
-        if not left:
-            break
-        # Woken by the exit itself (pidfds), not a fixed poll: a restart waits on this.
-        wait_for_exit(left, min(0.02, max(0.0, deadline - time.time())))
+    _wait_gone(alive, grace_s)
     for w in alive:
         if w.popen.poll() is None:
             _signal(w.popen.pid, signal.SIGKILL)
@@ -303,12 +297,18 @@ def _drain(workers: list[Worker], drain_s: float) -> None:
                 and procfs.catches_signal(w.popen.pid, DRAIN_SIGNAL)]
     for w in draining:
         _signal(w.popen.pid, DRAIN_SIGNAL)
-    deadline = time.time() + drain_s
+    _wait_gone(draining, drain_s)
+
+
+def _wait_gone(workers: list[Worker], timeout_s: float) -> None:
+    """Return when every one of ``workers`` has exited, or after ``timeout_s``."""
+    deadline = time.time() + timeout_s
     while time.time() < deadline:
-        left = [w for w in draining if w.popen.poll() is None]
+        left = [w for w in workers if w.popen.poll() is None]
         if not left:
             return
-        wait_for_exit(left, min(0.05, max(0.0, deadline - time.time())))
+        # Woken by the exit itself (pidfds), not a fixed poll: a restart waits on this.
+        wait_for_exit(left, min(0.02, max(0.0, deadline - time.time())))
 
 
 def _signal(pid: int, sig: int) -> None:
