@@ -7,7 +7,6 @@ has every step with its loss, and the restore."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -21,6 +20,7 @@ pytest.importorskip("accelerate", reason="the Trainer needs accelerate "
 import transformers  # noqa: E402
 
 from slurm_robust.integrations.hf import RobustCallback  # noqa: E402
+from tests.unit.integrations.launcher_env import lines, robust_env
 
 # 32 samples / batch 4: 8 steps an epoch. Step 12 is batch 4 of epoch 1; step 8 ends epoch 0.
 STEPS, BATCH, SAMPLES = 20, 4, 32
@@ -71,23 +71,6 @@ def fit(tmp_path: Any, crash_at: int | None = None,
     transformers.Trainer(model=model, args=args, train_dataset=Pairs(),
                          callbacks=callbacks).train()
     return model
-
-
-def robust_env(monkeypatch, tmp_path, job: str) -> Any:
-    progress = tmp_path / f"progress-{job}.jsonl"
-    monkeypatch.setenv("SLURM_ROBUST_PROGRESS", str(progress))
-    monkeypatch.setenv("SLURM_ROBUST_CKPT", json.dumps({
-        "shm_root": str(tmp_path / "shm"), "local_root": None, "durable_root": None,
-        "local_every": 0, "durable_every": 0, "peer_backup": False}))
-    monkeypatch.setenv("SLURM_ROBUST_JOB_ID", job)
-    monkeypatch.setenv("SLURM_ROBUST_NODE", "n1")
-    for var in ("RANK", "WORLD_SIZE", "SLURM_ROBUST_RUN_DIR"):
-        monkeypatch.delenv(var, raising=False)
-    return progress
-
-
-def lines(path: Any) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def assert_same_params(a: torch.nn.Module, b: torch.nn.Module) -> None:

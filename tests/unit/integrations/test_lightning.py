@@ -4,7 +4,6 @@ an uninterrupted fit; the progress channel has every step and the restore."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ pl = pytest.importorskip("pytorch_lightning", reason="PyTorch Lightning is not i
                          "(optional extra: pip install 'slurm-robust[lightning]')")
 
 from slurm_robust.integrations.lightning import RobustCallback  # noqa: E402
+from tests.unit.integrations.launcher_env import lines, robust_env  # noqa: E402
 
 STEPS, CRASH_AT, BATCH = 10, 6, 4
 
@@ -73,23 +73,6 @@ def fit(crash_at: int | None = None) -> Regression:
                          enable_model_summary=False, callbacks=[RobustCallback()])
     trainer.fit(model, ResumableLoader(data, batch_size=BATCH))  # 16 batches an epoch
     return model
-
-
-def robust_env(monkeypatch, tmp_path, job: str) -> Any:
-    progress = tmp_path / f"progress-{job}.jsonl"
-    monkeypatch.setenv("SLURM_ROBUST_PROGRESS", str(progress))
-    monkeypatch.setenv("SLURM_ROBUST_CKPT", json.dumps({
-        "shm_root": str(tmp_path / "shm"), "local_root": None, "durable_root": None,
-        "local_every": 0, "durable_every": 0, "peer_backup": False}))
-    monkeypatch.setenv("SLURM_ROBUST_JOB_ID", job)
-    monkeypatch.setenv("SLURM_ROBUST_NODE", "n1")
-    for var in ("RANK", "WORLD_SIZE", "SLURM_ROBUST_RUN_DIR"):
-        monkeypatch.delenv(var, raising=False)
-    return progress
-
-
-def lines(path: Any) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_a_crashed_fit_resumes_bit_identical(monkeypatch, tmp_path):
