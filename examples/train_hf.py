@@ -77,9 +77,15 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=288)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-step-time", type=float, default=0.0)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch's intra-op threads (default: torch's own choice). The bits "
+                        "of a reduction depend on it: runs compared digest to digest must "
+                        "use the same count")
     p.add_argument("--output-dir", default=None,
                    help="the Trainer's output_dir (default: a temporary directory)")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
     config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=LENGTH, n_embd=32,
                                      n_layer=2, n_head=2)

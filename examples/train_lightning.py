@@ -109,7 +109,13 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=288)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-step-time", type=float, default=0.0)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch's intra-op threads (default: torch's own choice). The bits "
+                        "of a reduction depend on it: runs compared digest to digest must "
+                        "use the same count")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     model = Regressor(args)

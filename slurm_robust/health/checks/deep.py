@@ -31,9 +31,11 @@ def deep_matmul(ctx: CheckContext, params: Mapping[str, Any]) -> Outcome:
     if ctx.config.gpus_per_node:
         return _gpu_matmul(params)
     # One BLAS thread: spinning BLAS workers on cores shared with jobs measure contention,
-    # not the node (only effective when numpy is not imported yet, as in the epilog).
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # not the node. Only read when numpy is first imported (as in the epilog); a process
+    # that already has numpy keeps its environment, which its own children inherit.
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     import numpy as np
 
     n = int(params["cpu_n"])
