@@ -77,6 +77,9 @@ class RunConfig:
         fail_slow_window, fail_slow_min_votes: a node flagged slowest in at least
             min_votes of the last window rounds (and more often than any other) is evicted.
         fail_slow_factor: a rank is slow above this multiple of the median busy time.
+        fail_slow_min_excess_s: and at least this many seconds above it. Scheduler jitter
+            on a shared host reaches tens of ms, which is 1.5x a step of tens of ms; a
+            slow machine under a real step costs far more than the 50 ms default.
         resume_args: arguments appended to the command from the first restart on (a
             script with its own checkpoints, e.g. ``("--init_from=resume",)``).
         resume_if_exists: append resume_args only when this file exists (relative to the
@@ -127,6 +130,7 @@ class RunConfig:
     fail_slow_window: int = 5
     fail_slow_min_votes: int = 3
     fail_slow_factor: float = 1.5
+    fail_slow_min_excess_s: float = 0.05
     resume_args: tuple[str, ...] = ()
     resume_if_exists: str | None = None
     auto_steps: bool = False
@@ -187,7 +191,9 @@ class RunConfig:
         return FailSlowOptions(interval_s=self.fail_slow_interval_s,
                                window=self.fail_slow_window,
                                min_votes=self.fail_slow_min_votes,
-                               slow_factor=self.fail_slow_factor, max_slow_fraction=share)
+                               slow_factor=self.fail_slow_factor,
+                               min_excess_s=self.fail_slow_min_excess_s,
+                               max_slow_fraction=share)
 
     @property
     def world_size(self) -> int:

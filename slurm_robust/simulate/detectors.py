@@ -45,6 +45,7 @@ def fail_slow_vote(nodes: Sequence[str], slow: int, slow_factor: float,
         window=int(launch_default("fail_slow_window")),  # type: ignore[call-overload]
         min_votes=int(launch_default("fail_slow_min_votes")),  # type: ignore[call-overload]
         slow_factor=float(launch_default("fail_slow_factor")),  # type: ignore[arg-type]
+        min_excess_s=float(launch_default("fail_slow_min_excess_s")),  # type: ignore[arg-type]
         max_slow_fraction=share)
     mon = FailSlowMonitor(layout, opts)
     now = 0.0

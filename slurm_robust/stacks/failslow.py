@@ -66,6 +66,9 @@ class FailSlowOptions:
                              f"got {self.min_votes}")
         if self.slow_factor <= 1:
             raise UsageError(f"fail-slow: slow_factor must be > 1, got {self.slow_factor}")
+        if not self.min_excess_s >= 0:
+            raise UsageError(f"fail-slow: min_excess_s must be >= 0 s, got "
+                             f"{self.min_excess_s}")
         if not 0 < self.max_slow_fraction < 1 or not 0 < self.min_reporting <= 1:
             raise UsageError("fail-slow: max_slow_fraction must be in (0, 1) and "
                              "min_reporting in (0, 1]")

@@ -251,10 +251,13 @@ def test_slow_worker_is_evicted_to_a_spare(runs, minicluster):
     victim = slots[rank]
     runs.killed.append(victim)  # its verdict drains it at job end; resumed at teardown
     try:
-        # A 20 ms stop/continue cycle halves the speed of every step's compute (~40 ms
-        # here); the injection ends once the evicted worker is gone.
+        # A 20 ms stop/continue cycle makes every step's compute (~40 ms here) 5x slower;
+        # the injection ends once the evicted worker is gone. Halving it was too close to
+        # the jitter of a loaded 2-core host (busy medians of 27-54 ms from round to
+        # round): CI once saw a second, healthy node evicted. The launcher's 50 ms
+        # minimum excess keeps such jitter from voting.
         injected = run.inject("slow-worker", "--rank", str(rank), "--duration", "50",
-                              "--period", "0.02")
+                              "--period", "0.02", "--slowdown", "5")
         end = run.wait_end()
         inc = the_incident(run)
         assert (inc["class"], inc["category"], inc["rung"]) == \

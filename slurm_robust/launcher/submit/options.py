@@ -69,6 +69,9 @@ def add_robust_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fail-slow-factor", type=float, default=None, metavar="F",
                    help="fail-slow detection: a rank is slow above F x the median busy "
                         "time (default 1.5)")
+    p.add_argument("--fail-slow-min-excess", type=float, default=None, metavar="S",
+                   help="fail-slow detection: and at least S seconds above it (default "
+                        f"{_D.fail_slow_min_excess_s:g}; ignores jitter on short steps)")
     p.add_argument("--no-fail-slow", action="store_true",
                    help="turn fail-slow detection off")
     p.add_argument("--nan-policy", choices=("stop", "skip"), default=None,
@@ -99,6 +102,7 @@ def build_config(args: argparse.Namespace, nodes: int, gpus_per_node: int | None
                       ("heartbeat_timeout", "heartbeat_timeout_s"),
                       ("fail_slow_interval", "fail_slow_interval_s"),
                       ("fail_slow_factor", "fail_slow_factor"),
+                      ("fail_slow_min_excess", "fail_slow_min_excess_s"),
                       ("workers_per_node", "workers_per_node"),
                       ("nan_policy", "nan_policy"),
                       ("on_shortfall", "on_shortfall")):

@@ -9,8 +9,8 @@ kill-worker    SIGKILL one worker
 stop-worker    SIGSTOP one worker (a hang; the launcher's SIGKILL still ends it)
 nan            SIGUSR1 one worker: slurm_robust.train poisons a parameter with NaN
                after the next snapshot, so the following step's loss is NaN
-slow-worker    SIGSTOP/SIGCONT duty cycle on one worker for ``duration`` seconds (half
-               of every ``period`` stopped: the worker runs about half as fast)
+slow-worker    SIGSTOP/SIGCONT duty cycle on one worker for ``duration`` seconds
+               (``slowdown`` 2: half of every ``period`` stopped, about half as fast)
 kill-node      mini-cluster only: SIGKILL the node's slurmd, every process of the job
                on that node (its slurmstepds, the agent, the workers), and wipe the
                node's shared-memory and local checkpoint directories of the job
@@ -97,7 +97,7 @@ def check_pid(pid: int, job_id: str) -> None:
 def inject(fault: str, job_id: str, node: str | None = None, rank: int | None = None,
            run_dir: str | None = None, duration_s: float = 10.0,
            period_s: float = 0.2, mode: str = "param", probability: float = 0.1,
-           bitwise: bool = False) -> dict[str, Any]:
+           bitwise: bool = False, slowdown: float = 2.0) -> dict[str, Any]:
     """Inject ``fault`` into job ``job_id``; returns what was done (also recorded)."""
     if fault not in FAULTS:
         raise InjectionError(f"unknown fault {fault!r}; choose from {', '.join(FAULTS)}")
@@ -146,8 +146,11 @@ def inject(fault: str, job_id: str, node: str | None = None, rank: int | None = 
             if not 0.002 <= period_s <= duration_s:
                 raise InjectionError(f"slow-worker: period {period_s} s must be in "
                                      f"0.002..duration ({duration_s} s)")
-            record.update(duration_s=duration_s, period_s=period_s)
-            slow_down(pid, duration_s, period_s)
+            if not 1.0 < slowdown <= 20.0:
+                raise InjectionError(f"slow-worker: slowdown {slowdown} must be in (1, 20] "
+                                     "(times slower than normal)")
+            record.update(duration_s=duration_s, period_s=period_s, slowdown=slowdown)
+            slow_down(pid, duration_s, period_s, stopped_fraction=1.0 - 1.0 / slowdown)
     # Written as the job's user's files, without following links (records.py).
     inject_dir = ensure_private_subdir(RunPaths.of(run_dir).inject, owner)
     out = inject_dir / f"{time.strftime('%H%M%S')}-{int(now * 1000) % 1000:03d}" \
@@ -158,7 +161,8 @@ def inject(fault: str, job_id: str, node: str | None = None, rank: int | None = 
 
 def slow_down(pid: int, duration_s: float, period_s: float = 0.2,
               stopped_fraction: float = 0.5) -> None:
-    """Stop and continue ``pid`` in a duty cycle: it runs about half as fast."""
+    """Stop and continue ``pid`` in a duty cycle: stopped ``stopped_fraction`` of each
+    ``period_s`` (0.5: it runs about half as fast)."""
     end = time.time() + duration_s
     try:
         while time.time() < end:

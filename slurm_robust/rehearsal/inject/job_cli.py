@@ -39,6 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             p.add_argument("--period", type=float, default=0.2,
                            help="seconds per stop/continue cycle; keep it well below a "
                                 "step's compute time so every step is slowed alike")
+            p.add_argument("--slowdown", type=float, default=2.0,
+                           help="how many times slower the worker runs (default 2: "
+                                "stopped half of each cycle)")
         if fault == "nan":
             p.add_argument("--mode", choices=("param", "data"), default="param",
                            help="param: poison a parameter once (default); data: a "
@@ -57,6 +60,7 @@ def _run_fault(args: argparse.Namespace) -> int:
     record = inject(args._fault, check_job_id(args.job), node=args.node, rank=args.rank,
                     run_dir=args.run_dir, duration_s=getattr(args, "duration", 10.0),
                     period_s=getattr(args, "period", 0.2),
+                    slowdown=getattr(args, "slowdown", 2.0),
                     mode=getattr(args, "mode", "param"),
                     probability=getattr(args, "probability", 0.1),
                     bitwise=getattr(args, "bitwise", False))

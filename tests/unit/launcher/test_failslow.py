@@ -26,7 +26,7 @@ from slurm_robust.records import read_records
 
 NODES = ["n1", "n2", "n3"]
 
-# Lock-step like a collective; "compute" is a sleep, 4x longer on the slow node(s) from
+# Lock-step like a collective; "compute" is a sleep, 7x longer on the slow node(s) from
 # step SLOW_FROM on. busy_s covers the compute only, as `with run.busy():` would.
 WORKER = textwrap.dedent("""
     import json, os, sys, time
@@ -46,7 +46,7 @@ WORKER = textwrap.dedent("""
     for step in range(start + 1, steps + 1):
         slow = step >= slow_from and slow_node in (node, "all")
         t0 = time.monotonic()
-        time.sleep(0.08 if slow else 0.02)
+        time.sleep(0.14 if slow else 0.02)
         busy = time.monotonic() - t0
         while min(done(r) for r in range(world)) < step - 1:
             time.sleep(0.003)
@@ -150,6 +150,7 @@ def test_busy_values_from_workers_are_checked():
 
 
 @pytest.mark.parametrize("bad", [{"fail_slow_min_votes": 6}, {"fail_slow_factor": 1.0},
+                                 {"fail_slow_min_excess_s": -1.0},
                                  {"fail_slow_interval_s": 0}, {"fail_slow_window": 0}])
 def test_bad_thresholds_are_refused(bad):
     with pytest.raises(UsageError, match="fail-slow"):

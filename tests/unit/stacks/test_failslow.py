@@ -106,3 +106,17 @@ def test_round_with_too_few_reports_or_too_many_slow_ranks_flags_nothing():
 def test_bad_options_are_refused(kwargs):
     with pytest.raises(UsageError):
         FailSlowOptions(**kwargs)
+
+
+def test_jitter_below_the_minimum_excess_is_not_slow():
+    # Busy medians of 27-54 ms round to round on a loaded 2-core host: one rank at 1.8x
+    # the median by 25 ms is scheduler noise, not a slow machine.
+    busy = {r: 0.03 for r in range(LAYOUT.world_size)}
+    busy[5] = 0.055
+    assert flag_round(busy, LAYOUT, FailSlowOptions()).slow_ranks == (5,)
+    quiet = flag_round(busy, LAYOUT, FailSlowOptions(min_excess_s=0.05))
+    assert quiet.slow_ranks == () and quiet.flagged is None
+    busy[5] = 0.09  # 60 ms above: slow whatever the step
+    assert flag_round(busy, LAYOUT, FailSlowOptions(min_excess_s=0.05)).slow_ranks == (5,)
+    with pytest.raises(UsageError, match="min_excess_s"):
+        FailSlowOptions(min_excess_s=-0.01)
