@@ -47,6 +47,9 @@ class FailSlowOptions:
         (that is not one fault).
     min_reporting: share of ranks that must report in a round for it to count.
     single_rank_dim: the group evicted for one slow rank.
+    warmup_samples: each rank's first samples in a monitor's life that are not counted
+        (the first steps of a generation: compilation, allocator and cache warm-up take
+        each rank a different time, and once flagged a healthy rank of three).
     """
 
     interval_s: float = 10.0
@@ -57,6 +60,7 @@ class FailSlowOptions:
     max_slow_fraction: float = 0.25
     min_reporting: float = 0.5
     single_rank_dim: str = "pp"
+    warmup_samples: int = 2
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.window < 1:
@@ -66,6 +70,9 @@ class FailSlowOptions:
                              f"got {self.min_votes}")
         if self.slow_factor <= 1:
             raise UsageError(f"fail-slow: slow_factor must be > 1, got {self.slow_factor}")
+        if self.warmup_samples < 0:
+            raise UsageError(f"fail-slow: warmup_samples must be >= 0, got "
+                             f"{self.warmup_samples}")
         if not self.min_excess_s >= 0:
             raise UsageError(f"fail-slow: min_excess_s must be >= 0 s, got "
                              f"{self.min_excess_s}")
@@ -156,12 +163,16 @@ class FailSlowMonitor:
     started: float | None = None
     rounds: deque[RoundResult] = field(init=False)
     _samples: dict[int, list[float]] = field(default_factory=dict, init=False)
+    _seen: Counter[int] = field(default_factory=Counter, init=False)
 
     def __post_init__(self) -> None:
         self.rounds = deque(maxlen=self.options.window)
 
     def record(self, rank: int, busy_s: float, now: float) -> None:
         self.layout.check_rank(rank)
+        self._seen[rank] += 1
+        if self._seen[rank] <= self.options.warmup_samples:
+            return
         if self.started is None:
             self.started = now
         self._samples.setdefault(rank, []).append(busy_s)

@@ -120,3 +120,22 @@ def test_jitter_below_the_minimum_excess_is_not_slow():
     assert flag_round(busy, LAYOUT, FailSlowOptions(min_excess_s=0.05)).slow_ranks == (5,)
     with pytest.raises(UsageError, match="min_excess_s"):
         FailSlowOptions(min_excess_s=-0.01)
+
+
+def test_each_ranks_first_samples_are_warm_up():
+    # A generation's first steps: one rank compiling 10x longer than the others.
+    mon = FailSlowMonitor(LAYOUT, FailSlowOptions(interval_s=1.0, window=1, min_votes=1,
+                                                  warmup_samples=2))
+    now = 0.0
+    for step in range(2):
+        for rank in range(LAYOUT.world_size):
+            mon.record(rank, 1.0 if rank == 3 else 0.1, now)
+        now += 0.6
+    assert mon.started is None and mon.poll(now) is None
+    for _ in range(2):
+        for rank in range(LAYOUT.world_size):
+            mon.record(rank, 0.1, now)
+        now += 0.6
+    assert mon.poll(now) is None and mon.rounds[-1].slow_ranks == ()
+    with pytest.raises(UsageError, match="warmup_samples"):
+        FailSlowOptions(warmup_samples=-1)
