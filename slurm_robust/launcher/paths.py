@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_robust.launcher.run_dir_trust import read_trusted_json, run_dir_owner
+from slurm_robust.run_dir_trust import read_trusted_json, run_dir_owner
 from slurm_robust.secure_fs import UnsafePathError
 from slurm_robust.site_config import CONFIG_ENV, SiteConfig, load_site_config
 

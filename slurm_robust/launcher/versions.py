@@ -43,12 +43,12 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from slurm_robust.errors import UsageError
-from slurm_robust.launcher.run_dir_trust import (
+from slurm_robust.records import append_record, read_records, write_json_atomic
+from slurm_robust.run_dir_trust import (
     UntrustedRunDirError,
     check_dir,
     read_trusted_json,
 )
-from slurm_robust.records import append_record, read_records, write_json_atomic
 from slurm_robust.scriptenv import is_python
 
 CHANGE_SCHEMA = "slurm_robust.change"

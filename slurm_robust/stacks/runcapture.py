@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.errors import SlurmRobustError, UsageError
+from slurm_robust.run_dir_trust import read_trusted_json, run_dir_owner
+from slurm_robust.secure_fs import UnsafePathError
 from slurm_robust.slurm import RetryPolicy, check_job_id, check_node_name, run_slurm_command
 from slurm_robust.stacks import procfs
 from slurm_robust.stacks.capture import CaptureOptions, capture_local, new_capture_id
@@ -63,19 +65,25 @@ class AgentFile:
 def read_agent_files(run_dir: str | os.PathLike[str]) -> dict[str, AgentFile]:
     """The published agent files of a run, by node.
 
-    Raises UsageError when there is no agents directory or a file is malformed.
+    The pids they list are signalled, so each file must be the run directory owner's
+    (root trusts a directory named to it as its owner's), a regular file, not a link and
+    not writable by others (slurm_robust/run_dir_trust.py).
+
+    Raises UsageError when there is no agents directory or a file is malformed or
+    untrusted.
     """
     agents = Path(run_dir) / "agents"
     if not agents.is_dir():
         raise UsageError(f"no {agents}: is {run_dir} the run directory of a started run?")
+    owner = run_dir_owner(run_dir)
     out: dict[str, AgentFile] = {}
     for path in sorted(agents.glob("*.json")):
         try:
-            obj = json.loads(path.read_text())
+            obj = read_trusted_json(path, owner)
             node = str(obj.get("node") or path.stem)
             workers = {int(r): int(p) for r, p in (obj.get("workers") or {}).items()}
-            out[node] = AgentFile(node, workers, path.stat().st_uid)
-        except (OSError, ValueError, AttributeError, TypeError) as exc:
+            out[node] = AgentFile(node, workers, owner)
+        except (OSError, ValueError, AttributeError, TypeError, UnsafePathError) as exc:
             raise UsageError(f"cannot read agent file {path}: {exc}") from exc
     return out
 

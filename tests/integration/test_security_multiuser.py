@@ -6,8 +6,11 @@ her do: pre-create the job's checkpoint directories and plant links and a copy t
 would execute code if unpickled, read the controller's address and key, connect to the
 controller with a forged report and a malformed exit record, hold a flock on the root
 journals while the job's prologs and task exits append, and run a process whose name
-is not UTF-8 while the prologs check for stray processes. A worker is killed mid-run so
-the restore path reads the checkpoint tiers. Every attack must be refused, the run
+is not UTF-8 while the prologs check for stray processes; then, while the job trains,
+open 2,000 connections to its /metrics endpoint that never finish a request, hold 40
+unauthenticated connections to the controller, answer its challenge with a MAC that is
+not ASCII, and write into the run's durable checkpoint root. A worker is killed mid-run
+so the restore path reads the checkpoint tiers. Every attack must be refused, the run
 must end with the fault-free params_sha256, and no node may be left drained.
 """
 
@@ -111,6 +114,66 @@ CONNECT = textwrap.dedent("""
 """)
 
 
+#: mallory floods the run's endpoints while it trains (metrics and the controller's
+#: pre-authentication slots), tries a non-ASCII MAC and the durable checkpoint root.
+FLOOD = textwrap.dedent("""
+    import json, os, resource, socket, sys, time
+    mhost, mport, chost, cport = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    hold_s, ckpt_root = float(sys.argv[5]), sys.argv[6]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    out = {"metrics_opened": 0, "metrics_failed": 0, "preauth_opened": 0}
+    held = []
+    for _ in range(2000):
+        try:
+            s = socket.create_connection((mhost, mport), timeout=2)
+            s.sendall(b"GET /metrics HTTP/1.1\\r\\nHost: x\\r\\n")  # never ends it
+            held.append(s)
+            out["metrics_opened"] += 1
+        except OSError:
+            out["metrics_failed"] += 1
+    preauth = []
+    for _ in range(40):
+        try:
+            preauth.append(socket.create_connection((chost, cport), timeout=2))
+            out["preauth_opened"] += 1
+        except OSError:
+            pass
+    s = socket.create_connection((chost, cport), timeout=10)
+    f = s.makefile("rwb")
+    try:
+        f.readline()
+        mac = "\\u00e9" * 64
+        f.write((json.dumps({"auth": "response", "nonce": "0" * 32, "mac": mac},
+                            ensure_ascii=False) + "\\n").encode())
+        f.flush()
+        reply = f.readline()
+        out["non_ascii_mac"] = reply.decode() if reply else "closed"
+    except OSError as exc:
+        out["non_ascii_mac"] = "closed: " + type(exc).__name__
+    finally:
+        s.close()
+    try:
+        open(os.path.join(ckpt_root, "planted"), "w").close()
+        out["ckpt_root"] = "writable"
+    except OSError as exc:
+        out["ckpt_root"] = type(exc).__name__
+    # One byte every 2 s kept a slot for hours when the deadline was per read.
+    closed = set()
+    end = time.monotonic() + hold_s
+    while time.monotonic() < end:
+        for i, conn in enumerate(preauth):
+            if i not in closed:
+                try:
+                    conn.sendall(b"{")
+                except OSError:
+                    closed.add(i)
+        time.sleep(2)
+    out["preauth_closed"] = len(closed)
+    print(json.dumps(out))
+""")
+
+
 def _as(user: str, code: str, *args: str, timeout: float = 60.0, env=None):
     return subprocess.run(["runuser", "-u", user, "--", sys.executable, "-c", code, *args],
                           capture_output=True, text=True, timeout=timeout, env=env)
@@ -177,8 +240,24 @@ def test_a_second_user_cannot_steer_drain_or_run_code_in_a_robust_job(minicluste
         assert seen["controller_json"] == "PermissionError"
         for name in ("forged_report", "forged_auth", "malformed_exit"):
             assert seen[name].startswith("closed"), seen  # never a plan
-        # 4. a worker crash makes every rank restore from the (private) memory tier.
+        # 4. mallory floods /metrics and the controller's pre-authentication slots while
+        # a worker crash makes every rank restore from the (private) memory tier.
+        metrics = json.loads((Path(run.run_dir) / "metrics.json").read_text())
+        flood = subprocess.Popen(
+            ["runuser", "-u", cfg.attacker, "--", sys.executable, "-c", FLOOD,
+             metrics["host"], str(metrics["port"]), info["host"], str(info["port"]), "15",
+             str(run.paths.durable)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
         run.inject("kill-worker", "--rank", str(NODES - 1))
+        flooded, flood_err = flood.communicate(timeout=240)
+        assert flood.returncode == 0, flood_err
+        seen = json.loads(flooded)
+        assert seen["metrics_opened"] == 2000, seen  # accepted, the oldest closed at the cap
+        assert seen["non_ascii_mac"].startswith("closed"), seen
+        # every held pre-authentication slot closed by the handshake's total deadline
+        assert seen["preauth_opened"] > 0, seen
+        assert seen["preauth_closed"] == seen["preauth_opened"], seen
+        assert seen["ckpt_root"] == "PermissionError", seen
         end = run.wait_end()
     finally:
         holder.send_signal(signal.SIGTERM)

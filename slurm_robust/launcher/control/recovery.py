@@ -85,7 +85,7 @@ from slurm_robust.launcher.messages import (
     WorkerExit,
 )
 from slurm_robust.launcher.paths import RunPaths
-from slurm_robust.launcher.run_dir_trust import ensure_run_dir
+from slurm_robust.run_dir_trust import ensure_run_dir
 
 __all__ = ["CAPTURE_BUDGET_S", "GATHER_TIMEOUT_S", "HURRY_POLL_S", "SETTLE_HEARD_S",
            "SETTLE_S", "Fence", "Recovery", "SlurmSide"]

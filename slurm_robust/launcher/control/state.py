@@ -18,8 +18,8 @@ from typing import Any
 from slurm_robust.launcher.control.env_change import ChangeRecord, FingerprintRecord
 from slurm_robust.launcher.control.nan_ladder import LadderState
 from slurm_robust.launcher.messages import Incident
-from slurm_robust.launcher.run_dir_trust import read_trusted_json
 from slurm_robust.records import write_json_atomic
+from slurm_robust.run_dir_trust import read_trusted_json
 
 STATE_VERSION = 1
 

@@ -33,7 +33,7 @@ from slurm_robust.launcher.control import failover
 from slurm_robust.launcher.control.state import RunState, load_state
 from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.paths import RunPaths
-from slurm_robust.launcher.run_dir_trust import read_trusted_json
+from slurm_robust.run_dir_trust import read_trusted_json
 from slurm_robust.secure_fs import UnsafePathError
 from slurm_robust.slurm import Slurm, SlurmCommandError
 from slurm_robust.slurm.runner import RetryPolicy

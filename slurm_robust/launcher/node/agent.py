@@ -80,13 +80,13 @@ from slurm_robust.launcher.protocol import (
     ChannelClosed,
     host_address,
 )
-from slurm_robust.launcher.run_dir_trust import (
+from slurm_robust.records import write_json_atomic
+from slurm_robust.run_dir_trust import (
     check_run_dir,
     ensure_private_subdir,
     ensure_run_dir,
     read_trusted_json,
 )
-from slurm_robust.records import write_json_atomic
 from slurm_robust.scriptenv import worker_command
 from slurm_robust.secure_fs import UnsafePathError, private_dir, relative_parts
 from slurm_robust.stacks.capture import CaptureOptions, capture_local

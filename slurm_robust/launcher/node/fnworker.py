@@ -13,8 +13,8 @@ import pickle
 import sys
 from pathlib import Path
 
-from slurm_robust.launcher.run_dir_trust import check_run_dir, read_trusted_bytes
 from slurm_robust.records import write_bytes_atomic
+from slurm_robust.run_dir_trust import check_run_dir, read_trusted_bytes
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,7 +38,7 @@ from slurm_robust.launcher.nan_files import (  # noqa: F401 - the files' names, 
     SKIP_FILE,
     nan_dir,
 )
-from slurm_robust.launcher.run_dir_trust import read_trusted_json
+from slurm_robust.run_dir_trust import read_trusted_json
 from slurm_robust.secure_fs import UnsafePathError
 
 

@@ -33,16 +33,16 @@ from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.errors import LauncherError, RunStopped
 from slurm_robust.launcher.node.agent import run_agent
 from slurm_robust.launcher.paths import COMMENT_PREFIX, RunPaths, site_config_path
-from slurm_robust.launcher.run_dir_trust import (
-    ensure_private_subdir,
-    ensure_run_dir,
-    read_trusted_bytes,
-)
 from slurm_robust.records import (
     EVENT_SCHEMA,
     read_records,
     write_bytes_atomic,
     write_json_atomic,
+)
+from slurm_robust.run_dir_trust import (
+    ensure_private_subdir,
+    ensure_run_dir,
+    read_trusted_bytes,
 )
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.paths import COMMENT_PREFIX, RunPaths, site_config_path
-from slurm_robust.launcher.run_dir_trust import ensure_run_dir
 from slurm_robust.records import write_json_atomic
+from slurm_robust.run_dir_trust import ensure_run_dir
 from slurm_robust.slurm import Slurm, SlurmCommandError
 
 

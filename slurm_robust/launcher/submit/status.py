@@ -11,8 +11,8 @@ from slurm_robust.errors import UsageError
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.messages import Incident
 from slurm_robust.launcher.paths import RunPaths, run_dir_from_comment
-from slurm_robust.launcher.run_dir_trust import check_run_dir, run_dir_owner
 from slurm_robust.records import EVENT_SCHEMA, VERDICT_SCHEMA, read_records
+from slurm_robust.run_dir_trust import check_run_dir, run_dir_owner
 from slurm_robust.slurm import Slurm
 
 

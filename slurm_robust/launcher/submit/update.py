@@ -21,7 +21,7 @@ from slurm_robust.errors import UsageError
 from slurm_robust.launcher import versions as vs
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.paths import RunPaths
-from slurm_robust.launcher.run_dir_trust import check_run_dir, read_trusted_json
+from slurm_robust.run_dir_trust import check_run_dir, read_trusted_json
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}

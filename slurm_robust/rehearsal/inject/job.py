@@ -36,9 +36,9 @@ from slurm_robust.cluster.config import ClusterConfig
 from slurm_robust.cluster.manager import MiniCluster
 from slurm_robust.launcher.errors import InjectionError
 from slurm_robust.launcher.paths import CLUSTER_DIR_ENV, RunPaths, load_site
-from slurm_robust.launcher.run_dir_trust import ensure_private_subdir
 from slurm_robust.launcher.submit.status import job_run
 from slurm_robust.records import write_json_atomic
+from slurm_robust.run_dir_trust import ensure_private_subdir
 from slurm_robust.slurm import Slurm, SlurmCommandError
 from slurm_robust.stacks import procfs
 

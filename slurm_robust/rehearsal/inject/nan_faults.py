@@ -29,9 +29,9 @@ from slurm_robust.launcher.node.nan_local import (
     nan_dir,
 )
 from slurm_robust.launcher.paths import RunPaths
-from slurm_robust.launcher.run_dir_trust import ensure_private_subdir
 from slurm_robust.launcher.submit.status import run_status
 from slurm_robust.records import write_json_atomic
+from slurm_robust.run_dir_trust import ensure_private_subdir
 from slurm_robust.stacks import procfs
 
 #: The poisoned step is this many steps past the last one the controller logged: far

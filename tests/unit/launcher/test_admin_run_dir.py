@@ -14,11 +14,11 @@ import pytest
 
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.paths import COMMENT_PREFIX
-from slurm_robust.launcher.run_dir_trust import UntrustedRunDirError, ensure_private_subdir
 from slurm_robust.launcher.submit import status as status_mod
 from slurm_robust.launcher.submit.update import request_update
 from slurm_robust.records import write_json_atomic
 from slurm_robust.rehearsal.inject import job as inject_job
+from slurm_robust.run_dir_trust import UntrustedRunDirError, ensure_private_subdir
 
 OTHER = 4242
 needs_root = pytest.mark.skipif(os.geteuid() != 0,

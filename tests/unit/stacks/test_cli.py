@@ -141,3 +141,21 @@ def test_run_dir_capture_distrusts_the_agent_files(sleepers, tmp_path, capsys):
     (run / "stacks").symlink_to(tmp_path / "elsewhere")
     assert main(["stacks", "capture", "--run-dir", str(run), "--capture-id", "c"]) == 2
     assert "outside the run directory" in capsys.readouterr().err
+
+
+def test_run_dir_capture_refuses_agent_files_others_could_have_planted(sleepers, tmp_path,
+                                                                       capsys):
+    pids = sleepers(1)
+    run = tmp_path / "run"
+    _agents(run, "node1", {0: pids[0]})
+    agent = run / "agents" / "node1.json"
+    agent.chmod(0o666)  # anyone could have named the pids to signal
+    assert main(["stacks", "capture", "--run-dir", str(run), "--capture-id", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read agent file" in err and "node1.json" in err
+    real = tmp_path / "planted.json"
+    agent.replace(real)
+    real.chmod(0o644)
+    agent.symlink_to(real)
+    assert main(["stacks", "capture", "--run-dir", str(run), "--capture-id", "x"]) == 2
+    assert "symlink" in capsys.readouterr().err

@@ -127,7 +127,7 @@ def test_each_ranks_first_samples_are_warm_up():
     mon = FailSlowMonitor(LAYOUT, FailSlowOptions(interval_s=1.0, window=1, min_votes=1,
                                                   warmup_samples=2))
     now = 0.0
-    for step in range(2):
+    for _ in range(2):
         for rank in range(LAYOUT.world_size):
             mon.record(rank, 1.0 if rank == 3 else 0.1, now)
         now += 0.6

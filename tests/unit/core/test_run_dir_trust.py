@@ -1,4 +1,4 @@
-"""The run directory as a trust boundary (slurm_robust/launcher/run_dir_trust.py) and
+"""The run directory as a trust boundary (slurm_robust/run_dir_trust.py) and
 every reader routed through it: a directory or file another user made, could write, or
 linked is refused before its content is used."""
 
@@ -17,7 +17,8 @@ from slurm_robust.launcher.control.state import RunState, load_state, save_state
 from slurm_robust.launcher.control.succession import read_controller
 from slurm_robust.launcher.node import fnworker
 from slurm_robust.launcher.paths import RunPaths
-from slurm_robust.launcher.run_dir_trust import (
+from slurm_robust.launcher.submit import launch as launch_mod
+from slurm_robust.run_dir_trust import (
     UntrustedRunDirError,
     check_run_dir,
     ensure_run_dir,
@@ -25,7 +26,6 @@ from slurm_robust.launcher.run_dir_trust import (
     read_trusted_json,
     run_dir_owner,
 )
-from slurm_robust.launcher.submit import launch as launch_mod
 
 #: Another user's uid for planted files (chown needs root; the CI runs the tests as root).
 OTHER = 4242
