@@ -31,10 +31,12 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pwd
 import stat
 from pathlib import Path
 from typing import Any
 
+from slurm_robust.records import write_json_atomic
 from slurm_robust.secure_fs import UnsafePathError
 
 #: Directories a run keeps under its run directory that steer what runs.
@@ -123,6 +125,52 @@ def ensure_run_dir(run_dir: str | os.PathLike[str]) -> Path:
         pass
     check_run_dir(root)
     return root
+
+
+def write_json_as_owner(directory: str | os.PathLike[str], name: str, obj: Any,
+                        owner: int) -> Path:
+    """Write ``directory/name`` (JSON, 0600) as ``owner``, making ``directory`` (0700) if
+    absent. Root's admin tools write into a user's run directory this way: in a child
+    process with the user's uid and gid, so the kernel applies the user's own rights to
+    every component of the path. A directory the user swapped for a link to /etc between
+    our check and the write then fails as it would for the user, instead of root
+    creating or chown-ing something there. Raises UnsafePathError with the child's reason.
+    """
+    target = Path(directory) / name
+    if os.geteuid() != 0 or owner == 0:
+        ensure_private_subdir(directory)
+        write_json_atomic(target, obj, mode=0o600)
+        return target
+    try:
+        gid = pwd.getpwuid(owner).pw_gid
+    except KeyError:  # a uid without a passwd entry (a site's LDAP user seen from here)
+        gid = owner
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop to the user, write, report through the pipe
+        code = 1
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(owner)
+            ensure_private_subdir(directory)
+            write_json_atomic(target, obj, mode=0o600)
+            code = 0
+        except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
+            os.write(write_end, f"{type(exc).__name__}: {exc}".encode()[:4000])
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb") as fh:
+            reason = fh.read().decode(errors="replace")
+    finally:
+        _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise UnsafePathError(f"cannot write {target} as uid {owner}: "
+                              f"{reason or 'the writer died'}")
+    return target
 
 
 def ensure_private_subdir(path: str | os.PathLike[str], owner: int | None = None) -> Path:

@@ -3,7 +3,9 @@
 `robust` runs examples/train_gpt.py through the launcher; `mallory` (a second
 unprivileged account created by `cluster up`) tries, during that run, what wave 1 let
 her do: pre-create the job's checkpoint directories and plant links and a copy that
-would execute code if unpickled, read the controller's address and key, connect to the
+would execute code if unpickled, make the kernel log lines that begin like an Xid, a
+panic or an OOM kill (a faulting process's name starts the kernel's segfault line), read
+the controller's address and key, connect to the
 controller with a forged report and a malformed exit record, hold a flock on the root
 journals while the job's prologs and task exits append, and run a process whose name
 is not UTF-8 while the prologs check for stray processes; then, while the job trains,
@@ -174,6 +176,33 @@ FLOOD = textwrap.dedent("""
 """)
 
 
+#: mallory's processes fault under names that open kernel-log formats: the kernel prints
+#: "<comm>[pid]: segfault at ..." with her chosen name (15 bytes) at the line's start.
+CRASH = textwrap.dedent("""
+    import ctypes, sys
+    ctypes.CDLL(None).prctl(15, ctypes.c_char_p(sys.argv[1].encode()), 0, 0, 0)
+    ctypes.string_at(0)
+""")
+CRASH_NAMES = ("NVRM: Xid (PCI:", "Kernel panic - ", "Out of memory: ", "INFO: task ",
+               "blk_update_requ")
+
+
+def _crash_lines() -> int:
+    dmesg = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=30)
+    return sum(1 for ln in dmesg.stdout.splitlines()
+               if "segfault at" in ln and any(f"{n}[" in ln for n in CRASH_NAMES))
+
+
+def _kernel_log_attack(user: str) -> int:
+    """Fault one process per name; returns how many kernel-log lines that carry the names
+    appeared (none where the kernel does not log user faults: debug.exception-trace 0)."""
+    before = _crash_lines()
+    for name in CRASH_NAMES:
+        crashed = _as(user, CRASH, name)
+        assert crashed.returncode in (-signal.SIGSEGV, 128 + signal.SIGSEGV), crashed
+    return _crash_lines() - before
+
+
 def _as(user: str, code: str, *args: str, timeout: float = 60.0, env=None):
     return subprocess.run(["runuser", "-u", user, "--", sys.executable, "-c", code, *args],
                           capture_output=True, text=True, timeout=timeout, env=env)
@@ -240,7 +269,11 @@ def test_a_second_user_cannot_steer_drain_or_run_code_in_a_robust_job(minicluste
         assert seen["controller_json"] == "PermissionError"
         for name in ("forged_report", "forged_auth", "malformed_exit"):
             assert seen[name].startswith("closed"), seen  # never a plan
-        # 4. mallory floods /metrics and the controller's pre-authentication slots while
+        # 4. mallory's faulting processes write kernel-log lines that start like an Xid, a
+        # panic, an OOM kill, a hung task and a block-layer error: no node may be blamed.
+        if Path("/proc/sys/debug/exception-trace").read_text().strip() == "1":
+            assert _kernel_log_attack(cfg.attacker) >= 1  # the kernel did log her names
+        # 5. mallory floods /metrics and the controller's pre-authentication slots while
         # a worker crash makes every rank restore from the (private) memory tier.
         metrics = json.loads((Path(run.run_dir) / "metrics.json").read_text())
         flood = subprocess.Popen(

@@ -37,8 +37,7 @@ from slurm_robust.cluster.manager import MiniCluster
 from slurm_robust.launcher.errors import InjectionError
 from slurm_robust.launcher.paths import CLUSTER_DIR_ENV, RunPaths, load_site
 from slurm_robust.launcher.submit.status import job_run
-from slurm_robust.records import write_json_atomic
-from slurm_robust.run_dir_trust import ensure_private_subdir
+from slurm_robust.run_dir_trust import write_json_as_owner
 from slurm_robust.slurm import Slurm, SlurmCommandError
 from slurm_robust.stacks import procfs
 
@@ -151,11 +150,9 @@ def inject(fault: str, job_id: str, node: str | None = None, rank: int | None = 
                                      "(times slower than normal)")
             record.update(duration_s=duration_s, period_s=period_s, slowdown=slowdown)
             slow_down(pid, duration_s, period_s, stopped_fraction=1.0 - 1.0 / slowdown)
-    # Written as the job's user's files, without following links (records.py).
-    inject_dir = ensure_private_subdir(RunPaths.of(run_dir).inject, owner)
-    out = inject_dir / f"{time.strftime('%H%M%S')}-{int(now * 1000) % 1000:03d}" \
-        f"-{fault}.json"
-    write_json_atomic(out, record, mode=0o600, owner=owner)
+    # Written by the job's user, not by root into the user's directory (run_dir_trust).
+    name = f"{time.strftime('%H%M%S')}-{int(now * 1000) % 1000:03d}-{fault}.json"
+    write_json_as_owner(RunPaths.of(run_dir).inject, name, record, owner)
     return record
 
 

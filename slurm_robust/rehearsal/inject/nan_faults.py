@@ -30,8 +30,7 @@ from slurm_robust.launcher.node.nan_local import (
 )
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.launcher.submit.status import run_status
-from slurm_robust.records import write_json_atomic
-from slurm_robust.run_dir_trust import ensure_private_subdir
+from slurm_robust.run_dir_trust import write_json_as_owner
 from slurm_robust.stacks import procfs
 
 #: The poisoned step is this many steps past the last one the controller logged: far
@@ -60,10 +59,11 @@ def _signal_workers(run_dir: str, job_id: str, node: str | None, rank: int | Non
 
 
 def _write(run_dir: str, name: str, record: dict[str, Any], owner: int | None) -> None:
-    # The workers read only their own user's files (nan_local.read_json): root writes
-    # these as the job's user's, without following links.
-    ensure_private_subdir(nan_dir(run_dir), owner)
-    write_json_atomic(nan_dir(run_dir) / name, record, mode=0o600, owner=owner)
+    # The workers read only their own user's files (nan_local.read_json): written by the
+    # job's user, not by root into the user's directory (run_dir_trust).
+    if owner is None:
+        owner = os.stat(run_dir).st_uid
+    write_json_as_owner(nan_dir(run_dir), name, record, owner)
 
 
 def inject_data_nan(job_id: str, run_dir: str, rank: int, node: str | None,

@@ -18,7 +18,12 @@ from slurm_robust.launcher.submit import status as status_mod
 from slurm_robust.launcher.submit.update import request_update
 from slurm_robust.records import write_json_atomic
 from slurm_robust.rehearsal.inject import job as inject_job
-from slurm_robust.run_dir_trust import UntrustedRunDirError, ensure_private_subdir
+from slurm_robust.run_dir_trust import (
+    UntrustedRunDirError,
+    ensure_private_subdir,
+    write_json_as_owner,
+)
+from slurm_robust.secure_fs import UnsafePathError
 
 OTHER = 4242
 needs_root = pytest.mark.skipif(os.geteuid() != 0,
@@ -136,3 +141,42 @@ def test_changes_as_root_reads_a_users_run_as_that_users(tmp_path, capsys):
     os.chown(vdir / "current.json", 0, -1)  # one file of someone else's in that run
     with pytest.raises(UntrustedRunDirError):
         changes.run(argparse.Namespace(target=str(tmp_path), json=True))
+
+
+@pytest.fixture
+def shared_base():
+    """A root-owned 0755 directory outside pytest's private tmp tree, so that OTHER can
+    reach what is made for it inside."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="sr-admin-"))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@needs_root
+def test_root_writes_into_a_users_run_dir_as_that_user(shared_base):
+    run = shared_base / "run"
+    run.mkdir(mode=0o700)
+    os.chown(run, OTHER, OTHER)
+    out = write_json_as_owner(run / "inject", "fault.json", {"x": 1}, OTHER)
+    for p in (run / "inject", out):
+        st = os.lstat(p)
+        assert st.st_uid == OTHER and not stat.S_IMODE(st.st_mode) & 0o077
+    assert json.loads(out.read_text()) == {"x": 1}
+
+
+@needs_root
+def test_a_run_dir_swapped_for_a_link_into_roots_tree_gets_nothing(shared_base):
+    # The user replaces the verified run directory by a link to a directory of root's
+    # (say /etc) before the tool writes: root must not create anything there for them.
+    roots = shared_base / "roots"
+    roots.mkdir(mode=0o755)
+    run = shared_base / "run"
+    run.symlink_to(roots)
+    os.lchown(run, OTHER, OTHER)
+    with pytest.raises(UnsafePathError, match="as uid 4242: PermissionError"):
+        write_json_as_owner(run / "inject", "fault.json", {"x": 1}, OTHER)
+    assert list(roots.iterdir()) == []
