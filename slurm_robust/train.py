@@ -336,6 +336,9 @@ class RobustRun:
                destroy_process_group: bool = True) -> None:
         """End of training: flush the checkpoint pipeline, report the final digest, and
         end the process group (unless a framework that owns it says not to)."""
+        # Said first: the flush below can take longer than a step, and a silent rank
+        # past its last step looked hung to the controller.
+        self._report({"kind": "finishing", "step": self.last_step, "t": time.time()})
         if self._mgr is not None:
             self._mgr.close()
             self._mgr = None

@@ -76,6 +76,7 @@ class ProgressKind(StrEnum):
 
     STEP = "step"          # a finished step (loss, grad norm, busy time)
     RESTORED = "restored"  # what the worker restored at start (step, tier)
+    FINISHING = "finishing"  # training is over; the checkpoint pipeline is flushing
     FINAL = "final"        # the last step and the parameters' digest
     ANOMALY = "anomaly"    # a NaN or spike, written before the worker exits 87/88
     BITWISE = "bitwise"    # the bitwise reference test's digest

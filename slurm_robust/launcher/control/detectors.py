@@ -182,7 +182,7 @@ class Detectors:
         run, cfg = self.run, self.run.cfg
         if not is_hung(gen.last_progress, now, run.step_times, cfg.hang_floor_s,
                        cfg.hang_factor, gen.steps_done > 0, cfg.startup_timeout_s,
-                       run.reports_steps(gen)):
+                       run.reports_steps(gen), finishing=bool(gen.finishing)):
             return None
         return act.Capture(gen)
 

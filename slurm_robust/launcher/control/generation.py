@@ -67,6 +67,7 @@ class Generation:
     restored: dict[int, tuple[int | None, str | None]] = field(default_factory=dict)
     pending: dict[int, dict[int, Progress]] = field(default_factory=dict)
     finals: dict[int, Progress] = field(default_factory=dict)
+    finishing: set[int] = field(default_factory=set)  # ranks that reported the end
     succeeded: set[int] = field(default_factory=set)
     failures: list[Failure] = field(default_factory=list)
     exits_seen: set[tuple[int, int]] = field(default_factory=set)

@@ -42,17 +42,27 @@ def hang_timeout(step_times: Sequence[float], floor_s: float, factor: float) -> 
     return floor_s if med is None else max(floor_s, factor * med)
 
 
+#: A group with a rank past its last step (``finishing``: flushing its checkpoint pipeline,
+#: writing the durable copy, meeting the others at the final barrier) is hung only after
+#: this long: a save is not a step, and under load it took longer than an 8 s hang floor.
+FINISH_TIMEOUT_S = 300.0
+
+
 def is_hung(last_progress: float, now: float, step_times: Sequence[float], floor_s: float,
             factor: float, started: bool, startup_timeout_s: float,
-            reports_steps: bool = True) -> bool:
+            reports_steps: bool = True, finishing: bool = False) -> bool:
     """Whether the group is hung.
 
     started: this group finished a step (the hang timeout applies from its last one).
+    finishing: a rank reported the end of training (FINISH_TIMEOUT_S applies).
     reports_steps: the run has ever reported a step (any rank, any attempt). A script
     that never reported one is not hung while its workers live (it is judged by exits,
     heartbeats and the live inspection only); one that did report steps gets
     ``startup_timeout_s`` for the first step of a (re)started group.
     """
+    if finishing:
+        return now - last_progress > max(FINISH_TIMEOUT_S,
+                                         hang_timeout(step_times, floor_s, factor))
     if started:
         return now - last_progress > hang_timeout(step_times, floor_s, factor)
     if not reports_steps:

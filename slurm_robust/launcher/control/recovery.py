@@ -304,6 +304,9 @@ class Recovery:
             gen.restored[rank] = (item.step, item.tier)
         elif item.kind is ProgressKind.FINAL:
             gen.finals[rank] = item
+        elif item.kind is ProgressKind.FINISHING:
+            gen.finishing.add(rank)
+            gen.last_progress = max(gen.last_progress, now)
         elif item.kind is ProgressKind.ANOMALY:
             gen.anomalies[rank] = {**item.extra, "step": item.step}
         elif item.kind is ProgressKind.BITWISE:

@@ -49,6 +49,10 @@ WORKER = textwrap.dedent("""
         open(ck + ".tmp", "w").write(str(step)); os.replace(ck + ".tmp", ck)
         out.write(json.dumps({"kind": "step", "step": step, "loss": 1.0 / step,
                               "grad_norm": 1.0, "t": time.time()}) + "\\n")
+    finish_s = float(os.environ.get("FINISH_S", "0"))
+    if finish_s:  # slurm_robust.train's finish(): the end said first, then a long save
+        out.write(json.dumps({"kind": "finishing", "step": steps}) + "\\n")
+        time.sleep(finish_s)
     out.write(json.dumps({"kind": "final", "step": steps, "params_sha256": "f" * 64}) + "\\n")
 """)
 
@@ -171,3 +175,11 @@ def test_stopped_worker_is_a_hang_with_stacks_then_restarted(run):
     assert inc["detected_at"] - inc["fault_time"] >= cfg.hang_floor_s
     capture = RunPaths.of(cfg.run_dir).stacks / os.path.basename(inc["evidence"]["stacks"])
     assert (capture / "rank0.json").exists() and (capture / "rank1.json").exists()
+
+
+def test_a_final_save_longer_than_the_hang_limit_is_not_a_hang(run):
+    # The last step, then 5 s of flushing the checkpoint pipeline (hang floor: 3 s).
+    cfg, parts = run(steps=10, env={"FINISH_S": "5"})
+    result = finish(parts)
+    assert result.status == "completed"
+    assert [e for e in events(cfg) if e["event"] == "incident"] == []
