@@ -73,4 +73,5 @@ def ladder_facts(h: Handle, st: RunState, cfg: RunConfig, controller_node: str,
         diagnosis_reason=(incident.evidence.get("diagnosis_reason")
                           if h.diagnosis_failed else None),
         blamed_before=tuple(st.blamed),
-        max_blamed=cfg.max_blamed_nodes or cfg.total_nodes)
+        max_blamed=cfg.max_blamed_nodes or cfg.total_nodes,
+        side=h.side, diagnosis_passed=h.diagnosis_passed)
