@@ -195,7 +195,12 @@ def test_unknown_side_repeat_is_diagnosed_not_evicted_then_stops(tmp_path):
     assert "user code" not in verdict
     assert not [c for c in h.slurm.calls if c[0] in ("verdict", "drain")]
     assert h.rec.gen.slots == [0, 1] and h.rec.state.blamed == []
-    assert h.incidents()[-1]["rung"] == "stop"
+    last = h.incidents()[-1]
+    assert last["rung"] == "stop"
+    # The record says why n2 was not blamed: the count reached the threshold, but the
+    # class is no evidence against the node.
+    assert last["evidence"]["blame"] == {"node_side": False, "failures": {"n2": 3},
+                                         "threshold": 3}
 
 
 def test_off_node_repeat_stops_as_external_after_diagnosis(tmp_path):
@@ -230,3 +235,4 @@ def test_node_side_repeat_still_evicts_by_count(tmp_path):
     _repeat_on_n2(h, "network", "infrastructure", "reattempt", ["network"] * 3)
     assert h.rec.phase is Phase.RUNNING and h.rec.gen.slots == [0, 2]
     assert ("verdict", "n2", "network") in h.slurm.calls
+    assert h.rec.state.open_incident.to_json()["evidence"]["blame"]["node_side"] is True
