@@ -167,10 +167,12 @@ def _stop_reason(f: Facts, blamed: tuple[str, ...]) -> str | None:
 
 def unexplained_repeat(f: Facts, blamed: tuple[str, ...]) -> tuple[str, ...]:
     """The named nodes where a failure that is no evidence against a node (user side,
-    unknown, off-node) reached the repeat threshold and whose stop-time diagnosis then
-    passed: restarting there again would only repeat it, evicting would blame a healthy
-    node, so the run stops."""
-    if blamed or not f.diagnosis_passed or node_side(f.cls, f.side):
+    unknown, off-node) reached the repeat threshold, the same error (signature) had come
+    before, and the node's stop-time diagnosis then passed: restarting would only repeat
+    it, evicting would blame a healthy node, so the run stops. Unrelated failures that
+    happen to add up on one node in a long run restart in place."""
+    if blamed or not f.diagnosis_passed or node_side(f.cls, f.side) or \
+            f.signature is None or f.signature_seen < 1:
         return ()
     return repeat_suspects(f.named, dict(f.failures), f.failures_to_blame)
 

@@ -102,6 +102,16 @@ def blamed_nodes(cls: str, nodes: Sequence[str], failures_by_node: dict[str, int
     return repeat_suspects(nodes, failures_by_node, threshold)
 
 
+def unexplained_repeats(cls: str, nodes: Sequence[str], failures_by_node: dict[str, int],
+                        threshold: int, side: str | None = None) -> tuple[str, ...]:
+    """The named nodes where a class that is no evidence against a node by itself (user
+    side, unknown, off-node) reached the repeat threshold: stop-time diagnosis on the
+    node decides (stop_diagnosis.wants_diagnosis); the count alone never blames."""
+    if cls in EVICTING_CLASSES or cls in UNLOCALISED_CLASSES or node_side(cls, side):
+        return ()
+    return repeat_suspects(nodes, failures_by_node, threshold)
+
+
 def repeat_suspects(nodes: Sequence[str], failures_by_node: dict[str, int],
                     threshold: int) -> tuple[str, ...]:
     """The named nodes whose failure count in this run reached ``threshold``. For a class

@@ -14,14 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_robust.launcher.control.generation import Failure, PendingDiagnosis
-from slurm_robust.launcher.control.policy import (
-    EVICTING_CLASSES,
-    UNLOCALISED_CLASSES,
-    blamed_nodes,
-    repeat_suspects,
-)
+from slurm_robust.launcher.control.policy import blamed_nodes, unexplained_repeats
 from slurm_robust.launcher.messages import DiagnosisReport
-from slurm_robust.taxonomy import ROWS, Action, canonical, node_side
+from slurm_robust.taxonomy import ROWS, Action, canonical
 
 #: Longest wait for a stop-time diagnosis: launcher/diagnose.py's own budget, plus the
 #: agent's stopping its workers and a few reports' worth of slack.
@@ -47,9 +42,7 @@ def wants_diagnosis(root: Failure, node_failures: Mapping[str, int], threshold: 
     failures = {**node_failures, root.node: node_failures.get(root.node, 0) + 1}
     if blamed_nodes(cls_name, [root.node], failures, threshold, side):
         return False
-    unexplained = cls_name not in EVICTING_CLASSES and cls_name not in UNLOCALISED_CLASSES \
-        and not node_side(cls_name, side) and bool(repeat_suspects([root.node], failures,
-                                                                   threshold))
+    unexplained = unexplained_repeats(cls_name, [root.node], failures, threshold, side)
     if action is not Action.DIAGNOSE and not unexplained:
         return False
     return agent_can_answer

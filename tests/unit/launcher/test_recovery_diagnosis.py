@@ -179,13 +179,12 @@ def _repeat_on_n2(h: Harness, cls: str, side: str, action: str, signatures: list
 
 
 def test_unknown_side_repeat_is_diagnosed_not_evicted_then_stops(tmp_path):
-    # worker_signal (the catch-all) three times on n2: before, the count alone evicted
-    # n2 to the spare. Now the third goes to the node's own checks; they pass, and the run
-    # stops naming an unknown cause, with no verdict and the spare unused.
+    # worker_signal (the catch-all: exit 1, no error line) three times on n2: before, the
+    # count alone evicted n2 to the spare. Now the third goes to the node's own checks;
+    # they pass, and the run stops naming an unknown cause, no verdict, the spare unused.
     h = Harness(tmp_path)
     h.start()
-    _repeat_on_n2(h, "worker_signal", "unknown", "reattempt",
-                  ["worker_signal:1", "worker_signal:SIGSEGV", "worker_signal:SIGBUS"])
+    _repeat_on_n2(h, "worker_signal", "unknown", "reattempt", ["worker_signal:1"] * 3)
     assert h.rec.phase is Phase.DIAGNOSING and h.rec.plan_for(1).diagnose
     answer(h, h.members[1], passed=True)
     h.tick()
@@ -236,3 +235,19 @@ def test_node_side_repeat_still_evicts_by_count(tmp_path):
     assert h.rec.phase is Phase.RUNNING and h.rec.gen.slots == [0, 2]
     assert ("verdict", "n2", "network") in h.slurm.calls
     assert h.rec.state.open_incident.to_json()["evidence"]["blame"]["node_side"] is True
+
+
+def test_unrelated_failures_adding_up_on_a_node_restart_in_place_after_diagnosis(tmp_path):
+    # Three different unclear failures on n2 over a run: the third is diagnosed (the count
+    # reached the threshold); it passes, and as no error came back the run goes on in
+    # place, n2 kept, nothing drained.
+    h = Harness(tmp_path)
+    h.start()
+    _repeat_on_n2(h, "worker_signal", "unknown", "reattempt",
+                  ["worker_signal:1", "worker_signal:SIGSEGV", "worker_signal:SIGBUS"])
+    assert h.rec.phase is Phase.DIAGNOSING
+    answer(h, h.members[1], passed=True)
+    h.tick()
+    assert h.rec.phase is Phase.RUNNING and h.rec.gen.slots == [0, 1]
+    assert h.rec.state.open_incident.to_json()["rung"] == "in_place"
+    assert not [c for c in h.slurm.calls if c[0] in ("verdict", "drain")]
