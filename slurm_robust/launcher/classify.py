@@ -7,9 +7,14 @@ code or signal (from the trusted SPANK task-exit record when there is one); the 
 the worker's log. The classes, sides and default actions are slurm_robust.taxonomy's.
 
 Log patterns are wording *families* (NCCL/verbs transport errors, the CUDA error names
-across runtime versions, the legacy "cuda runtime error (N)" numbers, both Xid wordings),
-checked in priority order: a specific cause (ECC, a memlock limit, a full disk) wins over
-its consequences (a CUDA error, a collective timeout, a traceback, a signal). Where the
+across runtime versions, the legacy "cuda runtime error (N)" numbers, both Xid wordings).
+Each rule carries the :class:`Strength` of what it matches (hardware report > kernel
+record > library error > generic wording); the strongest matching rule wins, and among
+equals the rule order: a specific cause (ECC, a memlock limit, a full disk) before its
+consequences (a CUDA error, a collective timeout, a traceback, a signal). The kernel rules
+take only kernel-originated lines (a Python traceback that says "Call Trace" is not a
+panic; a hung-task report is a hang to diagnose). The answer names its rule, line and
+strength (``evidence["classifier"]``), which the incident record keeps. Where the
 evidence could be either side (an illegal memory access may be user code or the GPU) the
 side is "unknown", whose action is diagnosis, never eviction.
 

@@ -7,12 +7,12 @@ advance a simulated clock), the choice itself is made here and only here.
 
 The rungs (docs/ARCHITECTURE.md, "The recovery ladder")::
 
-    stop      the same user-code error after a clean restart (or the same unclear error
-              after its node passed stop-time diagnosis), no progress across
-              max_no_progress attempts, or the restart budget spent
+    stop      the same user-code error after a clean restart (or the same error after its
+              node passed stop-time diagnosis: an unknown or external cause), no progress
+              across max_no_progress attempts, or the restart budget spent
     requeue   a node is blamed and no spare is left, or the controller's node is lost
-    spare     a node is blamed (explicit node fault, lost heartbeat, repeated failures,
-              a persistently slow rank)
+    spare     a node is blamed (explicit node fault, lost heartbeat, repeated node-side
+              failures, a failed diagnosis, a persistently slow rank)
     in_place  anything else: transient or unclear
 
 and the refinements applied after the rung is chosen, in this order: the NaN ladder's
