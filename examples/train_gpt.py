@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -58,6 +59,15 @@ def cuda_fault(kind: str) -> RuntimeError:
     return RuntimeError(CUDA_FAULTS[kind])
 
 
+def user_error(kind: str, step: int) -> None:
+    """The deliberate user error of --user-error (see parse)."""
+    message = f"sequence length must be positive, got -1 in batch of step {step}"
+    if kind == "raise":
+        raise ValueError(message)
+    print(f"error: training aborted at step {step}: {message}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=40)
@@ -84,6 +94,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cuda-fault-at", type=int, default=None, help="step of --cuda-fault")
     p.add_argument("--cuda-fault-rank", type=int, default=None,
                    help="only this rank raises --cuda-fault (default: every rank)")
+    # A user error at a step on one rank: "raise" is a plain ValueError with its traceback
+    # (the classifier names it, user side); "exit" is the same error as a framework's
+    # error handler reports it, one log line and exit status 1 (the classifier has no
+    # more than the exit status: worker_signal, side unknown).
+    p.add_argument("--user-error", choices=("raise", "exit"), default=None,
+                   help="rehearsal: a ValueError at --user-error-at, raised or reported and "
+                        "exited 1")
+    p.add_argument("--user-error-at", type=int, default=None, help="step of --user-error")
+    p.add_argument("--user-error-rank", type=int, default=None,
+                   help="only this rank fails with --user-error (default: every rank)")
     p.add_argument("--save-every", type=int, default=0,
                    help="standalone only: torch.save a checkpoint every N steps")
     p.add_argument("--ckpt-dir", default=None, help="standalone checkpoint directory")
@@ -161,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cuda_fault and step + 1 == args.cuda_fault_at and \
                 args.cuda_fault_rank in (None, run.rank):
             raise cuda_fault(args.cuda_fault)
+        if args.user_error and step + 1 == args.user_error_at and \
+                args.user_error_rank in (None, run.rank):
+            user_error(args.user_error, step + 1)
         # This rank's own work, timed for fail-slow detection; the all-reduce is not in
         # it (there a fast rank waits for a slow one).
         with run.busy():

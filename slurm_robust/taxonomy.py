@@ -30,6 +30,16 @@ class Side(StrEnum):
     UNKNOWN = "unknown"
 
 
+class Locus(StrEnum):
+    """Where an infrastructure fault of the class lives, if it is one: on the node that
+    reported it, or in a service the node only uses. Only a node-side fault is evidence
+    against the node when it repeats there; an outage of shared storage or a web service
+    repeats on whichever node asks, so its count says nothing about that node."""
+
+    NODE = "node"
+    OFF_NODE = "off_node"
+
+
 class Action(StrEnum):
     """The default first response to a class (the ladder may still escalate)."""
 
@@ -81,6 +91,7 @@ class TaxonomyRow:
     action: Action
     table1: str | None  # ByteRobust Table 1's name for it; None: not in Table 1
     meaning: str
+    locus: Locus = Locus.NODE
 
 
 _E, _I, _M = Category.EXPLICIT, Category.IMPLICIT, Category.MANUAL
@@ -104,11 +115,12 @@ TABLE: tuple[TaxonomyRow, ...] = (
     TaxonomyRow(F.FILESYSTEM_MOUNT, _E, _INF, Action.DIAGNOSE, "File-system mount",
                 "a mount point is gone or stale (transport endpoint, stale handle)"),
     TaxonomyRow(F.REMOTE_STORAGE, _E, _INF, Action.REATTEMPT, "Remote storage",
-                "HDFS, S3, Lustre, NFS or a cloud drive fails to serve I/O"),
+                "HDFS, S3, Lustre, NFS or a cloud drive fails to serve I/O", Locus.OFF_NODE),
     TaxonomyRow(F.CONTAINER_RUNTIME, _E, _INF, Action.REATTEMPT, "Container/runtime",
                 "the container or runtime environment: shm too small, OCI/enroot errors"),
     TaxonomyRow(F.EXTERNAL_SERVICE, _E, _INF, Action.REATTEMPT, "External service",
-                "a service outside the cluster (model hub, tracker, API) fails"),
+                "a service outside the cluster (model hub, tracker, API) fails",
+                Locus.OFF_NODE),
     TaxonomyRow(F.KERNEL_PANIC, _E, _INF, Action.EVICT, "Kernel panic",
                 "the node's kernel panicked, oopsed or locked up"),
     TaxonomyRow(F.GPU_MEMORY_ERROR, _E, _INF, Action.EVICT, "GPU memory error",
@@ -140,7 +152,7 @@ TABLE: tuple[TaxonomyRow, ...] = (
     TaxonomyRow(F.LOSS_SPIKE, _I, _UNK, Action.ROLLBACK, None,
                 "loss or grad norm far above the recent median"),
     TaxonomyRow(F.ADMIN, _M, _INF, Action.REATTEMPT, None,
-                "an administrator stopped or moved the job"),
+                "an administrator stopped or moved the job", Locus.OFF_NODE),
 )
 
 ROWS: dict[FailureClass, TaxonomyRow] = {row.cls: row for row in TABLE}
@@ -186,6 +198,39 @@ def evicts(name: str) -> bool:
     """Whether the class's default action names the node as the culprit at once."""
     cls = canonical(name)
     return cls is not None and ROWS[cls].action is Action.EVICT
+
+
+def node_side(name: str, side: str | None = None) -> bool:
+    """Whether a failure of class ``name`` is evidence against the node it happened on:
+    infrastructure side (``side``, the classifier's call for this failure, else the
+    class's default) and a fault that lives on the node (:class:`Locus`). The one rule
+    for count-based blame: repeats of anything else (user code, an unknown cause, shared
+    storage, a web service) never evict a node by count alone; stop-time diagnosis on
+    the node decides (launcher/control/stop_diagnosis.py)."""
+    cls = canonical(name)
+    if cls is None:
+        return False
+    try:
+        decided = Side(side) if side is not None else ROWS[cls].side
+    except ValueError:
+        decided = Side.UNKNOWN
+    return decided is Side.INFRASTRUCTURE and ROWS[cls].locus is Locus.NODE
+
+
+def blame_cause(name: str, side: str | None = None) -> str:
+    """How a verdict names the cause of a failure that repeated after its node passed
+    stop-time diagnosis: external (an off-node class) or unknown, never plainly "user
+    code": a passed check rules the node out, it does not prove the code wrong."""
+    cls = canonical(name)
+    try:
+        decided = Side(side) if side is not None else side_of(name)
+    except ValueError:
+        decided = Side.UNKNOWN
+    if cls is not None and ROWS[cls].locus is Locus.OFF_NODE:
+        return f"an external cause ({cls.value}: a service outside the node)"
+    if decided is Side.USER:
+        return "an unknown cause, most likely the job's own code, data or settings"
+    return "an unknown cause (the evidence names neither the node nor the code)"
 
 
 def stops_on_repeat(name: str) -> bool:

@@ -7,9 +7,14 @@ code or signal (from the trusted SPANK task-exit record when there is one); the 
 the worker's log. The classes, sides and default actions are slurm_robust.taxonomy's.
 
 Log patterns are wording *families* (NCCL/verbs transport errors, the CUDA error names
-across runtime versions, the legacy "cuda runtime error (N)" numbers, both Xid wordings),
-checked in priority order: a specific cause (ECC, a memlock limit, a full disk) wins over
-its consequences (a CUDA error, a collective timeout, a traceback, a signal). Where the
+across runtime versions, the legacy "cuda runtime error (N)" numbers, both Xid wordings).
+Each rule carries the :class:`Strength` of what it matches (hardware report > kernel
+record > library error > generic wording); the strongest matching rule wins, and among
+equals the rule order: a specific cause (ECC, a memlock limit, a full disk) before its
+consequences (a CUDA error, a collective timeout, a traceback, a signal). The kernel rules
+take only kernel-originated lines (a Python traceback that says "Call Trace" is not a
+panic; a hung-task report is a hang to diagnose). The answer names its rule, line and
+strength (``evidence["classifier"]``), which the incident record keeps. Where the
 evidence could be either side (an illegal memory access may be user code or the GPU) the
 side is "unknown", whose action is diagnosis, never eviction.
 
@@ -22,9 +27,10 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from enum import IntEnum
+from typing import Any, NotRequired, TypedDict
 
 from slurm_robust.health.errors import NoNVMLError
 from slurm_robust.health.kernel_formats import KernelEventKind, parse_text
@@ -62,6 +68,31 @@ _USER_EXC = ("TypeError", "IndexError", "KeyError", "AttributeError", "NameError
              "RecursionError", "StopIteration")
 
 
+class Strength(IntEnum):
+    """How much a matched line proves, weakest first. When several rules match one log,
+    the strongest wins; among equals, the earlier rule (causes before consequences)."""
+
+    GENERIC = 1   # wording any program may print: a broken pipe, "Killed", a timeout
+    LIBRARY = 2   # a library's or runtime's own error: CUDA, NCCL, an errno, an exception
+    KERNEL = 3    # a record the kernel (or the scheduler) writes: a panic, a block I/O error
+    HARDWARE = 4  # the hardware's own report: ECC, a GPU off the bus, a hardware Xid
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class ClassifierEvidence(TypedDict):
+    """``evidence.classifier`` of an incident (docs/SCHEMAS.md): why this class."""
+
+    rule: str
+    strength: str
+    line: str
+    source: str
+    side: str
+    outranked: NotRequired[list[str]]  # other log rules that matched, weaker or later
+
+
 @dataclass(frozen=True)
 class Rule:
     name: str
@@ -69,36 +100,86 @@ class Rule:
     pattern: re.Pattern[str]
     side: Side | None = None  # None: the class's default side
     secondary: bool = False
+    strength: Strength = Strength.LIBRARY
+    # A line the pattern matched counts only if this accepts it (None: every line).
+    accept: Callable[[str, str], bool] | None = None
 
 
 def _rx(text: str, flags: int = re.I) -> re.Pattern[str]:
     return re.compile(text, flags)
 
 
-# Log rules in priority order: causes before consequences.
+# A kernel message in a log tail: a dmesg or kmsg prefix ("[ 1234.567890]", "<4>[...]",
+# "Dec  2 19:33:42 host kernel: "). A Python traceback that quotes "Call Trace" or names a
+# function "+0x1f/0x40" has none of these.
+_KERNEL_PREFIX = re.compile(
+    r"^\s*(?:<\d{1,3}>)?(?:\[\s*\d+\.\d+\]|"
+    r"(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.]+\S*) \S+ kernel: )")
+# The kernel's hung-task report: a task blocked in D state (a slow disk or file server);
+# its call trace follows it. Worth diagnosing, never a panic (unless the kernel says
+# "Kernel panic - not syncing: hung_task", which the panic rule reads).
+_HUNG_TASK = re.compile(r"INFO: task \S.{0,30}:\d+ blocked for more than \d+ seconds")
+
+
+def _kernel_panic_line(line: str, log: str) -> bool:
+    """A panic, oops or machine check as the kernel prints it (health.kernel_formats'
+    anchored formats), not a sentence that mentions one."""
+    event = parse_text(line)
+    return event is not None and event.kind is KernelEventKind.PANIC
+
+
+def _kernel_trace_line(line: str, log: str) -> bool:
+    """A kernel stack-trace line (kernel-prefixed), and no hung-task report in the log
+    that the trace would belong to."""
+    return _KERNEL_PREFIX.match(line) is not None and _HUNG_TASK.search(log) is None
+
+
+def _hung_task_line(line: str, log: str) -> bool:
+    event = parse_text(line)
+    return event is not None and event.kind is KernelEventKind.HUNG_TASK
+
+
+# The kernel's CPU-stall reports, as it words them (after any dmesg prefix).
+_CPU_STALL = re.compile(r"(?:NMI )?watchdog: BUG: soft lockup - CPU#\d+ stuck for|"
+                        r"(?:rcu: )?(?:INFO: )?rcu_\w+ (?:self-)?detected stalls? on CPU")
+
+
+def _cpu_stall_line(line: str, log: str) -> bool:
+    text = _KERNEL_PREFIX.sub("", line, count=1).strip()
+    return _CPU_STALL.match(text) is not None
+
+
+_G, _L, _K, _H = Strength.GENERIC, Strength.LIBRARY, Strength.KERNEL, Strength.HARDWARE
+
+# Log rules in priority order: causes before consequences. Each carries the strength of
+# what it matches; the strongest match wins (classify), the order breaks ties.
 LOG_RULES: tuple[Rule, ...] = (
     Rule("ecc", F.GPU_MEMORY_ERROR, _rx(
         r"uncorrectable ECC|ECC_UNCORRECTABLE|cudaErrorECCUncorrectable|double[- ]bit ECC|"
-        r"row[- ]remap\w* fail|cuda runtime error \(39\)")),
+        r"row[- ]remap\w* fail|cuda runtime error \(39\)"), strength=_H),
     Rule("gpu_gone", F.GPU_UNAVAILABLE, _rx(
         r"fallen off the bus|GPU is lost|NVML_ERROR_GPU_IS_LOST|Failed to initialize NVML|"
         r"Driver/library version mismatch|Unable to determine the device handle|"
         r"RmInitAdapter failed|probe routine failed|GPU requires reset|"
         r"unable to communicate with the NVIDIA driver|NVIDIA driver on your system is too "
-        r"old|nvidia-smi has failed")),
+        r"old|nvidia-smi has failed"), strength=_H),
     Rule("kernel_panic", F.KERNEL_PANIC, _rx(
         r"Kernel panic|kernel BUG at|\bOops\b: |hard LOCKUP|"
-        r"mce: \[Hardware Error\]|Machine check events logged")),
+        r"mce: \[Hardware Error\]|Machine check events logged"), strength=_K,
+        accept=_kernel_panic_line),
     Rule("cpu_stall", F.CPU_OVERLOAD, _rx(
-        r"soft lockup|rcu_sched self-detected stall|detected stalls on CPUs")),
+        r"soft lockup|rcu_sched self-detected stall|detected stalls on CPUs"), strength=_K,
+        accept=_cpu_stall_line),
     Rule("node_fail", F.NODE_LOST, _rx(
         r"Node failure on|\bNODE_FAIL\b|DUE TO NODE FAILURE|node_fail\b|\bNot responding\b|"
-        r"Kill task failed|marked dead|missed too many heartbeats")),
+        r"Kill task failed|marked dead|missed too many heartbeats"), strength=_K),
     Rule("block_io", F.DISK_FAULT, _rx(
         r"blk_update_request: .*error|Buffer I/O error|I/O error, dev |failed command: "
         r"(READ|WRITE)|EXT4-fs error|XFS \(\S+\): .*(I/O error|Corruption)|"
         r"Remounting filesystem read-only|critical medium error|Medium Error|"
-        r"nvme\d+\S*: .*(timeout|I/O)|ata\d+(\.\d+)?: (exception|failed|error)")),
+        r"nvme\d+\S*: .*(timeout|I/O)|ata\d+(\.\d+)?: (exception|failed|error)"), strength=_K),
+    Rule("hung_task", F.JOB_HANG, _HUNG_TASK, side=Side.UNKNOWN, strength=_K,
+         accept=_hung_task_line),
     # "device-side assert triggered", not PyTorch's generic hint under every CUDA error
     # ("Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions").
     Rule("device_assert", F.USER_CUDA_FAULT, _rx(
@@ -187,7 +268,7 @@ LOG_RULES: tuple[Rule, ...] = (
     # A rendezvous on a loopback address across nodes: the hostname resolves to 127.x.
     Rule("loopback", F.BAD_CONFIG, _rx(
         r"(connect|Connection)[^\n]*\[?127\.\d+\.\d+\.\d+\]?[^\n]*(refused|timed out)"),
-        side=Side.UNKNOWN),
+        side=Side.UNKNOWN, strength=_G),
     # PyTorch's collective fingerprint check (TORCH_DISTRIBUTED_DEBUG / the flight
     # recorder): the ranks issued different collectives, the code's desync, not the fabric.
     Rule("collective_mismatch", F.JOB_HANG, _rx(
@@ -199,11 +280,12 @@ LOG_RULES: tuple[Rule, ...] = (
         r"DistStoreError[^\n]*[Tt]ime|heartbeat monitor|hang detected|\bdeadlock")),
     Rule("peer_gone", F.NETWORK, _rx(
         r"Connection (closed|reset) by (remote )?peer|Broken pipe|remote process exited|"
-        r"Connection refused|Gloo connectFullMesh failed"), secondary=True),
+        r"Connection refused|Gloo connectFullMesh failed"), secondary=True, strength=_G),
     Rule("socket", F.NETWORK, _rx(
         r"Socket Timeout|Network is unreachable|No route to host|Connection timed out|"
         r"Software caused connection abort|"
-        r"ProcessGroupGloo[^\n]*timed out|c10d[^\n]*(socket|connect)[^\n]*(fail|error)")),
+        r"ProcessGroupGloo[^\n]*timed out|c10d[^\n]*(socket|connect)[^\n]*(fail|error)"),
+        strength=_G),
     Rule("nan", F.NAN, _rx(
         r"FloatingPointError|Loss became infinite or NaN|diverged|non-finite (loss|grad)|"
         r"\bloss\b[^\n]{0,20}\b(nan|inf)\b|NaN or Inf|Inf/NaN|nan loss|Detected NaN|"
@@ -219,7 +301,7 @@ LOG_RULES: tuple[Rule, ...] = (
     # A kernel stack trace with no panic, OOM or I/O line to explain it.
     Rule("kernel_trace", F.KERNEL_PANIC, _rx(
         r"Call Trace:|RIP: 00\d\d:|^\s*(\[\s*\d+\.\d+\]\s*)?\w+\+0x[0-9a-f]+/0x[0-9a-f]+",
-        re.I | re.M)),
+        re.I | re.M), strength=_K, accept=_kernel_trace_line),
     Rule("cuda", F.CUDA_ERROR, _rx(
         r"CUDA error|CUDA_ERROR_\w+|cudaError\w+|cuda runtime error \(\d+\)|"
         r"illegal memory access|illegal instruction was encountered|unspecified launch "
@@ -229,11 +311,11 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("signal", F.WORKER_SIGNAL, _rx(
         r"is killed by signal|Segmentation fault|SIGSEGV|SIGBUS|Bus error|core dumped|"
         r"Fatal Python error|^\s*\**Killed\**\s*$|Signal \d+ \(SIG\w+\) received|"
-        r"received signal SIG\w+|exitcode\s*:\s*-\d+", re.I | re.M)),
+        r"received signal SIG\w+|exitcode\s*:\s*-\d+", re.I | re.M), strength=_G),
     # torchrun's summary of a worker that exited non-zero (its traceback elsewhere).
     Rule("torchrun_child", F.USER_EXCEPTION, _rx(
         r"ChildFailedError|exitcode\s*:\s*[1-9]\d*\b|elastic/errors\.html"),
-        side=Side.UNKNOWN),
+        side=Side.UNKNOWN, strength=_G),
 )
 
 # The driver's own attribution: "Xid 45 ... caused by previous Xid 149" (45 is cleanup).
@@ -287,6 +369,8 @@ class Classification:
     side: str = Side.UNKNOWN.value
     action: str = Action.REATTEMPT.value
     source: str = "exit"  # which evidence decided: sentinel, nvml, kernel, log, exit
+    rule: str = "exit_status"  # the rule that decided (a LOG_RULES name, "nvml", ...)
+    strength: str = Strength.GENERIC.label  # how strong its evidence is (Strength)
 
     @property
     def evicts(self) -> bool:
@@ -307,7 +391,8 @@ def classify(ev: Evidence) -> Classification:
     if ev.change_recorded and _change_explains(c):
         evidence = {**c.evidence, "change_recorded": True, "error_class": c.cls}
         return _make(F.CODE_DATA_CHANGE, evidence, c.line, "change",
-                     signature=f"{F.CODE_DATA_CHANGE.value}:{c.signature}")
+                     signature=f"{F.CODE_DATA_CHANGE.value}:{c.signature}",
+                     rule="change_record", strength=Strength[c.strength.upper()])
     return c
 
 
@@ -341,46 +426,53 @@ def _classify(ev: Evidence) -> Classification:
     log = _normalise(ev.log_tail)
     last = _last_line(log)
     if code == EXIT_NONFINITE:
-        return _make(F.NAN, evidence, last, "sentinel", signature="nan")
+        return _make(F.NAN, evidence, last, "sentinel", signature="nan",
+                     rule="exit_sentinel", strength=_L)
     if code == EXIT_SPIKE:
-        return _make(F.LOSS_SPIKE, evidence, last, "sentinel", signature="loss_spike")
+        return _make(F.LOSS_SPIKE, evidence, last, "sentinel", signature="loss_spike",
+                     rule="exit_sentinel", strength=_L)
     hw = _nvml_verdict(ev, evidence)
     if hw is not None:
-        return _make(hw[0], evidence, hw[1], "nvml", signature=hw[0].value)
+        return _make(hw[0], evidence, hw[1], "nvml", signature=hw[0].value, rule="nvml",
+                     strength=_H)
     kernel = _kernel_verdict(ev.kernel_log, sig, evidence)
     if kernel is not None:
-        return _make(kernel[0], evidence, kernel[1], "kernel", signature=kernel[0].value)
+        # An Xid or a lost GPU is the hardware's report, relayed by the kernel.
+        hardware = kernel[0] in (F.GPU_MEMORY_ERROR, F.GPU_UNAVAILABLE)
+        return _make(kernel[0], evidence, kernel[1], "kernel", signature=kernel[0].value,
+                     rule="kernel_log", strength=_H if hardware else _K)
     found = _xid_verdict(log, evidence)
     if found is not None and found[0] in (F.GPU_MEMORY_ERROR, F.GPU_UNAVAILABLE):
-        return _make(found[0], evidence, found[1], "log", signature=found[0].value)
+        return _make(found[0], evidence, found[1], "log", signature=found[0].value,
+                     rule="xid", strength=_H)
     exc = last_exception(log)
-    for rule in LOG_RULES:
-        if found is not None and rule.cls is F.CUDA_ERROR:
-            break  # an application Xid names the CUDA error more precisely
-        line = _search(rule.pattern, log)
-        if line is None:
-            continue
+    matches = log_matches(log, app_xid=found is not None)
+    if matches:
+        rule, line = _strongest(matches)
         evidence["log_line"] = line
         sig_part = f"{rule.cls.value}:{exc[0]}" if exc else rule.cls.value
+        outranked = [r.name for r, _ in matches if r is not rule]
         return _make(rule.cls, evidence, line, "log", side=rule.side,
-                     secondary=rule.secondary, signature=sig_part)
+                     secondary=rule.secondary, signature=sig_part, rule=rule.name,
+                     strength=rule.strength, outranked=outranked)
     if found is not None:
         # Xid 13/31/43/45 are usually the application's doing, but a failing GPU can raise
         # them too: user side only once diagnosis has passed the node. Other Xids outside
         # the hardware list are CUDA errors of unknown side.
         side = Side.INFRASTRUCTURE if "xid_cause" in evidence else Side.UNKNOWN
         return _make(found[0], evidence, found[1], "log", side=side,
-                     signature=f"{found[0].value}:xid")
+                     signature=f"{found[0].value}:xid", rule="xid_application",
+                     strength=_L)
     if exc is not None:
         name, msg, where = exc
         evidence.update(exception=name, message=msg[:300], where=where)
         short = name.split(".")[-1]
         if short in ("KeyboardInterrupt", "SystemExit"):
             return _make(F.WORKER_SIGNAL, evidence, f"{name}: {msg}"[:300], "log",
-                         signature=f"{name}@{where}")
+                         signature=f"{name}@{where}", rule="exception", strength=_L)
         side = Side.USER if short in _USER_EXC else Side.UNKNOWN
         return _make(F.USER_EXCEPTION, evidence, f"{name}: {msg}"[:300], "log", side=side,
-                     signature=f"{name}@{where}")
+                     signature=f"{name}@{where}", rule="exception", strength=_L)
     if code is None and sig is None:
         progress = [line for line in log.splitlines() if _PROGRESS.search(line)]
         if len(progress) >= 2:
@@ -389,9 +481,35 @@ def _classify(ev: Evidence) -> Classification:
             # does not say whose: unknown side, diagnosis before any blame.
             evidence["progress_lines"] = len(progress)
             return _make(F.MFU_DECLINE, evidence, progress[-1], "log", side=Side.UNKNOWN,
-                         signature=F.MFU_DECLINE.value)
+                         signature=F.MFU_DECLINE.value, rule="progress_lines", strength=_G)
     return _make(F.WORKER_SIGNAL, evidence, last, "exit",
-                 signature=f"worker_signal:{evidence.get('signal_name', code)}")
+                 signature=f"worker_signal:{evidence.get('signal_name', code)}",
+                 rule="exit_status", strength=_G)
+
+
+def log_matches(log: str, app_xid: bool = False) -> list[tuple[Rule, str]]:
+    """Every log rule that matches ``log`` (normalised) with the newest line it matched,
+    in rule order. With an application Xid in the log, the rules from the generic CUDA
+    error on are left out: the Xid names that error more precisely."""
+    found: list[tuple[Rule, str]] = []
+    for rule in LOG_RULES:
+        if app_xid and rule.cls is F.CUDA_ERROR:
+            break
+        line = _search(rule.pattern, log, rule.accept)
+        if line is not None:
+            found.append((rule, line))
+    return found
+
+
+def strongest_match(log: str, app_xid: bool = False) -> tuple[Rule, str] | None:
+    """The matching rule with the strongest evidence; ties go to the earlier rule."""
+    matches = log_matches(log, app_xid)
+    return _strongest(matches) if matches else None
+
+
+def _strongest(matches: Sequence[tuple[Rule, str]]) -> tuple[Rule, str]:
+    best = max(rule.strength for rule, _ in matches)
+    return next(m for m in matches if m[0].strength == best)
 
 
 def nvml_evidence(view: Any) -> dict[str, Any]:
@@ -427,16 +545,26 @@ def last_exception(log_tail: str) -> tuple[str, str, str] | None:
 
 def _make(cls: FailureClass, evidence: dict[str, Any], line: str, source: str,
           side: Side | None = None, secondary: bool = False,
-          signature: str | None = None) -> Classification:
+          signature: str | None = None, rule: str = "exit_status",
+          strength: Strength = Strength.GENERIC,
+          outranked: Sequence[str] = ()) -> Classification:
     row = ROWS[cls]
     side = side or row.side
     action = row.action
     # Eviction needs infrastructure-side evidence; anything less goes to diagnosis.
     if action is Action.EVICT and side is not Side.INFRASTRUCTURE:
         action = Action.DIAGNOSE
+    # Why this class (and so why the node was or was not blamed), for the incident record
+    # and its post-mortem reader: docs/SCHEMAS.md, incident evidence.classifier.
+    why: ClassifierEvidence = {"rule": rule, "strength": strength.label, "line": line[:300],
+                               "source": source, "side": side.value}
+    if outranked:
+        why["outranked"] = list(outranked)
+    evidence["classifier"] = why
     return Classification(cls.value, row.category.value, secondary=secondary,
                           signature=signature, line=line[:300], evidence=evidence,
-                          side=side.value, action=action.value, source=source)
+                          side=side.value, action=action.value, source=source, rule=rule,
+                          strength=strength.label)
 
 
 def _exit_status(ev: Evidence) -> tuple[int | None, int | None]:
@@ -544,16 +672,17 @@ def _normalise(text: str) -> str:
     return "\n".join(_PREFIX.sub("", line) for line in text.splitlines())
 
 
-def _search(pattern: re.Pattern[str], text: str) -> str | None:
-    """The last line the pattern matches (the newest is nearest the failure)."""
-    found = None
-    for m in pattern.finditer(text):
-        found = m
-    if found is None:
-        return None
-    start = text.rfind("\n", 0, found.start()) + 1
-    end = text.find("\n", found.end())
-    return text[start:end if end >= 0 else len(text)].strip()[:300]
+def _search(pattern: re.Pattern[str], text: str,
+            accept: Callable[[str, str], bool] | None = None) -> str | None:
+    """The last line the pattern matches (the newest is nearest the failure) and
+    ``accept`` (given the line and the whole text) takes."""
+    for m in reversed(list(pattern.finditer(text))):
+        start = text.rfind("\n", 0, m.start()) + 1
+        end = text.find("\n", m.end())
+        line = text[start:end if end >= 0 else len(text)]
+        if accept is None or accept(line, text):
+            return line.strip()[:300]
+    return None
 
 
 def _last_line(text: str) -> str:

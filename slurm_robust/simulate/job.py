@@ -29,6 +29,7 @@ from typing import Any
 import simpy
 
 from slurm_robust.launcher.control.ladder import Facts, decide
+from slurm_robust.launcher.control.policy import unexplained_repeats
 from slurm_robust.simulate import paper
 from slurm_robust.simulate.config import FAIL_SLOW_VOTE, HANG_TIMEOUT
 from slurm_robust.simulate.detectors import fail_slow_vote, hang_detection_s, launch_default
@@ -125,19 +126,30 @@ class Job:
         self.count()
         return self.env.timeout(max(seconds, 0.0))
 
-    def _facts(self, cls: str, named: list[str], signature: str) -> Facts:
+    def _facts(self, cls: str, named: list[str], signature: str,
+               machine_fault: bool) -> Facts:
         """The ladder's facts from the simulated state (counted with this incident).
-        What the simulator does not model keeps its default: no NaN ladder, hot update,
-        stop-time diagnosis, batch-step node or blame cap."""
+        Stop-time diagnosis is modelled only where it decides blame, for a class that is
+        no evidence against a node by itself repeating on one (policy.unexplained_repeats):
+        it fails on a machine whose fault is persistent (``machine_fault``: the trace's
+        fault follows the machine) and passes otherwise. What the simulator does not model
+        keeps its default: no NaN ladder, hot update, batch-step node or blame cap."""
         st = self.state
+        failures = {n: st.failures_by_node.get(n, 0) for n in named}
+        diagnosed = unexplained_repeats(cls, named, failures,
+                                        self.limits.node_failures_to_blame)
+        failed = bool(diagnosed) and machine_fault
         return Facts(
             cls=cls, controller_node=self._name(self.slots[0]),
             spares_left=10**9 if self.unlimited else len(self.spares),
             restarts=st.restarts, max_restarts=self.limits.max_restarts,
             signature=signature, signature_seen=st.signatures.get(signature, 0),
             no_progress=st.no_progress, max_no_progress=self.limits.max_no_progress,
-            named=tuple(named), failures={n: st.failures_by_node.get(n, 0) for n in named},
-            failures_to_blame=self.limits.node_failures_to_blame)
+            named=tuple(named), failures=failures,
+            failures_to_blame=self.limits.node_failures_to_blame,
+            blame_named=failed, diagnosis_passed=bool(diagnosed) and not failed,
+            diagnosis_reason=("stop-time diagnosis (simulated): the fault recurs on this "
+                              "machine") if failed else None)
 
     # -- the run ---------------------------------------------------------------------
 
@@ -212,7 +224,8 @@ class Job:
         for n in named:
             st.failures_by_node[n] = st.failures_by_node.get(n, 0) + 1
         signature = f"{cls}:{inc.index}"
-        decision = decide(self._facts(cls, named, signature))
+        machine_fault = inc.persistent and not inc.switch
+        decision = decide(self._facts(cls, named, signature, machine_fault))
         st.signatures[signature] = st.signatures.get(signature, 0) + 1
         result = IncidentResult(inc.index * 100 + k, fc.name, cls, fault, detected,
                                 localized, None, decision.rung, tuple(decision.evict or named),

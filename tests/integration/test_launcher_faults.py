@@ -464,3 +464,59 @@ def test_ambiguous_cuda_error_on_a_node_that_fails_diagnosis_is_evicted(runs, mi
         assert verdict["node"] == victim and "host_mem_available" in verdict["reason"]
     finally:
         _return_node(minicluster, run, victim)
+
+
+# ---------------------------------------------------------------- repeats: blame needs evidence
+def _user_error_run(runs, name: str, kind: str) -> tuple[Run, str, list[str]]:
+    """A run whose last rank fails with --user-error ``kind`` at step 8 on every attempt
+    (the flag follows the rank, and in-place restarts keep the rank on its node); the
+    victim node and the spares' nodes at the start."""
+    run = runs(name, train_args=[*TRAIN_ARGS, "--user-error", kind, "--user-error-at", "8",
+                                 "--user-error-rank", str(NODES - 1)])
+    run.wait_step(3)
+    state = load_state(run.paths.state)
+    return run, state.slots[NODES - 1], list(state.spares)
+
+
+def test_user_error_without_a_traceback_repeats_on_one_node_without_eviction(runs):
+    # The same user error each time, reported the way a framework's error handler does
+    # (one line, exit status 1): the classifier has only the exit status (worker_signal,
+    # side unknown). Its third repeat on the same node used to evict that healthy node to
+    # the spare by count alone. Now the node's stop-time diagnosis runs instead, passes,
+    # and the run stops naming an unknown cause: no verdict, no drain, the spare unused.
+    run, victim, spares = _user_error_run(runs, "usererr-exit", "exit")
+    end = run.wait_end(timeout=420.0)
+    assert end["status"] == "stopped", end
+    verdict = end["verdict"]
+    assert "passed stop-time diagnosis" in verdict and "an unknown cause" in verdict, end
+    assert "user code" not in verdict, end
+    incidents = run.events("incident")
+    assert [i["rung"] for i in incidents] == ["in_place", "in_place", "stop"], incidents
+    assert {i["class"] for i in incidents} == {"worker_signal"}, incidents
+    last = incidents[-1]["evidence"]
+    assert last["diagnosis"]["passed"] is True, last
+    assert last["blame"] == {"node_side": False, "failures": {victim: 3}, "threshold": 3}
+    assert last["classifier"]["rule"] == "exit_status", last
+    assert last["classifier"]["strength"] == "generic", last
+    assert _verdicts(run) == []  # no node blamed, nothing drained
+    state = load_state(run.paths.state)
+    assert state.blamed == [] and victim in state.slots
+    assert state.spares == spares  # the spare was never used
+
+
+def test_plain_value_error_on_one_rank_stops_as_user_code_without_blame(runs):
+    # The same error with its traceback: the classifier names it (user_exception, user
+    # side), one clean restart, and its repeat stops the run; the node is never blamed.
+    run, victim, spares = _user_error_run(runs, "usererr-raise", "raise")
+    end = run.wait_end()
+    assert end["status"] == "stopped" and "ValueError" in end["verdict"], end
+    incidents = run.events("incident")
+    assert [i["rung"] for i in incidents] == ["in_place", "stop"], incidents
+    assert {i["class"] for i in incidents} == {"user_exception"}, incidents
+    first = incidents[0]["evidence"]
+    assert first["exception"] == "ValueError", first
+    assert (first["classifier"]["rule"], first["classifier"]["side"]) == ("exception", "user")
+    assert first["blame"]["node_side"] is False, first
+    assert _verdicts(run) == []
+    state = load_state(run.paths.state)
+    assert state.blamed == [] and victim in state.slots and state.spares == spares

@@ -35,7 +35,8 @@ class Handle:
     """Run the ladder for ``incident`` of ``gen`` and apply its decision. ``nodes``: the
     nodes it names; ``evict``: why they are blamed whatever the class (a fatal monitor
     finding, a failed bitwise test, a replay's crossing); ``override``: the NaN ladder's
-    rung; ``resume``: back to ``running`` first (a hang's capture is over)."""
+    rung; ``resume``: back to ``running`` first (a hang's capture is over);
+    ``diagnosis_passed``: the node's stop-time diagnosis for this incident passed."""
 
     gen: Generation
     incident: Incident
@@ -44,6 +45,8 @@ class Handle:
     evict: str | None = None
     diagnosed_repeat: bool = False
     diagnosis_failed: bool = False
+    diagnosis_passed: bool = False
+    side: str | None = None  # the classifier's side for the root failure (None: default)
     override: Decision | None = None
     resume: bool = False
 

@@ -460,8 +460,10 @@ class Applier:
         """Ask the suspected node's agent to run diagnose(node); the others wait."""
         gen, root, incident = d.gen, d.root, d.incident
         did = f"{incident.incident}-g{gen.number}"
+        side = root.exit.side.value if root.exit.side is not None else None
         gen.diagnosis = PendingDiagnosis(did, root.agent, root.node, incident,
-                                         root.exit.signature, now, now + DIAGNOSIS_WAIT_S)
+                                         root.exit.signature, now, now + DIAGNOSIS_WAIT_S,
+                                         side)
         self.set_plan(root.agent, dataclasses.replace(self.plans[root.agent], diagnose=did))
         self.enter(Phase.DIAGNOSING)
         log.warning("incident %s: %s on %s has no clear side; diagnosing %s (%s)",
@@ -479,7 +481,8 @@ class Applier:
         if done.cleared:
             self.state.diagnosis_passed = sorted({*self.state.diagnosis_passed, done.cleared})
         self.handle(act.Handle(gen, incident, pending.signature, [pending.node],
-                               diagnosis_failed=done.failed), now)
+                               diagnosis_failed=done.failed, diagnosis_passed=done.passed,
+                               side=pending.side), now)
 
     def start_hang_capture(self, c: act.Capture, now: float) -> None:
         """A hang: ask every active agent for a stack dump before anything is killed."""

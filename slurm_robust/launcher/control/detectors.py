@@ -127,8 +127,9 @@ class Detectors:
         if self._wants_diagnosis(root):
             return act.Diagnose(gen, root, incident)
         repeat = diagnosed_before(root.exit.signature, self.run.state.diagnosis_passed)
+        side = root.exit.side.value if root.exit.side is not None else None
         return act.Handle(gen, incident, root.exit.signature, [root.node],
-                          diagnosed_repeat=repeat)
+                          diagnosed_repeat=repeat, side=side)
 
     def hot_update(self, gen: Generation, now: float) -> act.Action | None:
         """A hot update due at a step boundary: a new generation in place."""

@@ -52,6 +52,7 @@ class PendingDiagnosis:
     signature: str | None
     asked_at: float
     deadline: float
+    side: str | None = None  # the root failure's side, for the ladder after the answer
 
 
 @dataclass

@@ -7,12 +7,12 @@ advance a simulated clock), the choice itself is made here and only here.
 
 The rungs (docs/ARCHITECTURE.md, "The recovery ladder")::
 
-    stop      the same user-code error after a clean restart (or the same unclear error
-              after its node passed stop-time diagnosis), no progress across
-              max_no_progress attempts, or the restart budget spent
+    stop      the same user-code error after a clean restart (or the same error after its
+              node passed stop-time diagnosis: an unknown or external cause), no progress
+              across max_no_progress attempts, or the restart budget spent
     requeue   a node is blamed and no spare is left, or the controller's node is lost
-    spare     a node is blamed (explicit node fault, lost heartbeat, repeated failures,
-              a persistently slow rank)
+    spare     a node is blamed (explicit node fault, lost heartbeat, repeated node-side
+              failures, a failed diagnosis, a persistently slow rank)
     in_place  anything else: transient or unclear
 
 and the refinements applied after the rung is chosen, in this order: the NaN ladder's
@@ -27,9 +27,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_robust.launcher.control.policy import blamed_nodes
+from slurm_robust.launcher.control.policy import blamed_nodes, repeat_suspects
 from slurm_robust.launcher.enums import IncidentClass, Rung
-from slurm_robust.taxonomy import stops_on_repeat
+from slurm_robust.taxonomy import blame_cause, node_side, stops_on_repeat
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,10 @@ class Facts:
     evict_reason: the evidence that named the nodes (appended to the reason). rollback:
     set when a hot update's new version is to blame (its reason). diagnosis_reason: what
     the failed stop-time diagnosis found. blamed_before, max_blamed: the run's blamed
-    nodes so far and the cap on them (None: no cap).
+    nodes so far and the cap on them (None: no cap). side: the classifier's side for this
+    failure (None: the class's default); with the class it decides whether repeats on a
+    node count against it (taxonomy.node_side). diagnosis_passed: the named node has
+    just passed a stop-time diagnosis for this incident.
     """
 
     cls: str
@@ -85,6 +88,8 @@ class Facts:
     diagnosis_reason: str | None = None
     blamed_before: tuple[str, ...] = ()
     max_blamed: int | None = None
+    side: str | None = None
+    diagnosis_passed: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The facts as a trace line (tests replay recorded traces)."""
@@ -124,7 +129,7 @@ def decide(f: Facts) -> Decision:
 def blamed_of(f: Facts) -> tuple[str, ...]:
     """The culprits: by class or repeat count, plus every named node when evidence names
     them."""
-    blamed = blamed_nodes(f.cls, f.named, f.failures, f.failures_to_blame)
+    blamed = blamed_nodes(f.cls, f.named, f.failures, f.failures_to_blame, f.side)
     if f.blame_named:
         blamed = tuple(dict.fromkeys((*blamed, *f.named)))
     return blamed
@@ -139,7 +144,12 @@ def _stop_reason(f: Facts, blamed: tuple[str, ...]) -> str | None:
     """Why the run stops whatever is blamed, or None."""
     if f.diagnosed_repeat and f.signature is not None and not blamed:
         return (f"the same error ({f.signature}) came back after its node passed "
-                "stop-time diagnosis: user code; fix the training code and resubmit")
+                f"stop-time diagnosis: {blame_cause(f.cls, f.side)}; no node is blamed")
+    cleared = unexplained_repeat(f, blamed)
+    if cleared:
+        return (f"{f.cls} repeated {max(f.failures[n] for n in cleared)} times on "
+                f"{', '.join(cleared)} and the node passed stop-time diagnosis: "
+                f"{blame_cause(f.cls, f.side)}; no node is blamed")
     if stops_on_repeat(f.cls) and f.signature is not None and f.signature_seen >= 1:
         return (f"the same user-code error ({f.signature}) came back after a clean "
                 "restart; fix the training code and resubmit")
@@ -153,6 +163,18 @@ def _stop_reason(f: Facts, blamed: tuple[str, ...]) -> str | None:
     if f.restarts >= f.max_restarts:
         return f"restart budget spent ({f.restarts} of {f.max_restarts}); last failure: {f.cls}"
     return None
+
+
+def unexplained_repeat(f: Facts, blamed: tuple[str, ...]) -> tuple[str, ...]:
+    """The named nodes where a failure that is no evidence against a node (user side,
+    unknown, off-node) reached the repeat threshold, the same error (signature) had come
+    before, and the node's stop-time diagnosis then passed: restarting would only repeat
+    it, evicting would blame a healthy node, so the run stops. Unrelated failures that
+    happen to add up on one node in a long run restart in place."""
+    if blamed or not f.diagnosis_passed or node_side(f.cls, f.side) or \
+            f.signature is None or f.signature_seen < 1:
+        return ()
+    return repeat_suspects(f.named, dict(f.failures), f.failures_to_blame)
 
 
 def choose_rung(f: Facts, blamed: tuple[str, ...]) -> Decision:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from slurm_robust.launcher.classify import NODE_CLASSES
 from slurm_robust.launcher.enums import IncidentClass, Rung
+from slurm_robust.taxonomy import node_side
 
 RUNGS = tuple(Rung)
 #: Step values needed before the spike test applies (early losses fall fast).
@@ -99,13 +100,32 @@ def step_anomaly(history: Sequence[float], value: float | None, factor: float) -
 
 
 def blamed_nodes(cls: str, nodes: Sequence[str], failures_by_node: dict[str, int],
-                 threshold: int) -> tuple[str, ...]:
-    """Nodes named as culprits: every node for a node-class or fail-slow fault, else the
-    nodes whose failure count in this run reached ``threshold``."""
+                 threshold: int, side: str | None = None) -> tuple[str, ...]:
+    """Nodes named as culprits: every node for a node-class or fail-slow fault, else, for
+    a node-side class (taxonomy.node_side; ``side`` is the classifier's call), the nodes
+    whose failure count in this run reached ``threshold``. Repeats of a user-side,
+    unknown or off-node class blame nobody by count: see :func:`repeat_suspects`."""
     if cls in EVICTING_CLASSES:
         return tuple(dict.fromkeys(nodes))
-    if cls in UNLOCALISED_CLASSES:
+    if cls in UNLOCALISED_CLASSES or not node_side(cls, side):
         return ()
+    return repeat_suspects(nodes, failures_by_node, threshold)
+
+
+def unexplained_repeats(cls: str, nodes: Sequence[str], failures_by_node: dict[str, int],
+                        threshold: int, side: str | None = None) -> tuple[str, ...]:
+    """The named nodes where a class that is no evidence against a node by itself (user
+    side, unknown, off-node) reached the repeat threshold: stop-time diagnosis on the
+    node decides (stop_diagnosis.wants_diagnosis); the count alone never blames."""
+    if cls in EVICTING_CLASSES or cls in UNLOCALISED_CLASSES or node_side(cls, side):
+        return ()
+    return repeat_suspects(nodes, failures_by_node, threshold)
+
+
+def repeat_suspects(nodes: Sequence[str], failures_by_node: dict[str, int],
+                    threshold: int) -> tuple[str, ...]:
+    """The named nodes whose failure count in this run reached ``threshold``. For a class
+    that is not node-side this is a reason to diagnose the node, not to blame it."""
     return tuple(n for n in dict.fromkeys(nodes) if failures_by_node.get(n, 0) >= threshold)
 
 

@@ -20,6 +20,7 @@ from slurm_robust.launcher.control.policy import UNLOCALISED_CLASSES, made_progr
 from slurm_robust.launcher.control.state import RunState
 from slurm_robust.launcher.enums import IncidentClass
 from slurm_robust.launcher.messages import Incident
+from slurm_robust.taxonomy import node_side
 
 
 def failure_incident(incident_id: str, gen: Generation, root: Failure, detected: float,
@@ -59,6 +60,11 @@ def ladder_facts(h: Handle, st: RunState, cfg: RunConfig, controller_node: str,
     if cls not in UNLOCALISED_CLASSES:
         for node in h.nodes:
             st.node_failures[node] = st.node_failures.get(node, 0) + 1
+    # Why the nodes were or were not blamed by count, for the post-mortem reader.
+    incident.evidence["blame"] = {
+        "node_side": node_side(str(cls), h.side),
+        "failures": {n: st.node_failures.get(n, 0) for n in h.nodes},
+        "threshold": cfg.node_failures_to_blame}
     signature = h.signature
     return Facts(
         cls=cls, controller_node=controller_node, spares_left=spares_left,
@@ -73,4 +79,5 @@ def ladder_facts(h: Handle, st: RunState, cfg: RunConfig, controller_node: str,
         diagnosis_reason=(incident.evidence.get("diagnosis_reason")
                           if h.diagnosis_failed else None),
         blamed_before=tuple(st.blamed),
-        max_blamed=cfg.max_blamed_nodes or cfg.total_nodes)
+        max_blamed=cfg.max_blamed_nodes or cfg.total_nodes,
+        side=h.side, diagnosis_passed=h.diagnosis_passed)

@@ -33,7 +33,7 @@ class RunState:
     restarts: int = 0
     requeues: int = 0
     signatures: dict[str, int] = field(default_factory=dict)
-    # Signatures whose suspected node passed stop-time diagnosis: seen again, user code.
+    # Signatures whose suspected node passed stop-time diagnosis: seen again, not the node.
     diagnosis_passed: list[str] = field(default_factory=list)
     node_failures: dict[str, int] = field(default_factory=dict)
     slots: list[str] = field(default_factory=list)

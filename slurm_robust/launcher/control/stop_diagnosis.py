@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_robust.launcher.control.generation import Failure, PendingDiagnosis
-from slurm_robust.launcher.control.policy import blamed_nodes
+from slurm_robust.launcher.control.policy import blamed_nodes, unexplained_repeats
 from slurm_robust.launcher.messages import DiagnosisReport
 from slurm_robust.taxonomy import ROWS, Action, canonical
 
@@ -25,17 +25,25 @@ DIAGNOSIS_WAIT_S = 45.0
 
 def wants_diagnosis(root: Failure, node_failures: Mapping[str, int], threshold: int,
                     passed: Collection[str], agent_can_answer: bool) -> bool:
-    """Diagnose when the failure's action is ``diagnose``, no node is blamed yet, its
-    signature has not passed a diagnosis before, and its agent can still answer."""
+    """Diagnose when no node is blamed yet, the failure's signature has not passed a
+    diagnosis before, its agent can still answer, and either the failure's action is
+    ``diagnose`` or it is a repeat that is no evidence against the node by itself (a
+    user-side, unknown or off-node class whose count on the node reached ``threshold``:
+    only the node's own checks may blame it)."""
     ex = root.exit
+    cls_name = str(ex.cls)
+    side = ex.side.value if ex.side is not None else None
     action = ex.action
     if action is None:  # an older agent: the class's default action
-        cls = canonical(str(ex.cls))
+        cls = canonical(cls_name)
         action = ROWS[cls].action if cls is not None else None
-    if action is not Action.DIAGNOSE or diagnosed_before(ex.signature, passed):
+    if diagnosed_before(ex.signature, passed):
         return False
     failures = {**node_failures, root.node: node_failures.get(root.node, 0) + 1}
-    if blamed_nodes(str(ex.cls), [root.node], failures, threshold):
+    if blamed_nodes(cls_name, [root.node], failures, threshold, side):
+        return False
+    unexplained = unexplained_repeats(cls_name, [root.node], failures, threshold, side)
+    if action is not Action.DIAGNOSE and not unexplained:
         return False
     return agent_can_answer
 
@@ -48,13 +56,16 @@ def diagnosed_before(signature: str | None, passed: Collection[str]) -> bool:
 class Conclusion:
     """What a finished (or abandoned) diagnosis says. ``evidence``: keys for the
     incident's evidence, in order; ``localized_at``: when the node's checks named it;
-    ``failed``: the node is blamed; ``cleared``: a signature that passed a complete
-    diagnosis (the same error again is the user's code)."""
+    ``failed``: the node is blamed; ``passed``: the node answered and passed (a repeat
+    that is no evidence against it then stops the run, ladder.unexplained_repeat);
+    ``cleared``: a signature that passed a complete diagnosis (the same error again is
+    not the node's)."""
 
     evidence: dict[str, Any] = field(default_factory=dict)
     localized_at: float | None = None
     failed: bool = False
     cleared: str | None = None
+    passed: bool = False
 
 
 def conclude(pending: PendingDiagnosis, answer: DiagnosisReport | None, lost: bool,
@@ -74,4 +85,5 @@ def conclude(pending: PendingDiagnosis, answer: DiagnosisReport | None, lost: bo
     cleared = pending.signature if answer.passed and answer.complete else None
     # Localisation is the diagnosis: detected + the time the node's checks took.
     return Conclusion(evidence, pending.incident.detected_at + answer.elapsed_s,
-                      failed=not answer.passed, cleared=cleared or None)
+                      failed=not answer.passed, cleared=cleared or None,
+                      passed=answer.passed)

@@ -134,5 +134,6 @@ def test_taxonomy_doc_prints_the_same_table():
     doc = (Path(__file__).resolve().parents[3] / "docs" / "TAXONOMY.md").read_text()
     for row in TABLE:
         line = (f"| `{row.cls.value}` | {row.category.value} | {row.side.value} | "
-                f"{row.action.value} | {row.table1 or '-'} |")
+                f"{row.action.value} | {row.table1 or '-'} | {row.meaning} | "
+                f"{row.locus.value} |")
         assert line in doc, line

@@ -88,8 +88,16 @@ def test_blamed_nodes_by_class_or_repeat_count():
     assert blamed_nodes("gpu_memory_error", ["n1"], {}, 3) == ("n1",)
     # A CUDA error may be the user's: it goes to diagnosis, it does not evict by itself.
     assert blamed_nodes("cuda_error", ["n1"], {}, 3) == ()
-    assert blamed_nodes("worker_signal", ["n1"], {"n1": 2}, 3) == ()
-    assert blamed_nodes("worker_signal", ["n1"], {"n1": 3}, 3) == ("n1",)
+    assert blamed_nodes("network", ["n1"], {"n1": 2}, 3) == ()
+    assert blamed_nodes("network", ["n1"], {"n1": 3}, 3) == ("n1",)
+    # Repeats of a class that is no evidence against the node blame nobody by count:
+    # unknown (the catch-all), user side, off-node (shared storage, a web service), or a
+    # node-side class the classifier itself called unknown for this failure.
+    for cls in ("worker_signal", "user_exception", "bad_config", "remote_storage",
+                "external_service", "cuda_error", "job_hang"):
+        assert blamed_nodes(cls, ["n1"], {"n1": 9}, 3) == (), cls
+    assert blamed_nodes("disk_full", ["n1"], {"n1": 3}, 3) == ("n1",)
+    assert blamed_nodes("disk_full", ["n1"], {"n1": 3}, 3, side="unknown") == ()
     # A spike is tested after the all-reduce: the rank that reports it says nothing.
     assert blamed_nodes("loss_spike", ["n1"], {"n1": 9}, 3) == ()
 

@@ -161,3 +161,93 @@ def test_worker_exit_side_and_action_are_checked():
         WorkerExit.from_json({**raw, "action": "evict", "side": "user"})
     with pytest.raises(BadMessage, match="'action'"):
         WorkerExit.from_json({**raw, "action": "blame"})
+
+
+# ------------------------------------------------- repeats that are no evidence by count
+def _repeat_on_n2(h: Harness, cls: str, side: str, action: str, signatures: list[str]) -> None:
+    """The same class fails on n2 once per signature; every failure but the last one is
+    restarted in place (nobody blamed)."""
+    for i, sig in enumerate(signatures):
+        crash(h, h.members[1], action=action, side=side, cls=cls, signature=sig)
+        h.settle()
+        if i == len(signatures) - 1:
+            return
+        assert h.rec.phase is Phase.RUNNING, (i, h.incidents()[-1])
+        assert h.rec.state.open_incident.to_json()["rung"] == "in_place"
+        h.restored(3)
+        h.steps(1)
+
+
+def test_unknown_side_repeat_is_diagnosed_not_evicted_then_stops(tmp_path):
+    # worker_signal (the catch-all: exit 1, no error line) three times on n2: before, the
+    # count alone evicted n2 to the spare. Now the third goes to the node's own checks;
+    # they pass, and the run stops naming an unknown cause, no verdict, the spare unused.
+    h = Harness(tmp_path)
+    h.start()
+    _repeat_on_n2(h, "worker_signal", "unknown", "reattempt", ["worker_signal:1"] * 3)
+    assert h.rec.phase is Phase.DIAGNOSING and h.rec.plan_for(1).diagnose
+    answer(h, h.members[1], passed=True)
+    h.tick()
+    assert h.rec.phase is Phase.DONE and h.rec.result.status == "stopped"
+    verdict = h.rec.result.verdict
+    assert "an unknown cause" in verdict and "passed stop-time diagnosis" in verdict
+    assert "user code" not in verdict
+    assert not [c for c in h.slurm.calls if c[0] in ("verdict", "drain")]
+    assert h.rec.gen.slots == [0, 1] and h.rec.state.blamed == []
+    last = h.incidents()[-1]
+    assert last["rung"] == "stop"
+    # The record says why n2 was not blamed: the count reached the threshold, but the
+    # class is no evidence against the node.
+    assert last["evidence"]["blame"] == {"node_side": False, "failures": {"n2": 3},
+                                         "threshold": 3}
+
+
+def test_off_node_repeat_stops_as_external_after_diagnosis(tmp_path):
+    h = Harness(tmp_path)
+    h.start()
+    _repeat_on_n2(h, "remote_storage", "infrastructure", "reattempt",
+                  ["remote_storage:OSError"] * 3)
+    assert h.rec.phase is Phase.DIAGNOSING
+    answer(h, h.members[1], passed=True)
+    h.tick()
+    assert h.rec.result.status == "stopped"
+    assert "an external cause (remote_storage" in h.rec.result.verdict
+    assert not [c for c in h.slurm.calls if c[0] in ("verdict", "drain")]
+
+
+def test_unknown_side_repeat_whose_diagnosis_fails_blames_the_node(tmp_path):
+    h = Harness(tmp_path)
+    h.start()
+    _repeat_on_n2(h, "worker_signal", "unknown", "reattempt", ["worker_signal:1"] * 3)
+    assert h.rec.phase is Phase.DIAGNOSING
+    answer(h, h.members[1], passed=False)
+    h.tick()
+    assert h.rec.phase is Phase.RUNNING and h.rec.gen.slots == [0, 2]
+    assert ("verdict", "n2", "worker_signal") in h.slurm.calls
+
+
+def test_node_side_repeat_still_evicts_by_count(tmp_path):
+    # Today's behaviour for a node-side class: the third failure on n2 blames it, no
+    # diagnosis first.
+    h = Harness(tmp_path)
+    h.start()
+    _repeat_on_n2(h, "network", "infrastructure", "reattempt", ["network"] * 3)
+    assert h.rec.phase is Phase.RUNNING and h.rec.gen.slots == [0, 2]
+    assert ("verdict", "n2", "network") in h.slurm.calls
+    assert h.rec.state.open_incident.to_json()["evidence"]["blame"]["node_side"] is True
+
+
+def test_unrelated_failures_adding_up_on_a_node_restart_in_place_after_diagnosis(tmp_path):
+    # Three different unclear failures on n2 over a run: the third is diagnosed (the count
+    # reached the threshold); it passes, and as no error came back the run goes on in
+    # place, n2 kept, nothing drained.
+    h = Harness(tmp_path)
+    h.start()
+    _repeat_on_n2(h, "worker_signal", "unknown", "reattempt",
+                  ["worker_signal:1", "worker_signal:SIGSEGV", "worker_signal:SIGBUS"])
+    assert h.rec.phase is Phase.DIAGNOSING
+    answer(h, h.members[1], passed=True)
+    h.tick()
+    assert h.rec.phase is Phase.RUNNING and h.rec.gen.slots == [0, 1]
+    assert h.rec.state.open_incident.to_json()["rung"] == "in_place"
+    assert not [c for c in h.slurm.calls if c[0] in ("verdict", "drain")]

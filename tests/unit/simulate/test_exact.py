@@ -79,6 +79,29 @@ def test_persistent_fault_recurs_until_the_node_is_blamed() -> None:
     assert len({r.nodes for r in result.job.incidents}) == 1
 
 
+def test_unclear_faults_adding_up_on_a_machine_are_diagnosed_not_evicted_by_count() -> None:
+    # Three unrelated worker_signal crashes on one machine: the count reaches the threshold,
+    # but the class is no evidence against the machine. The simulated stop-time diagnosis
+    # passes (the faults are not the machine's: not persistent), so the run goes on in
+    # place with the machine kept.
+    trace = [incident(1000.0 * (i + 1), slot=5, index=i) for i in range(3)]
+    result = simulate(config(trace, spares=2))
+    assert [r.rung for r in result.job.incidents] == ["in_place"] * 3
+    assert result.summary["spares_used"] == 0
+
+
+def test_a_persistent_unclear_fault_fails_the_simulated_diagnosis_and_is_evicted() -> None:
+    from slurm_robust.simulate.config import FailureClass
+    from slurm_robust.simulate.dists import fixed
+
+    hang = FailureClass("hang", "job_hang", 1.0, fixed(30.0), fixed(30.0), persistent=1.0)
+    trace = [incident(1000.0, hang, slot=5, persistent=True, recur_after=(300.0,) * 8)]
+    result = simulate(config(trace, spares=2))
+    rungs = [r.rung for r in result.job.incidents]
+    assert rungs == ["in_place", "in_place", "spare"]
+    assert "stop-time diagnosis (simulated)" in result.job.incidents[-1].reason
+
+
 def test_refilled_spares_avoid_the_requeue() -> None:
     trace = [incident(1000.0, GPU, slot=2, index=0), incident(5000.0, GPU, slot=4, index=1)]
     result = simulate(config(trace, spares=1, refill_spares=True))
