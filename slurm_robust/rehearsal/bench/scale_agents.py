@@ -1,0 +1,252 @@
+"""Simulated agents for ``bench scale``: one process drives many agents over real sockets.
+
+Each simulated agent does what an agent's control loop does on the wire (protocol.py,
+node/agent.py): it connects, passes the HMAC handshake with the run's secret
+(auth.client_handshake), then sends a typed :class:`~slurm_robust.launcher.messages.Report`
+every ``heartbeat_s`` (or the plan's ``poll_s``), waits for the reply, reads it with
+:func:`~slurm_robust.launcher.messages.plan_from_reply`, and reports at once on a wake-up.
+An active agent relays one progress line per rank per finished step, as its workers
+would. No worker processes: what is measured is the controller.
+
+Many agents share one thread: a selector waits for replies and wake-ups, a heap holds
+the agents' next report times. The handshakes run on a small thread pool at start.
+
+The parent (scale.py) talks to this process through lines on stdin/stdout:
+``ACTIVE <t>`` (out) once every agent here holds an active plan; ``GO <window_start>
+<fail_at> <end>`` (in) with absolute times; the result JSON (out) at ``end``; stdin's end
+closes the connections.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import resource
+import selectors
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurm_robust.launcher.auth import HANDSHAKE_S, client_handshake, read_run_secret
+from slurm_robust.launcher.enums import Category, ProgressKind, Role
+from slurm_robust.launcher.messages import Plan, Progress, Report, WorkerExit, plan_from_reply
+from slurm_robust.launcher.protocol import Channel
+
+#: Class and category of the injected worker failure: a crash the ladder restarts in
+#: place (no spare, no requeue), so the bench measures the control plane only.
+FAIL_CLASS = "worker_signal"
+
+
+@dataclass
+class SimAgent:
+    index: int
+    chan: Channel
+    buf: bytes = b""
+    sent_at: float | None = None  # a report waits for its reply
+    next_at: float = 0.0
+    plan: Plan | None = None
+    gen: int = -1
+    last_step: int = -1
+    active_at: float | None = None
+    #: (generation, time this agent first held a plan of it)
+    gens: dict[int, float] = field(default_factory=dict)
+    lost_plan: str | None = None  # a role telling this agent it was counted lost
+    pending_exit: WorkerExit | None = None
+
+
+@dataclass
+class Args:
+    host: str
+    port: int
+    run_dir: str
+    key: str
+    first: int
+    count: int
+    heartbeat_s: float
+    step_s: float
+    fail_agent: int
+
+
+class Harness:
+    def __init__(self, a: Args) -> None:
+        self.a = a
+        self.secret = read_run_secret(a.run_dir)
+        self.sel = selectors.DefaultSelector()
+        self.agents: list[SimAgent] = []
+        self.heap: list[tuple[float, int]] = []
+        self.t0 = time.time()
+        self.rtts: list[tuple[float, float]] = []  # (sent at, round trip)
+        self.replies = 0
+        self.wakeups = 0
+        self.connect_failures = 0
+        self.fail_sent_at: float | None = None
+        self.fail_gen: int | None = None
+
+    # ------------------------------------------------------------------ set-up
+    def _connect(self, index: int) -> SimAgent:
+        for attempt in range(20):
+            try:
+                chan = Channel.connect(self.a.host, self.a.port, 3 * HANDSHAKE_S)
+                client_handshake(chan, self.secret)
+                return SimAgent(index, chan)
+            except OSError:
+                self.connect_failures += 1
+                time.sleep(min(0.1 * 2 ** attempt, 2.0))
+        raise ConnectionError(f"simulated agent {index} could not connect to the "
+                              f"controller at {self.a.host}:{self.a.port}")
+
+    def connect_all(self) -> None:
+        indices = range(self.a.first, self.a.first + self.a.count)
+        with ThreadPoolExecutor(max_workers=min(32, self.a.count)) as pool:
+            self.agents = list(pool.map(self._connect, indices))
+        now = time.time()
+        for i, ag in enumerate(self.agents):
+            self.sel.register(ag.chan.sock, selectors.EVENT_READ, i)
+            # Spread the first reports over a heartbeat, as agents started by srun are.
+            self._schedule(ag, now + self.a.heartbeat_s * i / max(len(self.agents), 1), i)
+
+    def _schedule(self, ag: SimAgent, at: float, i: int) -> None:
+        ag.next_at = at
+        heapq.heappush(self.heap, (at, i))
+
+    # ------------------------------------------------------------------ one agent
+    def _report(self, ag: SimAgent, now: float) -> Report:
+        progress: list[Progress] = []
+        plan = ag.plan
+        if plan is not None and plan.role is Role.ACTIVE and ag.active_at is not None:
+            step = int((now - ag.active_at) / self.a.step_s)
+            if step > ag.last_step:
+                for s in range(ag.last_step + 1, step + 1):
+                    progress += [Progress(rank=r, kind=ProgressKind.STEP, step=s,
+                                          t=ag.active_at + (s + 1) * self.a.step_s,
+                                          loss=1.0, grad_norm=1.0)
+                                 for r in plan.ranks or []]
+                ag.last_step = step
+        exits = []
+        if ag.pending_exit is not None:
+            exits, ag.pending_exit = [ag.pending_exit], None
+        return Report(op="report", agent=ag.index, node=f"n{ag.index}",
+                      pid=100000 + ag.index, key=self.a.key, time=now,
+                      addr=self.a.host, gen=ag.gen,
+                      role=plan.role if plan is not None else Role.NEW,
+                      exits=exits, progress=progress)
+
+    def _send(self, ag: SimAgent, now: float) -> None:
+        ag.chan.send(self._report(ag, now).to_json())
+        ag.sent_at = now
+
+    def _on_reply(self, i: int, ag: SimAgent, raw: dict[str, Any], now: float) -> None:
+        if ag.sent_at is not None:
+            self.rtts.append((ag.sent_at, now - ag.sent_at))
+        ag.sent_at = None
+        self.replies += 1
+        plan = plan_from_reply(raw)
+        if plan is not None:
+            if plan.role in (Role.EVICTED, Role.HOLD, Role.EXIT):
+                ag.lost_plan = ag.lost_plan or plan.role.value
+            if plan.gen is not None and plan.gen not in ag.gens:
+                ag.gens[plan.gen] = now
+            if plan.role is Role.ACTIVE and plan.gen != ag.gen:
+                ag.gen = plan.gen if plan.gen is not None else -1
+                ag.active_at, ag.last_step = now, -1  # the new workers start stepping
+            ag.plan = plan
+        wait = plan.poll_s if plan is not None and plan.poll_s else self.a.heartbeat_s
+        self._schedule(ag, now + wait, i)
+
+    def _readable(self, i: int, now: float) -> None:
+        ag = self.agents[i]
+        try:
+            chunk = ag.chan.sock.recv(1 << 20)
+        except BlockingIOError:
+            return
+        if not chunk:
+            raise ConnectionError(f"the controller closed simulated agent {ag.index}'s "
+                                  "connection")
+        ag.buf += chunk
+        while b"\n" in ag.buf:
+            line, ag.buf = ag.buf.split(b"\n", 1)
+            if not line:  # a wake-up: report now unless a report is in flight
+                self.wakeups += 1
+                if ag.sent_at is None:
+                    self._schedule(ag, now, i)
+                continue
+            self._on_reply(i, ag, json.loads(line), now)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, window_start: float, fail_at: float | None, end: float,
+            stdin_ok: bool) -> None:
+        del window_start  # the parent cuts the window out of the samples
+        announced = False
+        while True:
+            now = time.time()
+            if now >= end:
+                return
+            if fail_at is not None and now >= fail_at and self.fail_sent_at is None:
+                self._inject(now)
+            while self.heap and self.heap[0][0] <= now:
+                at, i = heapq.heappop(self.heap)
+                ag = self.agents[i]
+                if at != ag.next_at or ag.sent_at is not None:
+                    continue  # rescheduled since, or still waiting for a reply
+                self._send(ag, now)
+            if not announced and stdin_ok and all(a.active_at for a in self.agents):
+                print(f"ACTIVE {now}", flush=True)
+                announced = True
+            timeout = min(max(self.heap[0][0] - time.time(), 0.0), 0.05) if self.heap \
+                else 0.05
+            for key, _ in self.sel.select(timeout):
+                if key.data == "stdin":
+                    line = sys.stdin.readline()
+                    if line.startswith("GO "):
+                        _, ws, fa, en = line.split()
+                        fail_at = float(fa) if float(fa) > 0 else None
+                        end = float(en)
+                    continue
+                self._readable(key.data, time.time())
+
+    def _inject(self, now: float) -> None:
+        """The failing agent's next report carries one worker's crash."""
+        for ag in self.agents:
+            if ag.index == self.a.fail_agent and ag.plan is not None and ag.plan.ranks:
+                ag.pending_exit = WorkerExit(
+                    rank=ag.plan.ranks[0], gen=ag.gen, exit_code=1, signal=None, time=now,
+                    cls=FAIL_CLASS, category=Category.EXPLICIT, line="bench: injected")
+                self.fail_gen = ag.gen
+                self.fail_sent_at = now
+                if ag.sent_at is None:
+                    self._schedule(ag, now, self.agents.index(ag))
+        if self.fail_sent_at is None:
+            self.fail_sent_at = -1.0  # not ours: nothing to inject here
+
+    def result(self) -> dict[str, Any]:
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return {"first": self.a.first, "count": self.a.count,
+                "rtts": [[round(s, 4), round(r, 5)] for s, r in self.rtts],
+                "replies": self.replies, "wakeups": self.wakeups,
+                "connect_failures": self.connect_failures,
+                "lost_plans": {str(a.index): a.lost_plan for a in self.agents if a.lost_plan},
+                "gens": {str(a.index): {str(g): t for g, t in a.gens.items()}
+                         for a in self.agents},
+                "fail_sent_at": self.fail_sent_at if (self.fail_sent_at or 0) > 0 else None,
+                "fail_gen": self.fail_gen,
+                "cpu_s": ru.ru_utime + ru.ru_stime, "wall_s": time.time() - self.t0}
+
+
+def main(argv: list[str]) -> int:
+    host, port, run_dir, key, first, count, hb, step_s, fail_agent = argv
+    h = Harness(Args(host, int(port), run_dir, key, int(first), int(count), float(hb),
+                     float(step_s), int(fail_agent)))
+    h.connect_all()
+    h.sel.register(sys.stdin, selectors.EVENT_READ, "stdin")
+    h.run(0.0, None, float("inf"), stdin_ok=True)
+    print(json.dumps(h.result()), flush=True)
+    sys.stdin.read()  # keep the connections until the parent is done measuring
+    for ag in h.agents:
+        ag.chan.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
