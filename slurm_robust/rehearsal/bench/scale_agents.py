@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import queue
 import resource
 import selectors
 import sys
@@ -83,6 +84,9 @@ class Harness:
         self.connect_failures = 0
         self.fail_sent_at: float | None = None
         self.fail_gen: int | None = None
+        self.joined: queue.Queue[SimAgent | ConnectionError] = queue.Queue()
+        self.connected = 0
+        self.pool: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ set-up
     def _connect(self, index: int) -> SimAgent:
@@ -97,15 +101,35 @@ class Harness:
         raise ConnectionError(f"simulated agent {index} could not connect to the "
                               f"controller at {self.a.host}:{self.a.port}")
 
-    def connect_all(self) -> None:
+    def start_connecting(self) -> None:
+        """Connect every agent on a small thread pool; each starts reporting as soon as
+        its handshake passed (the loop takes it from ``self.joined``), as a real agent
+        does, so that a slow accept does not leave early agents silent."""
         indices = range(self.a.first, self.a.first + self.a.count)
-        with ThreadPoolExecutor(max_workers=min(32, self.a.count)) as pool:
-            self.agents = list(pool.map(self._connect, indices))
-        now = time.time()
-        for i, ag in enumerate(self.agents):
-            self.sel.register(ag.chan.sock, selectors.EVENT_READ, i)
-            # Spread the first reports over a heartbeat, as agents started by srun are.
-            self._schedule(ag, now + self.a.heartbeat_s * i / max(len(self.agents), 1), i)
+        self.agents = [None] * self.a.count  # type: ignore[list-item]
+        self.pool = ThreadPoolExecutor(max_workers=min(32, self.a.count))
+        for index in indices:
+            self.pool.submit(self._join, index)
+
+    def _join(self, index: int) -> None:
+        try:
+            self.joined.put(self._connect(index))
+        except ConnectionError as exc:
+            self.joined.put(exc)
+
+    def _take_joined(self, now: float) -> None:
+        while True:
+            try:
+                got = self.joined.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(got, ConnectionError):
+                raise got
+            i = got.index - self.a.first
+            self.agents[i] = got
+            self.connected += 1
+            self.sel.register(got.chan.sock, selectors.EVENT_READ, i)
+            self._schedule(got, now, i)
 
     def _schedule(self, ag: SimAgent, at: float, i: int) -> None:
         ag.next_at = at
@@ -181,6 +205,7 @@ class Harness:
         announced = False
         while True:
             now = time.time()
+            self._take_joined(now)
             if now >= end:
                 return
             if fail_at is not None and now >= fail_at and self.fail_sent_at is None:
@@ -191,7 +216,8 @@ class Harness:
                 if at != ag.next_at or ag.sent_at is not None:
                     continue  # rescheduled since, or still waiting for a reply
                 self._send(ag, now)
-            if not announced and stdin_ok and all(a.active_at for a in self.agents):
+            if not announced and stdin_ok and self.connected == self.a.count \
+                    and all(a.active_at for a in self.agents):
                 print(f"ACTIVE {now}", flush=True)
                 announced = True
             timeout = min(max(self.heap[0][0] - time.time(), 0.0), 0.05) if self.heap \
@@ -238,7 +264,7 @@ def main(argv: list[str]) -> int:
     host, port, run_dir, key, first, count, hb, step_s, fail_agent = argv
     h = Harness(Args(host, int(port), run_dir, key, int(first), int(count), float(hb),
                      float(step_s), int(fail_agent)))
-    h.connect_all()
+    h.start_connecting()
     h.sel.register(sys.stdin, selectors.EVENT_READ, "stdin")
     h.run(0.0, None, float("inf"), stdin_ok=True)
     print(json.dumps(h.result()), flush=True)
