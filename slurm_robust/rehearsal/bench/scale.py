@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -86,7 +87,15 @@ def controller_main(run_dir: str, nodes: int, rpn: int, hb: float, hbt: float) -
 
 
 # ---------------------------------------------------------------------- /proc
-def proc_sample(pid: int) -> dict[str, float]:
+def proc_sample(pid: int) -> dict[str, float] | None:
+    """CPU seconds, RSS, threads and descriptors of ``pid`` (None: it has exited)."""
+    try:
+        return _proc_sample(pid)
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
+def _proc_sample(pid: int) -> dict[str, float]:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     tick = os.sysconf("SC_CLK_TCK")
@@ -96,6 +105,31 @@ def proc_sample(pid: int) -> dict[str, float]:
     return {"t": time.time(), "cpu_s": cpu,
             "rss_mib": int(vals["VmRSS"].split()[0]) / 1024,
             "threads": int(vals["Threads"]), "fds": len(os.listdir(f"/proc/{pid}/fd"))}
+
+
+class Sampler:
+    """The controller's /proc figures once a second: the last sample, the peaks, and
+    when it exited (the run ended, e.g. a requeue after agents were declared lost)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.last: dict[str, float] | None = None
+        self.peaks: dict[str, float] = {}
+        self.exited_at: float | None = None
+
+    def sample(self) -> dict[str, float] | None:
+        s = proc_sample(self.pid) if self.exited_at is None else None
+        if s is None:
+            self.exited_at = self.exited_at or time.time()
+            return self.last
+        self.last = s
+        self.peaks = {k: max(self.peaks.get(k, v), v) for k, v in s.items()}
+        return s
+
+    def until(self, t: float) -> None:
+        while time.time() < t:
+            time.sleep(min(1.0, max(t - time.time(), 0.0)))
+            self.sample()
 
 
 def listen_overflows() -> int | None:
@@ -126,16 +160,21 @@ def _dist(values: list[float], scale: float, digits: int) -> dict[str, Any]:
             "max": r(max(values) if values else None)}
 
 
-def lost_in_log(log_path: Path, until: float) -> list[str]:
-    out = []
+_LOST = re.compile(r"agent (\d+) on \S+ lost \(")
+
+
+def lost_in_log(log_path: Path, until: float) -> dict[str, str]:
+    """Agents the controller's log declares lost by ``until``: index -> the line."""
+    out: dict[str, str] = {}
     for line in log_path.read_text(errors="replace").splitlines():
-        head = line.split(" ", 1)[0]
+        head, _, rest = line.partition(" ")
         try:
             t = float(head)
         except ValueError:
             continue
-        if t <= until and " lost (" in line and "agent " in line:
-            out.append(line.split(" ", 3)[-1])
+        m = _LOST.search(rest)
+        if t <= until and m:
+            out.setdefault(m.group(1), rest.split(" ", 2)[-1])
     return out
 
 
@@ -216,18 +255,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             h.stdin.write(f"GO {window_start} {fail_at} {end}\n")
             h.stdin.flush()
         time.sleep(max(window_start - time.time(), 0.0))
-        s0 = proc_sample(ctl.pid)
-        peaks = dict(s0)
-        while time.time() < fail_at:
-            time.sleep(min(1.0, max(fail_at - time.time(), 0.0)))
-            s = proc_sample(ctl.pid)
-            peaks = {k: max(peaks[k], s[k]) for k in s}
-        s1 = proc_sample(ctl.pid)
-        while time.time() < end:
-            time.sleep(min(1.0, max(end - time.time(), 0.0)))
-            s = proc_sample(ctl.pid)
-            peaks = {k: max(peaks[k], s[k]) for k in s}
-        s2 = proc_sample(ctl.pid)
+        sampler = Sampler(ctl.pid)
+        s0 = sampler.sample()
+        sampler.until(fail_at)
+        s1 = sampler.last
+        sampler.until(end)
+        s2 = sampler.last
+        if s0 is None or s1 is None or s2 is None:
+            raise SlurmRobustError("the controller exited before the steady window "
+                                   "began; its log ends:\n" + ctl_log.read_text()[-1500:])
+        peaks = sampler.peaks
         results = []
         for h in harnesses:
             assert h.stdout is not None
@@ -237,7 +274,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return summarize(args, results, s0, s1, s2, peaks, lost, window_start, fail_at, end,
                          all_active_s, nprocs,
                          None if overflows0 is None or overflows1 is None
-                         else overflows1 - overflows0)
+                         else overflows1 - overflows0,
+                         controller_exited=sampler.exited_at)
+    except Exception:
+        # What the controller said is what explains most failures of the bench.
+        if ctl_log.exists():
+            sys.stderr.write("controller log (end):\n" + ctl_log.read_text()[-3000:])
+        raise
     finally:
         if ctl is not None and ctl.poll() is None:
             ctl.send_signal(signal.SIGKILL)
@@ -258,9 +301,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def summarize(args: argparse.Namespace, results: list[dict[str, Any]],
               s0: dict[str, float], s1: dict[str, float], s2: dict[str, float],
-              peaks: dict[str, float], lost: list[str], window_start: float, fail_at: float,
+              peaks: dict[str, float], lost: dict[str, str], window_start: float,
+              fail_at: float,
               end: float, all_active_s: float, nprocs: int,
-              overflows: int | None) -> dict[str, Any]:
+              overflows: int | None, controller_exited: float | None = None
+              ) -> dict[str, Any]:
     steady = [r for res in results for s, r in res["rtts"] if window_start <= s < fail_at]
     recov = [r for res in results for s, r in res["rtts"] if fail_at <= s < end]
     served = len(steady)
@@ -287,7 +332,7 @@ def summarize(args: argparse.Namespace, results: list[dict[str, Any]],
     harness_wall = max(r["wall_s"] for r in results)
     fan = _dist(fanout, 1.0, 3)
     rtt = _dist(steady, 1000.0, 1)
-    agents_lost = len(lost) + len(lost_plans)
+    agents_lost = len(set(lost) | set(lost_plans))
     numbers = {
         "controller_cores": round(cores, 3),
         "agents_lost": agents_lost,
@@ -316,7 +361,7 @@ def summarize(args: argparse.Namespace, results: list[dict[str, Any]],
         "reports": {"served_per_s": round(served / window, 1),
                     "offered_per_s": round(args.agents / args.heartbeat_s, 1),
                     "served": served},
-        "agents_lost": agents_lost, "lost_in_log": lost[:20],
+        "agents_lost": agents_lost, "lost_in_log": dict(list(lost.items())[:20]),
         "lost_plans": dict(list(lost_plans.items())[:20]),
         "failure": {"failed_gen": fail_gen,
                     "failure_to_decision_s": numbers["failure_to_decision_s"],
@@ -326,6 +371,9 @@ def summarize(args: argparse.Namespace, results: list[dict[str, Any]],
                     "connect_retries": sum(r["connect_failures"] for r in results),
                     "wakeups": sum(r["wakeups"] for r in results)},
         "listen_overflows_host": overflows,
+        "controller_exited_s": None if controller_exited is None
+        else round(controller_exited - window_start, 2),
+        "agents_closed": sum(r["closed"] for r in results),
         "targets": targets,
         "all_targets_met": all(t["met"] for t in targets.values()),
     }

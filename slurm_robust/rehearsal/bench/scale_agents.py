@@ -20,10 +20,12 @@ closes the connections.
 from __future__ import annotations
 
 import heapq
+import ipaddress
 import json
 import queue
 import resource
 import selectors
+import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -55,6 +57,7 @@ class SimAgent:
     gens: dict[int, float] = field(default_factory=dict)
     lost_plan: str | None = None  # a role telling this agent it was counted lost
     pending_exit: WorkerExit | None = None
+    closed: bool = False
 
 
 @dataclass
@@ -86,13 +89,14 @@ class Harness:
         self.fail_gen: int | None = None
         self.joined: queue.Queue[SimAgent | ConnectionError] = queue.Queue()
         self.connected = 0
+        self.closed = 0
         self.pool: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ set-up
     def _connect(self, index: int) -> SimAgent:
         for attempt in range(20):
             try:
-                chan = Channel.connect(self.a.host, self.a.port, 3 * HANDSHAKE_S)
+                chan = self._open(index)
                 client_handshake(chan, self.secret)
                 return SimAgent(index, chan)
             except OSError:
@@ -100,6 +104,20 @@ class Harness:
                 time.sleep(min(0.1 * 2 ** attempt, 2.0))
         raise ConnectionError(f"simulated agent {index} could not connect to the "
                               f"controller at {self.a.host}:{self.a.port}")
+
+    def _open(self, index: int) -> Channel:
+        """Channel.connect, but from an address of the agent's own when the controller
+        listens on loopback: real agents each come from their node's address, and the
+        controller bounds unauthenticated connections per source address."""
+        source = None
+        if ipaddress.ip_address(self.a.host).is_loopback:
+            source = (f"127.10.{index // 250}.{1 + index % 250}", 0)
+        timeout = 3 * HANDSHAKE_S
+        sock = socket.create_connection((self.a.host, self.a.port), timeout=timeout,
+                                        source_address=source)
+        chan = Channel(sock, timeout)
+        chan.wakeups = True  # the agent's end, as Channel.connect makes it
+        return chan
 
     def start_connecting(self) -> None:
         """Connect every agent on a small thread pool; each starts reporting as soon as
@@ -185,9 +203,15 @@ class Harness:
             chunk = ag.chan.sock.recv(1 << 20)
         except BlockingIOError:
             return
+        except OSError:
+            chunk = b""  # reset by the controller: as closed
         if not chunk:
-            raise ConnectionError(f"the controller closed simulated agent {ag.index}'s "
-                                  "connection")
+            # The controller closed it (it ended, or refused this agent): counted, and
+            # this agent is done; the others go on.
+            self.sel.unregister(ag.chan.sock)
+            ag.closed = True
+            self.closed += 1
+            return
         ag.buf += chunk
         while b"\n" in ag.buf:
             line, ag.buf = ag.buf.split(b"\n", 1)
@@ -213,11 +237,11 @@ class Harness:
             while self.heap and self.heap[0][0] <= now:
                 at, i = heapq.heappop(self.heap)
                 ag = self.agents[i]
-                if at != ag.next_at or ag.sent_at is not None:
+                if at != ag.next_at or ag.sent_at is not None or ag.closed:
                     continue  # rescheduled since, or still waiting for a reply
                 self._send(ag, now)
             if not announced and stdin_ok and self.connected == self.a.count \
-                    and all(a.active_at for a in self.agents):
+                    and all(a.active_at or a.closed or a.lost_plan for a in self.agents):
                 print(f"ACTIVE {now}", flush=True)
                 announced = True
             timeout = min(max(self.heap[0][0] - time.time(), 0.0), 0.05) if self.heap \
@@ -251,7 +275,7 @@ class Harness:
         return {"first": self.a.first, "count": self.a.count,
                 "rtts": [[round(s, 4), round(r, 5)] for s, r in self.rtts],
                 "replies": self.replies, "wakeups": self.wakeups,
-                "connect_failures": self.connect_failures,
+                "connect_failures": self.connect_failures, "closed": self.closed,
                 "lost_plans": {str(a.index): a.lost_plan for a in self.agents if a.lost_plan},
                 "gens": {str(a.index): {str(g): t for g, t in a.gens.items()}
                          for a in self.agents},

@@ -32,3 +32,16 @@ def test_percentiles_are_nearest_rank():
     values = [float(v) for v in range(1, 101)]
     assert scale.pct(values, 50) == 50.0 and scale.pct(values, 99) == 99.0
     assert scale.pct([], 99) is None
+
+
+def test_lost_agents_are_read_from_the_controller_log_once_each(tmp_path):
+    log = tmp_path / "controller.log"
+    log.write_text(
+        "10.0 slurm_robust.launcher.control.controller WARNING agent 3 on n3 lost "
+        "(heartbeat timeout)\n"
+        "11.0 slurm_robust.launcher.control.controller WARNING agent 3 on n3 reported "
+        "after it was declared lost (gen 1); told to stand down\n"
+        "12.0 slurm_robust.launcher.control.controller WARNING agent 5 on n5 lost "
+        "(connection closed)\n")
+    assert set(scale.lost_in_log(log, 11.5)) == {"3"}
+    assert set(scale.lost_in_log(log, 20.0)) == {"3", "5"}
