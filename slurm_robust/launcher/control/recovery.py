@@ -274,7 +274,7 @@ class Recovery:
                     sample: NodeSample | None, now: float) -> None:
         """The in-job monitor: an agent's monitor findings and implicit sample."""
         gen = self.gen
-        active = gen is not None and member.index in gen.slots and \
+        active = gen is not None and gen.slot_of(member.index) is not None and \
             self.phase in (Phase.RUNNING, Phase.DUMPING)
         self.findings.on_report(member.node, member.index, list(findings), sample, active,
                                 now)
@@ -286,7 +286,7 @@ class Recovery:
             self.spares.remove(member.index)
             return
         gen = self.gen
-        if gen is not None and member.index in gen.slots:
+        if gen is not None and gen.slot_of(member.index) is not None:
             lost = WorkerExit(
                 rank=self.ranks_of(member.index)[0], gen=gen.number, exit_code=None,
                 signal=None, time=member.last_seen, cls=IncidentClass.NODE_LOST,
