@@ -302,6 +302,21 @@ class Controller:
             return False
         return True
 
+    def _handshake(self, chan: Channel, sock: socket.socket, peer: str) -> None:
+        """The peer proves it holds the run secret (AuthError, ChannelClosed if not)."""
+        self.preauth.enter(peer, sock, self.max_connections)
+        # One total deadline and a small message bound until the peer has proved it
+        # holds the secret, so that strangers cannot hold threads and descriptors.
+        with chan.bounded(HANDSHAKE_S, MAX_UNAUTHENTICATED):
+            # A frozen controller (its loop holding the lock) must pass no handshake:
+            # an agent takes a completed one as proof that the controller answers
+            # (Agent.controller_lost), so a frozen one would never be replaced.
+            if not self.lock.acquire(timeout=HANDSHAKE_S):
+                raise ChannelClosed("the controller is not answering")
+            self.lock.release()
+            server_handshake(chan, self.secret)
+        self.preauth.leave(sock)
+
     def _serve(self, sock: socket.socket) -> None:
         chan = Channel(sock, self.cfg.heartbeat_timeout_s * 3)
         view: AgentView | None = None
@@ -309,18 +324,7 @@ class Controller:
         counted = False
         try:
             peer = str(sock.getpeername()[0])
-            self.preauth.enter(peer, sock, self.max_connections)
-            # One total deadline and a small message bound until the peer has proved it
-            # holds the secret, so that strangers cannot hold threads and descriptors.
-            with chan.bounded(HANDSHAKE_S, MAX_UNAUTHENTICATED):
-                # A frozen controller (its loop holding the lock) must pass no handshake:
-                # an agent takes a completed one as proof that the controller answers
-                # (Agent.controller_lost), so a frozen one would never be replaced.
-                if not self.lock.acquire(timeout=HANDSHAKE_S):
-                    raise ChannelClosed("the controller is not answering")
-                self.lock.release()
-                server_handshake(chan, self.secret)
-            self.preauth.leave(sock)
+            self._handshake(chan, sock, peer)
             with self._conn_lock:
                 if self.connections >= self.max_connections:
                     log.warning("refused an authenticated controller connection from %s: "
