@@ -369,6 +369,8 @@ def summarize(args: argparse.Namespace, results: list[dict[str, Any]],
                     "fanout_s": fan, "agents_without_new_plan": missing},
         "harness": {"cpu_cores": round(harness_cpu / harness_wall, 3),
                     "connect_retries": sum(r["connect_failures"] for r in results),
+                    "send_lag_p99_ms": max(r["lag_p99_ms"] for r in results),
+                    "send_lag_max_ms": max(r["lag_max_ms"] for r in results),
                     "wakeups": sum(r["wakeups"] for r in results)},
         "listen_overflows_host": overflows,
         "controller_exited_s": None if controller_exited is None

@@ -90,6 +90,9 @@ class Harness:
         self.joined: queue.Queue[SimAgent | ConnectionError] = queue.Queue()
         self.connected = 0
         self.closed = 0
+        #: How late each report went out against its schedule: the harness's own delay,
+        #: which the controller sees as a late heartbeat.
+        self.lags: list[float] = []
         self.pool: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ set-up
@@ -239,6 +242,7 @@ class Harness:
                 ag = self.agents[i]
                 if at != ag.next_at or ag.sent_at is not None or ag.closed:
                     continue  # rescheduled since, or still waiting for a reply
+                self.lags.append(now - at)
                 self._send(ag, now)
             if not announced and stdin_ok and self.connected == self.a.count \
                     and all(a.active_at or a.closed or a.lost_plan for a in self.agents):
@@ -276,12 +280,19 @@ class Harness:
                 "rtts": [[round(s, 4), round(r, 5)] for s, r in self.rtts],
                 "replies": self.replies, "wakeups": self.wakeups,
                 "connect_failures": self.connect_failures, "closed": self.closed,
+                "lag_p99_ms": round(_p99(self.lags) * 1000, 1),
+                "lag_max_ms": round(max(self.lags, default=0.0) * 1000, 1),
                 "lost_plans": {str(a.index): a.lost_plan for a in self.agents if a.lost_plan},
                 "gens": {str(a.index): {str(g): t for g, t in a.gens.items()}
                          for a in self.agents},
                 "fail_sent_at": self.fail_sent_at if (self.fail_sent_at or 0) > 0 else None,
                 "fail_gen": self.fail_gen,
                 "cpu_s": ru.ru_utime + ru.ru_stime, "wall_s": time.time() - self.t0}
+
+
+def _p99(values: list[float]) -> float:
+    s = sorted(values)
+    return s[int(0.99 * (len(s) - 1))] if s else 0.0
 
 
 def main(argv: list[str]) -> int:
