@@ -266,7 +266,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             assert h.stdout is not None
             results.append(json.loads(_readline(h.stdout, 60.0, "a harness's result")))
         lost = lost_in_log(ctl_log, end)
-        if s0 is None or s1 is None or s2 is None:
+        if s0 is None or s1 is None or s2 is None or s1["t"] - s0["t"] < 0.5:
             # The run ended before the window (agents declared lost, a requeue): that
             # is the finding; there is no steady state to measure.
             return {"agents": args.agents, "error": "the controller ended the run before "
