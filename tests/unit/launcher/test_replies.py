@@ -40,3 +40,4 @@ def test_a_rank_nodes_list_changed_in_place_is_encoded_again():
     assert enc.encode(plan) == _sent(plan)
     nodes[1] = "n9"
     assert b'"n9"' in enc.encode(plan) and enc.encode(plan) == _sent(plan)
+
