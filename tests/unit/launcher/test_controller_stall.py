@@ -79,3 +79,21 @@ def test_a_stalled_controller_declares_no_agent_lost(start_controller, monkeypat
         stop.set()
         for t in agents:
             t.join(timeout=10)
+
+
+def test_a_report_still_in_the_socket_counts_as_waiting():
+    import socket
+
+    a, b = socket.socketpair()
+    server, agent = Channel(a, 5.0), Channel(b, 5.0)
+    assert not server.has_input()
+    agent.send({"op": "report"})
+    deadline = time.monotonic() + 5
+    while not server.has_input() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.has_input()
+    assert server.recv() == {"op": "report"} and not server.has_input()
+    agent.close()
+    assert server.has_input()  # the peer's close is input too: the closed path sees it
+    server.close()
+    assert not server.has_input()
