@@ -25,6 +25,7 @@ BENCHMARKS: dict[str, str] = {
     "ettr": "slurm_robust.rehearsal.bench.ettr",
     "monitor": "slurm_robust.rehearsal.bench.monitor",
     "update": "slurm_robust.rehearsal.bench.update",
+    "scale": "slurm_robust.rehearsal.bench.scale",
 }
 
 HELP = "run a benchmark and print its numbers as JSON"

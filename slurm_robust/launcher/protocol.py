@@ -34,6 +34,7 @@ import ipaddress
 import json
 import logging
 import os
+import select
 import socket
 import subprocess
 import threading
@@ -220,7 +221,11 @@ class Channel:
         self.sock.settimeout(min(self.timeout_s, left))
 
     def send(self, message: dict[str, Any]) -> None:
-        data = (json.dumps(message, separators=(",", ":"), default=str) + "\n").encode()
+        self.send_encoded((json.dumps(message, separators=(",", ":"), default=str)
+                           + "\n").encode())
+
+    def send_encoded(self, data: bytes) -> None:
+        """Send one message already encoded as ``send`` encodes it (one JSON line)."""
         with self._send_lock:
             self._arm()
             self.sock.sendall(data)
@@ -251,6 +256,18 @@ class Channel:
 
     def fileno(self) -> int:
         return self.sock.fileno()
+
+    def has_input(self) -> bool:
+        """Whether a message (or the peer's close) waits to be read, without reading it
+        and without blocking; for another thread than the one that reads."""
+        if b"\n" in self._buf:
+            return True
+        poller = select.poll()  # not select(): descriptors above 1024 at scale
+        try:
+            poller.register(self.sock.fileno(), select.POLLIN)
+        except (OSError, ValueError):
+            return False  # closed meanwhile
+        return bool(poller.poll(0))
 
     def recv(self) -> dict[str, Any]:
         while True:

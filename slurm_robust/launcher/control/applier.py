@@ -146,9 +146,9 @@ class Applier:
 
     def ranks_of(self, agent_index: int) -> list[int]:
         gen = self.gen
-        if gen is None or agent_index not in gen.slots:
+        slot = gen.slot_of(agent_index) if gen is not None else None
+        if slot is None:
             return []
-        slot = gen.slots.index(agent_index)
         g = self.cfg.workers_per_node
         return list(range(slot * g, (slot + 1) * g))
 

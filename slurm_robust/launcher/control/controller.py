@@ -40,9 +40,11 @@ from slurm_robust.launcher.control.failover import StoodDown, Takeover
 from slurm_robust.launcher.control.metrics import RunMetrics, serve_for_controller
 from slurm_robust.launcher.control.outcome import RunOutcome
 from slurm_robust.launcher.control.recovery import Fence, Recovery, SlurmSide
+from slurm_robust.launcher.control.replies import ReplyEncoder
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.enums import Phase, Role, RunStatus
 from slurm_robust.launcher.identity import Identity
+from slurm_robust.launcher.limits import raise_nofile_limit
 from slurm_robust.launcher.messages import BadMessage, Plan, Report
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.launcher.ports import port_span
@@ -62,6 +64,12 @@ TICK_S = 0.05
 #: A closed agent connection not re-opened within this long counts as a lost agent.
 RECONNECT_GRACE_S = 0.5
 #: Seconds a new connection has to pass the handshake.
+
+
+def listen_backlog(agents: int) -> int:
+    """The listen queue for ``agents`` connecting at once (the kernel caps it at
+    net.core.somaxconn)."""
+    return max(128, agents + 16)
 
 
 def ephemeral_overlap(base: int,
@@ -99,6 +107,10 @@ class AgentView:
         self.heard = True
         #: Its open connection, for wake-ups (protocol.py); None between connections.
         self.chan: Channel | None = None
+        #: When a report of its arrived that the controller has not answered yet (set by
+        #: the connection's thread before it waits for the lock): the agent is alive and
+        #: the controller is the one late, so the heartbeat timeout does not run.
+        self.pending_since: float | None = None
 
 
 class Controller:
@@ -140,6 +152,7 @@ class Controller:
         self._woken_at_token: tuple[int, bool] | None = None
         #: Set by a report that leaves a decision to make: the tick runs at once.
         self._tick_now = threading.Event()
+        self.replies = ReplyEncoder()
         if takeover is not None:
             self._prefill(takeover, time.time())
 
@@ -174,6 +187,9 @@ class Controller:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         controller = self
+        # One descriptor per agent connection (the agent that hosts us raised it
+        # already; a controller started elsewhere must not stop at the soft 1024).
+        raise_nofile_limit()
 
         class Handler(socketserver.BaseRequestHandler):
             def handle(self) -> None:
@@ -182,6 +198,10 @@ class Controller:
         class Server(socketserver.ThreadingTCPServer):
             allow_reuse_address = True
             daemon_threads = True
+            # Every agent connects at once when the job starts (and again after a
+            # failover): socketserver's default backlog of 5 overflowed, and each
+            # dropped SYN cost its agent a 1 s, then 3 s retransmit.
+            request_queue_size = listen_backlog(self.max_connections)
 
             def verify_request(self, request: Any, client_address: Any) -> bool:
                 return controller._admit(client_address[0])
@@ -282,6 +302,21 @@ class Controller:
             return False
         return True
 
+    def _handshake(self, chan: Channel, sock: socket.socket, peer: str) -> None:
+        """The peer proves it holds the run secret (AuthError, ChannelClosed if not)."""
+        self.preauth.enter(peer, sock, self.max_connections)
+        # One total deadline and a small message bound until the peer has proved it
+        # holds the secret, so that strangers cannot hold threads and descriptors.
+        with chan.bounded(HANDSHAKE_S, MAX_UNAUTHENTICATED):
+            # A frozen controller (its loop holding the lock) must pass no handshake:
+            # an agent takes a completed one as proof that the controller answers
+            # (Agent.controller_lost), so a frozen one would never be replaced.
+            if not self.lock.acquire(timeout=HANDSHAKE_S):
+                raise ChannelClosed("the controller is not answering")
+            self.lock.release()
+            server_handshake(chan, self.secret)
+        self.preauth.leave(sock)
+
     def _serve(self, sock: socket.socket) -> None:
         chan = Channel(sock, self.cfg.heartbeat_timeout_s * 3)
         view: AgentView | None = None
@@ -289,18 +324,7 @@ class Controller:
         counted = False
         try:
             peer = str(sock.getpeername()[0])
-            self.preauth.enter(peer, sock, self.max_connections)
-            # One total deadline and a small message bound until the peer has proved it
-            # holds the secret, so that strangers cannot hold threads and descriptors.
-            with chan.bounded(HANDSHAKE_S, MAX_UNAUTHENTICATED):
-                # A frozen controller (its loop holding the lock) must pass no handshake:
-                # an agent takes a completed one as proof that the controller answers
-                # (Agent.controller_lost), so a frozen one would never be replaced.
-                if not self.lock.acquire(timeout=HANDSHAKE_S):
-                    raise ChannelClosed("the controller is not answering")
-                self.lock.release()
-                server_handshake(chan, self.secret)
-            self.preauth.leave(sock)
+            self._handshake(chan, sock, peer)
             with self._conn_lock:
                 if self.connections >= self.max_connections:
                     log.warning("refused an authenticated controller connection from %s: "
@@ -310,16 +334,33 @@ class Controller:
                 counted = True
             while True:
                 raw = chan.recv()
+                arrived = time.time()  # liveness counts from here, not from our turn
                 # Ranges and list bounds first (they need the world size), then the
                 # typed message; either refuses at the boundary with BadMessage.
                 check_report(raw, self.cfg.world_size)
                 report = Report.from_json(raw)
-                with self.lock:
-                    answer = self._answer(report, chan)
+                # Read without the lock (one dict lookup): the tick must see this agent
+                # as heard while its report waits for a busy controller.
+                sender = self.agents.get(report.agent)
+                if sender is not None:
+                    sender.pending_since = arrived
+                answer = None
+                try:
+                    with self.lock:
+                        answer = self._answer(report, chan)
+                    if answer is not None:
+                        view = answer[0]
+                        chan.send_encoded(self.replies.encode(answer[1]))
+                finally:
+                    if answer is not None and answer[0] is not None:
+                        # The agent's heartbeat clock restarts once it has the answer
+                        # (it reports again a heartbeat after); then the mark goes, in
+                        # this order, so the tick always sees one or the other.
+                        answer[0].last_seen = max(answer[0].last_seen, time.time())
+                    if sender is not None:
+                        sender.pending_since = None
                 if answer is None:
                     break  # never answer once replaced: the agent reconnects
-                view, plan = answer
-                chan.send({"plan": plan.to_json() if plan is not None else {}})
         except (AuthError, BadMessage) as exc:
             # Refused at the boundary: this connection ends, the run goes on (an agent
             # that reconnects with good reports is heard again).
@@ -380,7 +421,10 @@ class Controller:
                 chan.wake()
 
     def on_report(self, report: Report, now: float) -> AgentView | None:
-        """Membership from one report; its progress and exits go to recovery."""
+        """Membership from one report; its progress and exits go to recovery. The
+        agent's heartbeat clock restarts at ``now``, when it is answered: it cannot
+        report again before it has the answer (time a report waits for the controller is
+        covered by ``pending_since`` and Channel.has_input, see _check_agents)."""
         if report.key != self.ident.step_key:
             return None  # an agent of an earlier allocation of this job
         view = self.agents.get(report.agent)
@@ -389,7 +433,7 @@ class Controller:
         if view is None:
             view = AgentView(report.agent, report.node, report.pid, str(report.addr), now)
             self.agents[report.agent] = view
-        view.last_seen, view.connected, view.closed_at = now, True, None
+        view.last_seen, view.connected, view.closed_at = max(view.last_seen, now), True, None
         view.heard, view.pid = True, report.pid
         if report.addr:
             view.addr = str(report.addr)
@@ -401,6 +445,17 @@ class Controller:
         if report.findings or report.sample is not None:  # in-job monitor
             self.recovery.on_findings(view, report.findings, report.sample, now)
         return view
+
+    @staticmethod
+    def _report_waiting(view: AgentView) -> bool:
+        """Whether a report of this agent has arrived and waits for the controller: read
+        and waiting for the lock (``pending_since``), or still in the socket, its
+        connection's thread not yet scheduled. Such an agent is alive; the controller is
+        the one late, and a slow controller must blame no node."""
+        if view.pending_since is not None:
+            return True
+        chan = view.chan
+        return chan is not None and chan.has_input()
 
     def _fenced(self, view: AgentView) -> bool:
         """Fencing: an agent declared lost (a partitioned node whose link came
@@ -431,7 +486,9 @@ class Controller:
                 continue
             closed = (not view.connected and view.closed_at is not None
                       and now - view.closed_at > RECONNECT_GRACE_S)
-            if closed or now - view.last_seen > self.cfg.heartbeat_timeout_s:
+            silent = now - view.last_seen > self.cfg.heartbeat_timeout_s \
+                and not self._report_waiting(view)
+            if closed or silent:
                 view.lost = True
                 log.warning("agent %s on %s lost (%s)", view.index, view.node,
                             "connection closed" if closed else "heartbeat timeout")

@@ -96,6 +96,8 @@ class Detectors:
         return act.Wait() if self.nans.bitwise_tick(gen, now) else None
 
     def completion(self, gen: Generation, now: float) -> act.Action | None:
+        if len(gen.succeeded) < len(gen.slots) * self.run.cfg.workers_per_node:
+            return None  # every tick: not the world's ranks in a set until it can be done
         active = {r for i in gen.slots for r in self.run.ranks_of(i)}
         if not (active and active <= gen.succeeded):
             return None

@@ -88,6 +88,18 @@ class Generation:
 
     def __post_init__(self) -> None:
         self.last_progress = self.last_progress or self.started_at
+        self._slot_of: dict[int, int] = {}
+        self._slot_of_list: list[int] | None = None
+
+    def slot_of(self, agent_index: int) -> int | None:
+        """The slot ``agent_index`` holds in this generation (None: not one of its).
+
+        A dict built once per slots list: ``slots.index`` and ``in slots`` are linear, and
+        the tick and every report asked them for each agent (quadratic in the nodes)."""
+        if self._slot_of_list is not self.slots or len(self._slot_of) != len(self.slots):
+            self._slot_of = {index: slot for slot, index in enumerate(self.slots)}
+            self._slot_of_list = self.slots
+        return self._slot_of.get(agent_index)
 
 
 def new_exits(gen: Generation, member: Member,

@@ -76,7 +76,7 @@ def _with_parked(ctx: PlanContext, gen: Generation, plans: dict[int, Plan]
                  ) -> dict[int, Plan]:
     """``plans`` plus every live agent off the slots: a parked spare, or evicted."""
     for index, member in ctx.members.items():
-        if index in gen.slots or member.lost:
+        if gen.slot_of(index) is not None or member.lost:
             continue
         role = Role.SPARE if index in ctx.spares else Role.EVICTED
         plans[index] = Plan(role=role, gen=gen.number, attempt=gen.attempt)

@@ -87,14 +87,25 @@ from slurm_robust.launcher.messages import (
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.run_dir_trust import ensure_run_dir
 
-__all__ = ["CAPTURE_BUDGET_S", "GATHER_TIMEOUT_S", "HURRY_POLL_S", "SETTLE_HEARD_S",
-           "SETTLE_S", "Fence", "Recovery", "SlurmSide"]
+__all__ = ["CAPTURE_BUDGET_S", "GATHER_TIMEOUT_S", "HURRY_POLL_S", "HURRY_REPORTS_PER_S",
+           "SETTLE_HEARD_S", "SETTLE_S", "Fence", "Recovery", "SlurmSide", "hurry_poll_s"]
 
 log = logging.getLogger("slurm_robust.launcher.control.recovery")
 
 #: Agents' report interval while a transition is imminent (see plan_for): 20 reports a
 #: second per agent for the few tenths of a second a settle or a step boundary lasts.
 HURRY_POLL_S = 0.05
+#: The most reports a second all hurried agents together are asked for: at HURRY_POLL_S
+#: 1,024 agents would send 20,480 a second, far more than a controller serves, and the
+#: queue that built up delayed the very decision the hurry is for. The settle still
+#: ends within SETTLE_S, and the new plan goes out by wake-up, not by the next poll.
+HURRY_REPORTS_PER_S = 2000.0
+
+
+def hurry_poll_s(agents: int, heartbeat_s: float) -> float:
+    """The hurried report interval for ``agents`` agents: HURRY_POLL_S while they are
+    few, longer as they grow (HURRY_REPORTS_PER_S in all), never above the heartbeat."""
+    return min(max(HURRY_POLL_S, agents / HURRY_REPORTS_PER_S), max(heartbeat_s, HURRY_POLL_S))
 #: Longest wait for every agent of the allocation before starting with those present.
 GATHER_TIMEOUT_S = 60.0
 
@@ -220,7 +231,8 @@ class Recovery:
         if plan is not None and self.app.fence.term:
             plan = dataclasses.replace(plan, term=self.app.fence.term)
         if plan is not None and self._transition_imminent():
-            plan = dataclasses.replace(plan, poll_s=HURRY_POLL_S)
+            plan = dataclasses.replace(plan, poll_s=hurry_poll_s(len(self.members),
+                                                                 self.cfg.heartbeat_s))
         return plan
 
     def wake_token(self) -> tuple[int, bool]:
@@ -274,7 +286,7 @@ class Recovery:
                     sample: NodeSample | None, now: float) -> None:
         """The in-job monitor: an agent's monitor findings and implicit sample."""
         gen = self.gen
-        active = gen is not None and member.index in gen.slots and \
+        active = gen is not None and gen.slot_of(member.index) is not None and \
             self.phase in (Phase.RUNNING, Phase.DUMPING)
         self.findings.on_report(member.node, member.index, list(findings), sample, active,
                                 now)
@@ -286,7 +298,7 @@ class Recovery:
             self.spares.remove(member.index)
             return
         gen = self.gen
-        if gen is not None and member.index in gen.slots:
+        if gen is not None and gen.slot_of(member.index) is not None:
             lost = WorkerExit(
                 rank=self.ranks_of(member.index)[0], gen=gen.number, exit_code=None,
                 signal=None, time=member.last_seen, cls=IncidentClass.NODE_LOST,
