@@ -33,6 +33,7 @@ import hashlib
 import importlib.metadata
 import os
 import shutil
+import stat
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -127,14 +128,25 @@ def recent(change: Mapping[str, Any], last_step: int | None) -> bool:
 
 
 def _file_digest(path: Path) -> str:
-    st = path.stat()
-    if st.st_size > MAX_HASH_BYTES:
-        return f"size:{st.st_size}:mtime_ns:{st.st_mtime_ns}"
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return "sha256:" + h.hexdigest()
+    """The file's digest, judged on its descriptor: opened non-blocking and checked to be
+    a regular file there, so that a FIFO swapped in after ``is_file`` (the path may lie
+    in a directory others write) cannot block the controller, which runs this under its
+    lock. Raises OSError for anything that is not a regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        if st.st_size > MAX_HASH_BYTES:
+            return f"size:{st.st_size}:mtime_ns:{st.st_mtime_ns}"
+        os.set_blocking(fd, True)
+        h = hashlib.sha256()
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        return "sha256:" + h.hexdigest()
+    finally:
+        os.close(fd)
 
 
 def _packages(interpreter: str) -> tuple[str | None, str]:

@@ -97,3 +97,26 @@ def test_an_unchanged_script_is_no_change(tmp_path):
     h = CodeHarness(tmp_path, run_dir=Path(first.cfg.run_dir))
     h.tick()
     assert h.rec.state.env_change is None and not h.rec.plan_for(0).code_change
+
+
+def test_a_fifo_swapped_in_for_a_file_does_not_block_the_controller(tmp_path):
+    # The controller fingerprints under its lock; a path in a directory others can write
+    # may turn into a FIFO between the is_file check and the open.
+    import os
+    import threading
+
+    fifo = tmp_path / "manifest.json"
+    os.mkfifo(fifo)
+    outcome: list[object] = []
+
+    def digest() -> None:
+        try:
+            outcome.append(env_change._file_digest(fifo))
+        except OSError as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=digest, daemon=True)
+    t.start()
+    t.join(5)
+    assert not t.is_alive(), "the digest blocked on a FIFO"
+    assert isinstance(outcome[0], OSError) and "not a regular file" in str(outcome[0])
