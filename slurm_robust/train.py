@@ -248,7 +248,8 @@ class RobustRun:
         from slurm_robust.launcher.node import nan_local
 
         params = list(params)
-        fault = self._rehearsal.corrupts(step, self.attempt) if self._rehearsal else None
+        fault = self._rehearsal.corrupts(step, self.attempt, self.replay is not None) \
+            if self._rehearsal else None
         if fault is not None:
             nan_local.corrupt_gradients(params)
             print(f"slurm_robust: rehearsal {fault}: corrupted rank {self.rank}'s gradients "

@@ -236,7 +236,14 @@ class NanRecovery:
         if not rp.settle(gen.slots, self.rec.cfg.workers_per_node, now):
             return
         why = rp.inconclusive()
-        if why is not None:
+        if why is not None and rp.unanswered() and rp.phase.value not in rp.retried:
+            # Once per phase: each retry costs a phase's time, and a group that errs
+            # twice is a finding (the replay ends inconclusive and the ladder rolls back).
+            rp.retried.append(rp.phase.value)
+            log.warning("replay %s: %s; running the %s phase again", rp.id, why,
+                        rp.phase.value)
+            self._begin_replay_phase(rp.phase, now)
+        elif why is not None:
             self._end_replay(None, why, now)
         elif rp.phase is replay.ReplayPhase.HORIZONTAL:
             self._begin_replay_phase(replay.ReplayPhase.VERTICAL, now)
@@ -258,6 +265,7 @@ class NanRecovery:
         nan_ev["replay"] = {**nan_ev.get("replay", {}),
                             **replay.evidence(rp.grid, rp.outcomes, node),
                             "reason": why, "errors": rp.details,
+                            "retried": list(rp.retried),
                             "seconds": round(now - rp.started_at, 3)}
         log.warning("replay %s: %s -> %s", rp.id, why,
                     f"evicting {node}" if node else "inconclusive")

@@ -176,6 +176,8 @@ class ReplayRun:
     #: Agent index -> its workers that reached ``until_step`` and exited 0.
     done: dict[int, int] = field(default_factory=dict)
     details: list[str] = field(default_factory=list)
+    #: Phases run again because a group ended without an answer (``error``/``timeout``).
+    retried: list[str] = field(default_factory=list)
 
     def group_of(self, slot: int) -> int:
         return seats(self.grid, self.phase)[slot].group
@@ -197,6 +199,12 @@ class ReplayRun:
     def failed(self, phase: ReplayPhase) -> list[int]:
         return sorted(g for g, o in self.outcomes.get(phase.value, {}).items()
                       if o in ("nan", "implied"))
+
+    def unanswered(self) -> bool:
+        """Whether a group of this phase ended without an answer (an error or the
+        timeout, not a clean run or a NaN): a transient (a worker that could not meet its
+        group on a loaded node) rather than a finding, so the phase may run once more."""
+        return any(o in ("error", "timeout") for o in self.outcomes[self.phase.value].values())
 
     def inconclusive(self) -> str | None:
         """Why this phase cannot locate a machine (None: it can go on)."""

@@ -96,14 +96,21 @@ class Rehearsal:
     #: ``inject sdc --bitwise``: the node also fails the bitwise reference test.
     sdc_bitwise: bool = False
 
-    def corrupts(self, step: int, attempt: int) -> str | None:
+    def corrupts(self, step: int, attempt: int, replaying: bool = False) -> str | None:
         """``"data"`` when the poisoned sample is at ``step``, ``"sdc"`` when this
-        attempt's draw for ``step`` corrupts the node, else None."""
+        attempt's draw for ``step`` corrupts the node, else None. ``replaying``: the
+        attempt is one group of a dual-phase replay."""
         if self.poison_step is not None and step == self.poison_step:
             return "data"
+        if not self._sdc_hit(step, attempt):
+            return None
         # A step corrupted in the previous attempt is spared in this one: the rehearsed
-        # corruption always moves on replay (a real one does so by chance).
-        if self._sdc_hit(step, attempt) and not self._sdc_hit(step, attempt - 1):
+        # corruption always moves from one ladder attempt to the next (a real one does so
+        # by chance). A replay group's attempt number follows another group's, not the
+        # NaN's attempt, so sparing there would only thin the draws: at p=0.5 over a
+        # 17-step window it left the corrupt node's group clean in about 1 run in 50
+        # (an inconclusive replay the rehearsal caused, not the ladder).
+        if replaying or not self._sdc_hit(step, attempt - 1):
             return "sdc"
         return None
 

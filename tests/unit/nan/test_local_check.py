@@ -84,3 +84,17 @@ def test_non_finite_names_the_value():
     assert nan_local.non_finite(float("nan"), 1.0) == "loss"
     assert nan_local.non_finite(1.0, float("inf")) == "local_grad_norm"
     assert nan_local.non_finite(1.0, 2.0) is None and nan_local.non_finite(None, None) is None
+
+
+def test_a_replay_group_sees_the_corruption_in_its_window():
+    """A dual-phase replay replays a window of 17 steps; at p=0.5 the corrupt node's
+    group must show it. Sparing the previous attempt's steps there (that attempt is
+    another group's) left such windows clean for some seeds."""
+    window = range(15, 32)
+    spared = [seed for seed in range(400) if not any(
+        nan_local.Rehearsal(sdc_probability=0.5, sdc_seed=seed).corrupts(s, 9)
+        for s in window)]
+    assert spared  # the ladder's rule alone misses some windows
+    assert not [seed for seed in range(400) if not any(
+        nan_local.Rehearsal(sdc_probability=0.5, sdc_seed=seed).corrupts(s, 9, True)
+        for s in window)]

@@ -123,3 +123,46 @@ def test_grid_follows_algorithm_1():
     assert g.locate([2], [1]) == 13  # machine #13 of its figure
     assert replay.Grid.of(3).groups(replay.ReplayPhase.VERTICAL) == [[0], [1], [2]]
     assert g.locate([0, 1], [1]) is None
+
+
+def _group_crashes(h: Harness, slots: list[int]) -> None:
+    """The agents of ``slots`` report a worker that died of something else than a NaN."""
+    for pos in slots:
+        m = h.slot_members()[pos]
+        exits = [{"rank": 0, "gen": h.gen(), "exit_code": 1, "signal": None,
+                  "time": h.clock(), "class": "network", "category": "explicit",
+                  "secondary": False, "signature": None,
+                  "line": "Connection closed by peer", "evidence": {}, "log": None}]
+        h.report(m, [], exits)
+    h.tick(0.05)
+
+
+def test_a_phase_whose_group_crashed_runs_once_more(tmp_path):
+    h = _four(tmp_path)
+    _to_replay(h)
+    first = h.rec.gen.attempt
+    _group_ends(h, [0, 1], nan=False)
+    _group_crashes(h, [2, 3])  # no answer from row 1: the phase again, fresh attempts
+    assert h.rec.phase is Phase.REPLAYING and h.rec.gen.attempt > first
+    assert _replay_env(h, 2).phase == "horizontal"
+    _group_ends(h, [0, 1], nan=False)
+    _group_ends(h, [2, 3], nan=True)
+    assert _replay_env(h, 2).phase == "vertical"
+    _group_ends(h, [1, 3], nan=False)
+    _group_ends(h, [0, 2], nan=True)
+    h.wait_slurm()
+    rp = h.rec.state.open_incident.to_json()["evidence"]["nan"]["replay"]
+    assert rp["located"] == "n3" and rp["retried"] == ["horizontal"]
+    assert any("Connection closed by peer" in e for e in rp["errors"]), rp
+
+
+def test_a_group_that_crashes_twice_ends_the_replay_inconclusive(tmp_path):
+    h = _four(tmp_path)
+    _to_replay(h)
+    for _ in range(2):
+        _group_ends(h, [0, 1], nan=False)
+        _group_crashes(h, [2, 3])
+    assert h.rec.phase is Phase.RUNNING
+    nan = h.rec.state.open_incident.to_json()["evidence"]["nan"]
+    assert nan["resolution"] == "rollback" and nan["replay"]["retried"] == ["horizontal"]
+    assert "ended without an answer (error)" in nan["replay"]["reason"]
