@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import TextIO
 
 from slurm_robust.errors import SlurmRobustError
+from slurm_robust.health.breaker import BreakerUnavailable, Claim, DrainBreaker, breaker_config
 from slurm_robust.health.checks.host import RESOURCE_CHECKS
 from slurm_robust.health.drain import drain_for_failure
 from slurm_robust.health.journal import read_journal
@@ -111,6 +112,12 @@ def _drain_and_fail(stage: str, node: str, reason: str, err: TextIO,
     except SlurmRobustError as exc:
         print(f"slurm_robust {stage}: repeat-offender check skipped: {exc}", file=err)
     print(f"slurm_robust {stage}: {reason}", file=err)
+    claim = ask_breaker(node, reason, stage, err)
+    if claim is not None and not claim.granted:
+        # Tripped: the failure is recorded as "would drain" and the node keeps running
+        # (a prolog that failed here would make Slurm drain it with "Prolog error").
+        print(f"slurm_robust {stage}: not drained: {claim.why}", file=err)
+        return EXIT_OK
     try:
         decision = drain_for_failure(node, reason)
         print(f"slurm_robust {stage}: {decision.action}: {decision.why}", file=err)
@@ -118,3 +125,14 @@ def _drain_and_fail(stage: str, node: str, reason: str, err: TextIO,
         # Still fail: Slurm drains the node itself ("Prolog error"), just without our reason.
         print(f"slurm_robust {stage}: could not set the drain reason: {exc}", file=err)
     return EXIT_FAILED
+
+
+def ask_breaker(node: str, reason: str, source: str, err: TextIO) -> Claim | None:
+    """The drain circuit breaker's answer (health/breaker.py); None when it cannot be
+    asked (no readable site config, the breaker unusable here): the drain goes ahead."""
+    try:
+        breaker = DrainBreaker(breaker_config(load_site_config().breaker))
+        return breaker.claim(node, reason, source)
+    except (BreakerUnavailable, SlurmRobustError) as exc:
+        print(f"slurm_robust {source}: drain circuit breaker not asked: {exc}", file=err)
+        return None

@@ -40,6 +40,8 @@ class SiteConfig:
         reserve: reserve settings (see slurm_robust.reserve).
         monitor: the in-job monitor's schedule and thresholds, ``{kind: {interval_s,
             checks, ...}}`` (see slurm_robust.launcher.node.monitor; {}: the defaults).
+        breaker: the drain circuit breaker, ``{max_drains, window_s, dir}`` (see
+            slurm_robust.health.breaker; {}: off).
     """
 
     state_dir: str = "/var/lib/slurm_robust/{node}"
@@ -51,6 +53,7 @@ class SiteConfig:
     checks: dict[str, Any] = field(default_factory=dict)
     reserve: dict[str, Any] = field(default_factory=dict)
     monitor: dict[str, Any] = field(default_factory=dict)
+    breaker: dict[str, Any] = field(default_factory=dict)
 
     def node_path(self, template: str, node: str) -> Path:
         """Expand ``{node}`` in a path template; refuses node names that could escape it."""
@@ -99,7 +102,7 @@ def _check_type(key: str, value: Any, source: str) -> None:
     expected: dict[str, tuple[type, ...]] = {
         "state_dir": (str,), "shm_root": (str,), "local_root": (str,), "verdict_log": (str,),
         "injection_enabled": (bool,), "gpus_per_node": (int, type(None)),
-        "checks": (dict,), "reserve": (dict,), "monitor": (dict,),
+        "checks": (dict,), "reserve": (dict,), "monitor": (dict,), "breaker": (dict,),
     }
     ok = isinstance(value, expected[key])
     if key == "gpus_per_node" and isinstance(value, bool):

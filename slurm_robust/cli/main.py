@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, str] = {
     "node": "slurm_robust.cli.node",
     "inject": "slurm_robust.cli.inject",
     "reserve": "slurm_robust.cli.reserve",
+    "breaker": "slurm_robust.cli.breaker",
     "submit": "slurm_robust.cli.submit",
     "launch": "slurm_robust.cli.launch",
     "status": "slurm_robust.cli.status",
@@ -108,6 +109,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"slurm-robust {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`slurm-robust status | head`): what it read is what it
+        # wanted. Point stdout at /dev/null so the exit's flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

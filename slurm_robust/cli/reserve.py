@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.errors import UsageError
+from slurm_robust.health.breaker import site_breaker
 from slurm_robust.reserve.config import reserve_config
 from slurm_robust.reserve.layout import reset, slurm_conf_path
 from slurm_robust.reserve.reconcile import reconcile, status
@@ -72,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         outcomes = reset(slurm, gate, cfg, text, dry_run=args.dry_run)
         _print({"outcomes": outcomes}, args.json, lambda r: _outcomes_text(r["outcomes"]))
         return 0 if all(o.get("ok") for o in outcomes) else 1
-    rep = reconcile(slurm, gate, cfg, dry_run=args.dry_run).as_dict()
+    rep = reconcile(slurm, gate, cfg, dry_run=args.dry_run,
+                    breaker=site_breaker(site.breaker)).as_dict()
     _print(rep, args.json, _reconcile_text)
     return 0 if all(o.get("ok") for o in rep["outcomes"]) else 1
 

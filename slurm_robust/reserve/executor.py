@@ -21,6 +21,7 @@ from typing import Any
 
 from slurm_robust.errors import SlurmRobustError
 from slurm_robust.health import decide_drain
+from slurm_robust.health.breaker import BreakerUnavailable, DrainBreaker
 from slurm_robust.records import append_records, make_record
 from slurm_robust.reserve.config import SHARED_FILE_MODE
 from slurm_robust.reserve.gate import DeepRun, HealthGate
@@ -42,16 +43,20 @@ class Executor:
         log_path: the reserve log (JSON lines).
         op: ``reconcile`` or ``handoff``, recorded with every outcome.
         dry_run: log what would be done, change nothing.
+        breaker: the drain circuit breaker (health/breaker.py) asked before each drain.
     """
 
     def __init__(self, slurm: Slurm, gate: HealthGate, log_path: Path, op: str,
-                 dry_run: bool = False, clock: Callable[[], float] = time.time) -> None:
+                 dry_run: bool = False, clock: Callable[[], float] = time.time,
+                 breaker: DrainBreaker | None = None) -> None:
         self.slurm = slurm
         self.gate = gate
         self.log_path = log_path
         self.op = op
         self.dry_run = dry_run
         self.clock = clock
+        #: The drain circuit breaker every drain asks first (None: off or no site config).
+        self.breaker = breaker
 
     def apply(self, actions: Sequence[Action]) -> list[dict[str, Any]]:
         outcomes: list[dict[str, Any]] = []
@@ -96,6 +101,15 @@ class Executor:
                                     down_too=action.down_too)
             if decision.action != "drain":
                 return self._outcome(action, ok=True, skipped=decision.why)
+            if not self.dry_run and self.breaker is not None:
+                try:
+                    claim = self.breaker.claim(action.node, decision.reason,
+                                               f"reserve {self.op}")
+                except BreakerUnavailable as exc:
+                    log.warning("reserve %s: drain circuit breaker not asked: %s", self.op, exc)
+                else:
+                    if not claim.granted:
+                        return self._outcome(action, ok=True, skipped=claim.why)
             if not self.dry_run:
                 self.slurm.drain(action.node, decision.reason)
         except SlurmRobustError as exc:

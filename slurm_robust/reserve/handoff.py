@@ -18,6 +18,7 @@ Every applied or refused verdict is logged to ``SiteConfig.verdict_log`` as a
 
 from __future__ import annotations
 
+import logging
 import pwd
 import time
 from collections.abc import Callable, Mapping
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_robust.errors import SlurmRobustError, UsageError
+from slurm_robust.health.breaker import DrainBreaker, site_breaker
 from slurm_robust.records import append_records, make_record
 from slurm_robust.reserve.allocation import GivenNodes, sacct_nodes
 from slurm_robust.reserve.config import (
@@ -173,7 +175,7 @@ def handle_job_end(end: JobEnd, site: SiteConfig, slurm_factory: Callable[[], Sl
         slurm = slurm_factory()
         with reserve_lock(cfg.lock_file, cfg.lock_timeout_s):
             applied = _apply(end, batch.verdicts, given, cfg, slurm, gate_factory(slurm),
-                             report, clock)
+                             report, clock, _breaker(site))
     except SlurmRobustError:
         # Nothing applied for sure: put the file back so the next end of the job retries.
         restore_verdicts(batch)
@@ -184,7 +186,7 @@ def handle_job_end(end: JobEnd, site: SiteConfig, slurm_factory: Callable[[], Sl
 
 def _apply(end: JobEnd, verdicts: list[Verdict], given: GivenNodes, cfg: ReserveConfig,
            slurm: Slurm, gate: HealthGate, report: HandoffReport,
-           clock: Callable[[], float]) -> list[Verdict]:
+           clock: Callable[[], float], breaker: DrainBreaker | None = None) -> list[Verdict]:
     """Apply the verdicts (plus nodes Slurm marked DOWN under the job); returns all the
     verdicts acted on, for the log."""
     job = slurm.job(end.job_id)
@@ -200,8 +202,8 @@ def _apply(end: JobEnd, verdicts: list[Verdict], given: GivenNodes, cfg: Reserve
     cap = cfg.job_blame_cap or max(job.node_count if job else 0, len(end.nodes), 1)
     plan = plan_handoff(end.job_id, partition, report.requeued, verdicts, snap, cfg, repeats,
                         ledger, cap)
-    report.outcomes = Executor(slurm, gate, cfg.log_file, "handoff", clock=clock).apply(
-        plan.actions)
+    report.outcomes = Executor(slurm, gate, cfg.log_file, "handoff", clock=clock,
+                               breaker=breaker).apply(plan.actions)
     report.drained = [o["node"] for o in report.outcomes
                       if o["action"] == "drain" and o["ok"] and "skipped" not in o]
     report.handed_over = [o["node"] for o in report.outcomes
@@ -309,3 +311,16 @@ def _log_applied(site: SiteConfig, end: JobEnd, verdicts: list[Verdict],
             "ok": bool(o.get("ok", False)), "requeued": report.requeued,
             "handed_over": report.handed_over, "shortfall": report.shortfall}, now=now))
     append_records(site.verdict_log, records, mode=SHARED_FILE_MODE)
+
+
+log = logging.getLogger("slurm_robust.reserve")
+
+
+def _breaker(site: SiteConfig) -> DrainBreaker | None:
+    """The site's drain circuit breaker; a section that does not fit is logged and the
+    verdicts are applied without it (``slurm-robust check`` reports the section)."""
+    try:
+        return site_breaker(site.breaker)
+    except UsageError as exc:
+        log.warning("drain circuit breaker off: %s", exc)
+        return None

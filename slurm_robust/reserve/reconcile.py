@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from slurm_robust.errors import SlurmRobustError
+from slurm_robust.health.breaker import DrainBreaker
 from slurm_robust.reserve.config import HOUR_S, ReserveConfig
 from slurm_robust.reserve.executor import Executor
 from slurm_robust.reserve.gate import HealthGate
@@ -120,7 +121,8 @@ class ReconcileReport:
 
 
 def reconcile(slurm: Slurm, gate: HealthGate, cfg: ReserveConfig, dry_run: bool = False,
-              clock: Callable[[], float] = time.time) -> ReconcileReport:
+              clock: Callable[[], float] = time.time,
+              breaker: DrainBreaker | None = None) -> ReconcileReport:
     """Bring the reserve to its target; see the module docstring.
 
     Raises:
@@ -134,7 +136,7 @@ def reconcile(slurm: Slurm, gate: HealthGate, cfg: ReserveConfig, dry_run: bool 
         sizing = compute_target(slurm, gate, cfg, snap)
         target = sizing["target"].size
         before = spares_of(snap, cfg)
-        executor = Executor(slurm, gate, cfg.log_file, "reconcile", dry_run, clock)
+        executor = Executor(slurm, gate, cfg.log_file, "reconcile", dry_run, clock, breaker)
         checked: set[str] = set()
         outcomes: list[dict[str, Any]] = []
         keep = queued_need(slurm, cfg)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from slurm_robust.errors import SlurmRobustError
+from slurm_robust.health.breaker import site_breaker
 from slurm_robust.records import make_record
 from slurm_robust.reserve.config import reserve_config
 from slurm_robust.reserve.gate import LocalSuiteGate
@@ -33,7 +34,8 @@ def one_pass(config: str | None) -> dict[str, object]:
     cfg = reserve_config(site)
     slurm = Slurm(policy=RetryPolicy(timeout_s=cfg.call_timeout_s))
     try:
-        rep = reconcile(slurm, LocalSuiteGate(site, slurm.node_address), cfg)
+        rep = reconcile(slurm, LocalSuiteGate(site, slurm.node_address), cfg,
+                        breaker=site_breaker(site.breaker))
     except SlurmRobustError as exc:
         return {"ok": False, "error": str(exc)[:500]}
     return {"ok": all(o.get("ok") for o in rep.outcomes), "target": rep.target,

@@ -166,3 +166,51 @@ def test_resume_refuses_a_node_an_admin_drained(minicluster: Any, site: Any) -> 
         assert slurm.node("node4").drained
     finally:
         slurm.resume("node4")
+
+
+def test_a_check_failing_everywhere_drains_only_the_breaker_limit(
+        minicluster: Any, site: Any) -> None:
+    """One bad check on every node at once (a probe injected on all four train nodes,
+    four jobs started together): the breaker grants two drains, the other two prologs
+    are recorded as "would drain" and their jobs run and complete on those nodes."""
+    slurm, jobs = minicluster.slurm, []
+    nodes = ["node1", "node2", "node3", "node4"]
+    conf = minicluster.cfg.robust_conf
+    saved = conf.read_text()
+    breaker_dir = minicluster.cfg.root / f"breaker-{int(time.time() * 1000)}"
+    raw = json.loads(saved)
+    raw["breaker"] = {"max_drains": 2, "window_s": 3600, "dir": str(breaker_dir)}
+    try:
+        for n in nodes:
+            wait_idle(minicluster, n)
+        conf.write_text(json.dumps(raw))
+        for n in nodes:
+            inject_probe(site, n, "xid_events", [{"gpu": 1, "xid": 79}])
+        jobs += [slurm.sbatch(["-p", "train", "-w", n, "--exclusive", "-J", f"breaker-{n}",
+                               "-o", "/dev/null"], script="#!/bin/sh\nsleep 1\n")
+                 for n in nodes]
+
+        def settled() -> Any:
+            drained = [n for n in nodes if slurm.node(n).drained]
+            done = [a for a in slurm.sacct(jobs) if a.state == "COMPLETED"]
+            return len(drained) + len(done) >= len(nodes) and (drained, done)
+
+        drained, done = wait_for("two drains and two completed jobs", settled, 90)
+        assert len(drained) == 2, (drained, done)
+        assert all(slurm.node(n).reason.startswith("slurm_robust: gpu_xid: Xid 79")
+                   for n in drained)
+        ran_on = {n for a in done for n in a.nodes}
+        assert ran_on == set(nodes) - set(drained), (ran_on, drained)
+        out = cli(minicluster, "breaker", "status", "--json")
+        assert out.returncode == 0, out.stderr
+        status = json.loads(out.stdout)
+        assert status["tripped"] and status["in_window"] == 2, status
+        assert sorted(d["node"] for d in status["drains"]) == sorted(drained)
+        held = {w["node"] for w in status["would_drain"] if w.get("source") == "prolog"}
+        assert held == set(nodes) - set(drained), status
+        out = cli(minicluster, "breaker", "reset")
+        assert out.returncode == 0 and "2 drain(s)" in out.stdout, out.stdout + out.stderr
+    finally:
+        conf.write_text(saved)
+        for n in nodes:
+            restore(minicluster, site, n, jobs)
