@@ -10,7 +10,9 @@ The rungs (docs/ARCHITECTURE.md, "The recovery ladder")::
     stop      the same user-code error after a clean restart (or the same error after its
               node passed stop-time diagnosis: an unknown or external cause), no progress
               across max_no_progress attempts, or the restart budget spent
-    requeue   a node is blamed and no spare is left, or the controller's node is lost
+    requeue   a node is blamed and no spare is left, or the controller's node is lost;
+              and Slurm's warning before the time limit (stop instead when two attempts
+              in a row, this one included, finished no step)
     spare     a node is blamed (explicit node fault, lost heartbeat, repeated node-side
               failures, a failed diagnosis, a persistently slow rank)
     in_place  anything else: transient or unclear
@@ -179,6 +181,8 @@ def unexplained_repeat(f: Facts, blamed: tuple[str, ...]) -> tuple[str, ...]:
 
 def choose_rung(f: Facts, blamed: tuple[str, ...]) -> Decision:
     """The rung for one incident, before any refinement."""
+    if f.cls == IncidentClass.TIME_LIMIT:
+        return time_limit_rung(f)
     stop = _stop_reason(f, blamed)
     if stop is not None:
         return Decision(Rung.STOP, stop)
@@ -196,6 +200,19 @@ def choose_rung(f: Facts, blamed: tuple[str, ...]) -> Decision:
         return Decision(Rung.SPARE, f"node(s) {', '.join(blamed)} blamed ({f.cls}); "
                                     "activating spare(s)", blamed)
     return Decision(Rung.IN_PLACE, f"{f.cls}: restarting in place from the latest snapshot")
+
+
+def time_limit_rung(f: Facts) -> Decision:
+    """Slurm's warning before the time limit: requeue, whatever the restart budget (a
+    long run is a chain of allocations); stop once two allocations in a row (this one
+    included) finished no step, since a third would do no better."""
+    if f.no_progress >= 2:
+        return Decision(Rung.STOP, f"the time limit came with no step finished in "
+                                   f"{f.no_progress} attempts in a row: the run makes no "
+                                   "progress within one allocation; ask for a longer "
+                                   "--time (or a faster start) and resubmit")
+    return Decision(Rung.REQUEUE, "the allocation's time limit is near: requeueing the job "
+                                  "to go on from its newest step")
 
 
 def with_nan_advice(d: Decision, f: Facts) -> Decision:

@@ -67,6 +67,7 @@ from slurm_robust.launcher.control.policy import assign_slots
 from slurm_robust.launcher.control.shortfall import Capacity, job_capacity, reserve_partition
 from slurm_robust.launcher.control.slurm_actions import SlurmAction
 from slurm_robust.launcher.control.state import RunState, load_state
+from slurm_robust.launcher.control.time_limit import TimeLimitWatch
 from slurm_robust.launcher.enums import (
     Category,
     IncidentClass,
@@ -149,7 +150,10 @@ class Recovery:
                            fence or Fence(), listeners, clock)
         self.nans = NanRecovery(self.app, NanLadder.from_state(NanPolicy(cfg.nan_policy),
                                                                state.nan_ladder))
-        self.detect = Detectors(self.app, self.hot, self.nans, self.watch, self.diagnoses)
+        #: Slurm's time-limit warning, as the agents report it (time_limit.py).
+        self.limit = TimeLimitWatch()
+        self.detect = Detectors(self.app, self.hot, self.nans, self.watch, self.diagnoses,
+                                self.limit)
 
     # ------------------------------------------------------------------ read side
     @property
@@ -281,6 +285,10 @@ class Recovery:
             else:
                 gen.failures.append(Failure(ex, member.node, member.index, now))
                 gen.first_failure_seen = gen.first_failure_seen or now
+
+    def on_time_limit(self, member: Member, warned_at: float) -> None:
+        """An agent got Slurm's warning before the time limit (its report says when)."""
+        self.limit.note(member.node, warned_at)
 
     def on_findings(self, member: Member, findings: Sequence[Finding],
                     sample: NodeSample | None, now: float) -> None:

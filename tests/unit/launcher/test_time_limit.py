@@ -1,0 +1,90 @@
+"""Slurm's warning before the time limit: the agent notes the signal (and its workers
+survive it), the controller takes the first report that carries it as one ``time_limit``
+incident, and the ladder requeues the job without spending the restart budget, or stops
+a run that makes no step within an allocation."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from slurm_robust.launcher.control.ladder import Facts, decide
+from slurm_robust.launcher.enums import Phase, Role, Rung
+from slurm_robust.launcher.messages import Report
+from slurm_robust.launcher.worker_signals import WARNING_SIGNAL
+from tests.unit.launcher.test_recovery_owner import Harness
+
+
+def _facts(**kw) -> Facts:
+    base = {"cls": "time_limit", "controller_node": "n1", "spares_left": 1, "restarts": 0,
+            "max_restarts": 10, "signature": None, "signature_seen": 0, "no_progress": 0,
+            "max_no_progress": 3}
+    return Facts(**{**base, **kw})
+
+
+def test_the_ladder_requeues_whatever_the_budget():
+    d = decide(_facts(restarts=10, max_restarts=10))
+    assert d.rung is Rung.REQUEUE and d.evict == () and "time limit" in d.reason
+
+
+def test_two_allocations_without_a_step_stop_the_run():
+    assert decide(_facts(no_progress=1)).rung is Rung.REQUEUE
+    d = decide(_facts(no_progress=2))
+    assert d.rung is Rung.STOP and "--time" in d.reason
+
+
+def test_the_warning_requeues_the_job_once_and_counts_no_restart(tmp_path):
+    h = Harness(tmp_path)
+    h.start()
+    restarts = h.rec.state.restarts
+    for m in h.slot_members():  # every agent's report carries it from now on
+        h.rec.on_time_limit(m, h.clock() - 0.5)
+    h.tick()
+    h.wait_slurm()
+    assert h.rec.phase is Phase.REQUEUED
+    assert ("requeue", "42", []) in h.slurm.calls  # no node excluded: none is to blame
+    assert {h.rec.plan_for(i).role for i in h.members} == {Role.HOLD}
+    inc = h.rec.state.open_incident.to_json()
+    assert inc["class"] == "time_limit" and inc["category"] == "manual"
+    assert inc["rung"] == "requeue" and inc["nodes"] == []
+    assert inc["evidence"]["time_limit"]["first_node"] == "n1"
+    assert h.rec.state.restarts == restarts and h.rec.state.requeues == 1
+    h.tick()
+    assert [c for c in h.slurm.calls if c[0] == "requeue"] == [("requeue", "42", [])]
+
+
+def test_the_report_carries_the_warning_only_once_set():
+    base = {"op": "report", "agent": 0, "node": "n1", "pid": 1, "key": "k", "time": 1.0}
+    assert "warned" not in Report(**base).to_json()
+    assert Report.from_json({**Report(**base, warned=5.0).to_json()}).warned == 5.0
+
+
+def test_a_process_that_does_not_listen_survives_the_warning():
+    """Slurm signals every process of the step (workers too), and a requeued job's new
+    allocation may get a stale warning before the agent listens: the signal's default
+    action must be to ignore it."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        os.kill(child.pid, WARNING_SIGNAL)
+        try:
+            child.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+        assert child.poll() is None, "the warning ended a process that had no handler"
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_step_finished_while_the_requeue_waits_is_no_recovery(tmp_path):
+    """The warned generation runs on until Slurm ends it: its next step is recorded (the
+    next allocation restores it) but does not close the incident."""
+    h = Harness(tmp_path)
+    h.start()
+    h.rec.on_time_limit(h.slot_members()[0], h.clock())
+    h.tick()
+    h.wait_slurm()
+    h.steps(1)
+    assert h.rec.state.last_step == 4
+    assert h.rec.state.open_incident is not None and h.incidents() == []
