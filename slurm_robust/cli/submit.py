@@ -31,10 +31,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Slurm partition (default: the cluster's default one)")
     parser.add_argument("--time", "-t", default="60",
                         help="time limit: minutes or [D-]HH:MM[:SS] (default 60)")
-    parser.add_argument("--warn-before", type=int, default=60, metavar="SECONDS",
-                        help="Slurm warns the job this long before its time limit "
-                             "(--signal=28@SECONDS, SIGWINCH); the job then requeues itself and "
-                             "goes on from its newest step (default 60)")
     parser.add_argument("--job-name", "-J", default="slurm-robust",
                         help="Slurm job name (default slurm-robust)")
     parser.add_argument("--wait", action="store_true",
@@ -47,12 +43,13 @@ def run(args: argparse.Namespace) -> int:
     cfg = build_config(args, args.nodes, args.gpus_per_node)
     _check_partition_fits(args.partition, cfg.nodes, cfg.spares)
     time_min = parse_time_minutes(args.time)
-    if not 0 < args.warn_before < time_min * 60:
-        raise UsageError(f"--warn-before {args.warn_before} must be a number of seconds "
-                         f"above 0 and below the time limit ({time_min * 60} s)")
+    if not cfg.warn_before_s < time_min * 60:
+        raise UsageError(f"--warn-before {cfg.warn_before_s:g} must be below the time limit "
+                         f"({time_min * 60} s)")
     slurm = SlurmOptions(partition=args.partition, time_min=time_min,
                          gpus_per_node=args.gpus_per_node, cpus_per_task=args.cpus_per_task,
-                         job_name=args.job_name, warn_before_s=args.warn_before)
+                         job_name=args.job_name,
+                         warn_before_s=max(1, round(cfg.warn_before_s)))
     job = submit_run(cfg, slurm)
     out = {"job_id": str(job.job_id), "run_dir": cfg.run_dir, "nodes": cfg.nodes,
            "spares": cfg.spares}

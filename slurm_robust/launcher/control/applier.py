@@ -89,6 +89,9 @@ class SlurmSide:
     #: count, the requeue goes ahead as asked. Recovery sets the real one by default.
     capacity: Callable[[str, Sequence[str]], Capacity | None] | None = None
     cancel: Callable[[str], None] = cancel_job
+    #: The job's end time (Unix seconds; None: unlimited or unknown); None: no clock, the
+    #: time limit is acted on at Slurm's signal only. Recovery sets the real one by default.
+    end_time: Callable[[str], float | None] | None = None
 
 
 @dataclass

@@ -111,12 +111,15 @@ class Detectors:
     def time_limit(self, gen: Generation, now: float) -> act.Action | None:
         """Slurm's warning before the time limit: requeue with the newest step."""
         run = self.run
-        if run.phase is not Phase.RUNNING or not self.limit.take():
+        if run.phase is not Phase.RUNNING:
+            return None
+        self.limit.refresh(now)
+        if not self.limit.due(now) or not self.limit.take():
             return None
         incident = time_limit_incident(run.next_incident_id(), self.limit,
                                        run.state.last_step, now)
-        log.warning("time limit near (warned on %s): requeueing from step %s",
-                    self.limit.node, run.state.last_step)
+        log.warning("time limit near (%s%s): requeueing from step %s", self.limit.source,
+                    f" on {self.limit.node}" if self.limit.node else "", run.state.last_step)
         return act.Handle(gen, incident, None, [])
 
     def failures(self, gen: Generation, now: float) -> act.Action | None:

@@ -67,7 +67,7 @@ from slurm_robust.launcher.control.policy import assign_slots
 from slurm_robust.launcher.control.shortfall import Capacity, job_capacity, reserve_partition
 from slurm_robust.launcher.control.slurm_actions import SlurmAction
 from slurm_robust.launcher.control.state import RunState, load_state
-from slurm_robust.launcher.control.time_limit import TimeLimitWatch
+from slurm_robust.launcher.control.time_limit import TimeLimitWatch, job_end_time
 from slurm_robust.launcher.enums import (
     Category,
     IncidentClass,
@@ -146,12 +146,16 @@ class Recovery:
                      *([MetricsListener(metrics)] if metrics is not None else []),
                      HotUpdateListener(self.hot), self.watch]
         self.app = Applier(cfg, ident, members, state, self.events, self.hot,
-                           slurm or SlurmSide(capacity=self._count_capacity),
+                           slurm or SlurmSide(capacity=self._count_capacity,
+                                              end_time=job_end_time),
                            fence or Fence(), listeners, clock)
         self.nans = NanRecovery(self.app, NanLadder.from_state(NanPolicy(cfg.nan_policy),
                                                                state.nan_ladder))
-        #: Slurm's time-limit warning, as the agents report it (time_limit.py).
-        self.limit = TimeLimitWatch()
+        #: The time limit: Slurm's warning as the agents report it, and the job's end
+        #: time read from Slurm (time_limit.py).
+        side = self.app.slurm
+        self.limit = TimeLimitWatch(cfg.warn_before_s, None if side.end_time is None else
+                                    (lambda: side.end_time(ident.job_id)))
         self.detect = Detectors(self.app, self.hot, self.nans, self.watch, self.diagnoses,
                                 self.limit)
 

@@ -104,7 +104,7 @@ def submit_run(cfg: RunConfig, slurm: SlurmOptions) -> Any:
 
 # --------------------------------------------------------------------- Python executor
 _SLURM_KEYS = {"nodes", "partition", "time", "gpus_per_node", "cpus_per_task", "mem_gb",
-               "job_name", "account", "exclude", "additional_parameters", "warn_before_s"}
+               "job_name", "account", "exclude", "additional_parameters"}
 _ROBUST_KEYS = {f.name for f in dataclasses.fields(RunConfig)} - {"command", "run_dir", "nodes"}
 
 
@@ -113,8 +113,7 @@ class RobustExecutor:
 
     Parameters are submitit's (``nodes``, ``partition``, ``time`` in minutes,
     ``gpus_per_node``, ``cpus_per_task``, ``mem_gb``, ``job_name``, ``account``,
-    ``exclude``, ``additional_parameters``), ``warn_before_s`` (Slurm's warning before the
-    time limit, 60) plus every RunConfig option (``spares``,
+    ``exclude``, ``additional_parameters``) plus every RunConfig option (``spares``,
     ``hang_floor_s``, ``max_restarts``, ``local_every``, ``durable_every``, ...).
     Unknown keys raise UsageError listing the valid ones.
     """
@@ -152,7 +151,7 @@ class RobustExecutor:
                              job_name=p.get("job_name", "slurm-robust"),
                              account=p.get("account"), exclude=p.get("exclude"),
                              extra=dict(p.get("additional_parameters") or {}),
-                             warn_before_s=int(p.get("warn_before_s", 60)))
+                             warn_before_s=max(1, round(cfg.warn_before_s)))
         return RobustJob(submit_run(cfg, slurm), str(run_dir))
 
 

@@ -88,3 +88,38 @@ def test_a_step_finished_while_the_requeue_waits_is_no_recovery(tmp_path):
     h.steps(1)
     assert h.rec.state.last_step == 4
     assert h.rec.state.open_incident is not None and h.incidents() == []
+
+
+def test_the_end_time_is_the_backstop_for_a_lost_signal(tmp_path):
+    """Slurm 22.05 sends a requeued job's warning at launch, before any agent listens,
+    and never again: the job's end time, read from Slurm, triggers the same requeue."""
+    h = Harness(tmp_path, warn_before_s=60.0)
+    h.start()
+    h.rec.limit.end_time = h.clock() + 90  # as the last read said: not due yet
+    h.tick()
+    assert h.rec.phase is Phase.RUNNING
+    h.clock.advance(31)
+    h.tick()
+    h.wait_slurm()
+    assert h.rec.phase is Phase.REQUEUED
+    ev = h.rec.state.open_incident.to_json()["evidence"]["time_limit"]
+    assert ev["source"] == "end_time" and ev["signal"] is None and ev["warn_before_s"] == 60
+
+
+def test_the_end_time_is_read_in_a_thread_once_a_minute():
+    from slurm_robust.launcher.control.time_limit import TimeLimitWatch
+
+    reads: list[int] = []
+
+    def fetch() -> float:
+        reads.append(1)
+        return 5000.0
+
+    w = TimeLimitWatch(60.0, fetch)
+    w.refresh(1000.0)
+    assert w._reader is not None
+    w._reader.join(5)
+    assert w.end_time == 5000.0 and not w.due(1000.0)
+    w.refresh(1030.0)  # within the minute: no new read
+    assert len(reads) == 1
+    assert w.due(4940.0) and w.source == "end_time" and w.take() and not w.take()
