@@ -11,8 +11,8 @@ The rungs (docs/ARCHITECTURE.md, "The recovery ladder")::
               node passed stop-time diagnosis: an unknown or external cause), no progress
               across max_no_progress attempts, or the restart budget spent
     requeue   a node is blamed and no spare is left, or the controller's node is lost;
-              and Slurm's warning before the time limit (stop instead when two attempts
-              in a row, this one included, finished no step)
+              and the time limit near (stop instead when a whole allocation finished no
+              step since the previous one's)
     spare     a node is blamed (explicit node fault, lost heartbeat, repeated node-side
               failures, a failed diagnosis, a persistently slow rank)
     in_place  anything else: transient or unclear
@@ -66,7 +66,8 @@ class Facts:
     nodes so far and the cap on them (None: no cap). side: the classifier's side for this
     failure (None: the class's default); with the class it decides whether repeats on a
     node count against it (taxonomy.node_side). diagnosis_passed: the named node has
-    just passed a stop-time diagnosis for this incident.
+    just passed a stop-time diagnosis for this incident. time_limit_stalled: a time
+    limit came with no step finished since the previous allocation's.
     """
 
     cls: str
@@ -92,6 +93,7 @@ class Facts:
     max_blamed: int | None = None
     side: str | None = None
     diagnosis_passed: bool = False
+    time_limit_stalled: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The facts as a trace line (tests replay recorded traces)."""
@@ -204,13 +206,13 @@ def choose_rung(f: Facts, blamed: tuple[str, ...]) -> Decision:
 
 def time_limit_rung(f: Facts) -> Decision:
     """Slurm's warning before the time limit: requeue, whatever the restart budget (a
-    long run is a chain of allocations); stop once two allocations in a row (this one
-    included) finished no step, since a third would do no better."""
-    if f.no_progress >= 2:
-        return Decision(Rung.STOP, f"the time limit came with no step finished in "
-                                   f"{f.no_progress} attempts in a row: the run makes no "
-                                   "progress within one allocation; ask for a longer "
-                                   "--time (or a faster start) and resubmit")
+    long run is a chain of allocations); stop when a whole allocation finished no step
+    since the previous one's warning, since the next would do no better."""
+    if f.time_limit_stalled:
+        return Decision(Rung.STOP, "the time limit came again with no step finished since "
+                                   "the previous allocation's: the run makes no progress "
+                                   "within one allocation; ask for a longer --time (or a "
+                                   "faster start) and resubmit")
     return Decision(Rung.REQUEUE, "the allocation's time limit is near: requeueing the job "
                                   "to go on from its newest step")
 

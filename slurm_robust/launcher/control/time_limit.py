@@ -9,7 +9,8 @@ requeues the job (ladder.py) without counting a restart against the budget. The 
 newest step is in the memory tier of every node, so the next allocation goes on from it
 when Slurm gives the same nodes back, else from the peer, node-local or durable copy. An
 allocation that made no step between two warnings (a start slower than the allocation)
-stops the run with a verdict instead of requeueing for ever (ladder.py, ``no_progress``).
+stops the run with a verdict instead of requeueing for ever (run_facts.py counts,
+ladder.py decides).
 """
 
 from __future__ import annotations

@@ -28,10 +28,31 @@ def test_the_ladder_requeues_whatever_the_budget():
     assert d.rung is Rung.REQUEUE and d.evict == () and "time limit" in d.reason
 
 
-def test_two_allocations_without_a_step_stop_the_run():
-    assert decide(_facts(no_progress=1)).rung is Rung.REQUEUE
-    d = decide(_facts(no_progress=2))
+def test_an_allocation_without_a_step_stops_the_run():
+    # Failures in between (no progress) are no reason: only the time limit's own count.
+    assert decide(_facts(no_progress=5)).rung is Rung.REQUEUE
+    d = decide(_facts(time_limit_stalled=True))
     assert d.rung is Rung.STOP and "--time" in d.reason
+
+
+def test_a_second_warning_with_no_step_since_the_first_stops(tmp_path):
+    from slurm_robust.launcher.control.actions import Handle
+    from slurm_robust.launcher.control.run_facts import ladder_facts
+    from slurm_robust.launcher.control.time_limit import TimeLimitWatch, time_limit_incident
+
+    h = Harness(tmp_path)
+    h.start()
+    st, gen = h.rec.state, h.rec.gen
+    inc = time_limit_incident("i9", TimeLimitWatch(warned_at=1.0), st.last_step, 2.0)
+
+    def facts():
+        return ladder_facts(Handle(gen, inc, None, []), st, h.cfg, "n1", 1, True, None,
+                            None, 3.0)
+
+    assert not facts().time_limit_stalled  # the first warning
+    assert facts().time_limit_stalled      # again at the same step: nothing was done
+    h.steps(1)
+    assert not facts().time_limit_stalled  # a step since: progress
 
 
 def test_the_warning_requeues_the_job_once_and_counts_no_restart(tmp_path):
