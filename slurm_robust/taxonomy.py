@@ -81,6 +81,7 @@ class FailureClass(StrEnum):
     WORKER_SIGNAL = "worker_signal"
     LOSS_SPIKE = "loss_spike"
     ADMIN = "admin"
+    TIME_LIMIT = "time_limit"
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,9 @@ TABLE: tuple[TaxonomyRow, ...] = (
                 "loss or grad norm far above the recent median"),
     TaxonomyRow(F.ADMIN, _M, _INF, Action.REATTEMPT, None,
                 "an administrator stopped or moved the job", Locus.OFF_NODE),
+    TaxonomyRow(F.TIME_LIMIT, _M, _INF, Action.REATTEMPT, None,
+                "the allocation's time limit is near (Slurm's warning signal): the job "
+                "requeues itself and goes on from its newest step", Locus.OFF_NODE),
 )
 
 ROWS: dict[FailureClass, TaxonomyRow] = {row.cls: row for row in TABLE}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from slurm_robust.errors import UsageError
 from slurm_robust.launcher.submit.executor import SlurmOptions, submit_run
 from slurm_robust.launcher.submit.options import (
     add_robust_options,
@@ -41,9 +42,14 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = build_config(args, args.nodes, args.gpus_per_node)
     _check_partition_fits(args.partition, cfg.nodes, cfg.spares)
-    slurm = SlurmOptions(partition=args.partition, time_min=parse_time_minutes(args.time),
+    time_min = parse_time_minutes(args.time)
+    if not cfg.warn_before_s < time_min * 60:
+        raise UsageError(f"--warn-before {cfg.warn_before_s:g} must be below the time limit "
+                         f"({time_min * 60} s)")
+    slurm = SlurmOptions(partition=args.partition, time_min=time_min,
                          gpus_per_node=args.gpus_per_node, cpus_per_task=args.cpus_per_task,
-                         job_name=args.job_name)
+                         job_name=args.job_name,
+                         warn_before_s=max(1, round(cfg.warn_before_s)))
     job = submit_run(cfg, slurm)
     out = {"job_id": str(job.job_id), "run_dir": cfg.run_dir, "nodes": cfg.nodes,
            "spares": cfg.spares}

@@ -44,6 +44,9 @@ class RunConfig:
             never judged hung (only exits, heartbeats and the live inspection apply).
         heartbeat_s: how often agents report to the controller.
         heartbeat_timeout_s: an agent silent this long is lost (its node is blamed).
+        warn_before_s: act this long before the job's time limit (requeue with the newest
+            step): on Slurm's warning signal (``submit`` asks for it) or when the job's end
+            time, read from Slurm once a minute, is that close, whichever comes first.
         max_restarts: restart budget across in-job restarts and Slurm requeues.
         max_no_progress: attempts in a row that finish no new step before the run stops.
         node_failures_to_blame: worker failures on one node (in one run) that blame it.
@@ -106,6 +109,7 @@ class RunConfig:
     heartbeat_s: float = 0.2
     heartbeat_timeout_s: float = 4.0
     max_restarts: int = 10
+    warn_before_s: float = 60.0
     max_no_progress: int = 3
     node_failures_to_blame: int = 3
     max_blamed_nodes: int | None = None
@@ -166,6 +170,8 @@ class RunConfig:
         if not 0 < self.heartbeat_s < self.heartbeat_timeout_s:
             raise UsageError(f"need 0 < heartbeat_s ({self.heartbeat_s}) < "
                              f"heartbeat_timeout_s ({self.heartbeat_timeout_s})")
+        if self.warn_before_s <= 0:
+            raise UsageError(f"warn_before_s is {self.warn_before_s}; use > 0")
         if self.spike_factor <= 1:
             raise UsageError(f"spike_factor is {self.spike_factor}; use > 1")
         if self.master_port < 1024 or port_span(self.master_port) < PORT_BUCKET:

@@ -328,6 +328,8 @@ class Report(Message):
     # The newest controller term the agent has seen: a controller that reads a
     # newer term than its own stands down.
     term: int = 0
+    # When the agent got Slurm's time-limit warning signal (None: not yet).
+    warned: float | None = None
 
     def validate(self, where: str) -> None:
         if self.op != "report":
@@ -343,6 +345,8 @@ class Report(Message):
             del out["sample"]
         if not out["term"]:  # controller failover: only once a controller term is known
             del out["term"]
+        if out["warned"] is None:
+            del out["warned"]
         return out
 
 

@@ -21,3 +21,12 @@ DRAIN_SIGNAL = signal.SIGURG
 #: flush gives up a second earlier, so its exit, not the agent's deadline, ends it).
 DRAIN_S = 3.0
 DRAIN_FLUSH_S = DRAIN_S - 1.0
+
+#: Slurm's warning before the time limit (``sbatch --signal=28@S``, set by ``submit``):
+#: the agent notes it and the controller requeues the job with its newest step. SIGWINCH
+#: because its default action is to ignore it. Slurm sends it to every process of the job
+#: step (the workers too), and a requeued job's new allocation may get it again at launch,
+#: before any handler is installed (seen on Slurm 22.05: the previous allocation's end
+#: time is still the reference); SIGUSR2, submitit's choice, ends such a process (and the
+#: workers' stack dumps use it), SIGURG is the drain signal above.
+WARNING_SIGNAL = signal.SIGWINCH

@@ -56,7 +56,14 @@ from slurm_robust.launcher.control.shortfall import evidence as shortfall_eviden
 from slurm_robust.launcher.control.slurm_actions import SlurmAction
 from slurm_robust.launcher.control.state import RunState, save_state
 from slurm_robust.launcher.control.stop_diagnosis import DIAGNOSIS_WAIT_S
-from slurm_robust.launcher.enums import Phase, Role, Rung, RunStatus, check_transition
+from slurm_robust.launcher.enums import (
+    IncidentClass,
+    Phase,
+    Role,
+    Rung,
+    RunStatus,
+    check_transition,
+)
 from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.messages import Incident, Plan, Progress
 from slurm_robust.launcher.paths import RunPaths
@@ -82,6 +89,9 @@ class SlurmSide:
     #: count, the requeue goes ahead as asked. Recovery sets the real one by default.
     capacity: Callable[[str, Sequence[str]], Capacity | None] | None = None
     cancel: Callable[[str], None] = cancel_job
+    #: The job's end time (Unix seconds; None: unlimited or unknown); None: no clock, the
+    #: time limit is acted on at Slurm's signal only. Recovery sets the real one by default.
+    end_time: Callable[[str], float | None] | None = None
 
 
 @dataclass
@@ -296,7 +306,10 @@ class Applier:
         self.state.last_step = step
         for listener in self.listeners:
             listener.on_step(gen, step, step_time, t_done, now)
-        opened = self.state.open_incident is not None
+        # A step finished while the job waits for its requeue (the time limit's
+        # generation runs on until Slurm ends it) is the allocation's last, recorded but
+        # no recovery: the next allocation's first step is.
+        opened = self.state.open_incident is not None and self.phase is not Phase.REQUEUED
         self.events.step(step, step_time, sum(losses) / len(losses) if losses else None,
                          max(norms) if norms else None,
                          force=opened or gen.steps_done == 1, now=t_done)
@@ -369,7 +382,8 @@ class Applier:
             self.write_incident(incident)
             self.finish(RunStatus.STOPPED, decision.reason)
             return
-        st.restarts += 1
+        if incident.cls != IncidentClass.TIME_LIMIT:  # an allocation's end is no failure
+            st.restarts += 1
         # The verdict names the class and its evidence (flat, "pending deep check").
         reason = blame.verdict_reason(incident.cls, incident.evidence, evict)
         for node in decision.evict:

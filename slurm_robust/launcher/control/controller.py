@@ -440,6 +440,8 @@ class Controller:
         view.gen = report.gen
         view.states = report.states
         view.stacks.update(report.stacks)
+        if report.warned is not None:
+            self.recovery.on_time_limit(view, report.warned)
         self.recovery.on_report(view, view.gen, report.progress, report.exits, now,
                                 diagnoses=report.diagnoses)
         if report.findings or report.sample is not None:  # in-job monitor

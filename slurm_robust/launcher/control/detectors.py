@@ -2,7 +2,7 @@
 returns an action (actions.py), or None when its condition does not hold.
 
 In priority order while running (or capturing a hang's stacks): bitwise test, completion,
-failures, a due hot update, monitor findings, a hang capture, a hang, fail-slow; the
+the time limit, failures, a due hot update, monitor findings, a hang capture, a hang, fail-slow; the
 first that returns an action ends the tick. Nothing here writes the run's phase,
 generation, plans, spares or state.json: the applier (applier.py) does, with what is
 returned. What a detector does consume is its own feature's input (a monitor finding
@@ -31,6 +31,7 @@ from slurm_robust.launcher.control.stop_diagnosis import (
     diagnosed_before,
     wants_diagnosis,
 )
+from slurm_robust.launcher.control.time_limit import TimeLimitWatch, time_limit_incident
 from slurm_robust.launcher.enums import IncidentClass, Phase, RunStatus
 from slurm_robust.launcher.messages import DiagnosisReport, Incident
 from slurm_robust.launcher.paths import RunPaths
@@ -77,14 +78,18 @@ class Detectors:
 
     def __init__(self, run: RunView, hot: HotUpdate, nans: NanRecovery,
                  watch: MonitorListener,
-                 diagnoses: Mapping[tuple[int, str], DiagnosisReport]) -> None:
+                 diagnoses: Mapping[tuple[int, str], DiagnosisReport],
+                 limit: TimeLimitWatch | None = None) -> None:
         self.run, self.hot, self.nans, self.watch = run, hot, nans, watch
         self.diagnoses = diagnoses
+        self.limit = limit or TimeLimitWatch()
 
     def running(self) -> tuple[Detector, ...]:
         """The running phase's detectors, in priority order."""
         return (self.bitwise,  # before a NaN of the faulty node
                 self.completion,
+                # Before failures: workers the scheduler is about to end are no fault.
+                self.time_limit,
                 # Before a pending capture: a crash or a lost node during the capture is
                 # the better-localized fault, and a lost agent cannot restart in place.
                 self.failures, self.hot_update, self.monitor, self.capture, self.hang,
@@ -102,6 +107,20 @@ class Detectors:
         if not (active and active <= gen.succeeded):
             return None
         return act.Finish(RunStatus.COMPLETED, None)
+
+    def time_limit(self, gen: Generation, now: float) -> act.Action | None:
+        """Slurm's warning before the time limit: requeue with the newest step."""
+        run = self.run
+        if run.phase is not Phase.RUNNING:
+            return None
+        self.limit.refresh(now)
+        if not self.limit.due(now) or not self.limit.take():
+            return None
+        incident = time_limit_incident(run.next_incident_id(), self.limit,
+                                       run.state.last_step, now)
+        log.warning("time limit near (%s%s): requeueing from step %s", self.limit.source,
+                    f" on {self.limit.node}" if self.limit.node else "", run.state.last_step)
+        return act.Handle(gen, incident, None, [])
 
     def failures(self, gen: Generation, now: float) -> act.Action | None:
         """Decide once the root cause is clear: the earliest primary failure once every

@@ -10,7 +10,9 @@ The rungs (docs/ARCHITECTURE.md, "The recovery ladder")::
     stop      the same user-code error after a clean restart (or the same error after its
               node passed stop-time diagnosis: an unknown or external cause), no progress
               across max_no_progress attempts, or the restart budget spent
-    requeue   a node is blamed and no spare is left, or the controller's node is lost
+    requeue   a node is blamed and no spare is left, or the controller's node is lost;
+              and the time limit near (stop instead when a whole allocation finished no
+              step since the previous one's)
     spare     a node is blamed (explicit node fault, lost heartbeat, repeated node-side
               failures, a failed diagnosis, a persistently slow rank)
     in_place  anything else: transient or unclear
@@ -64,7 +66,8 @@ class Facts:
     nodes so far and the cap on them (None: no cap). side: the classifier's side for this
     failure (None: the class's default); with the class it decides whether repeats on a
     node count against it (taxonomy.node_side). diagnosis_passed: the named node has
-    just passed a stop-time diagnosis for this incident.
+    just passed a stop-time diagnosis for this incident. time_limit_stalled: a time
+    limit came with no step finished since the previous allocation's.
     """
 
     cls: str
@@ -90,6 +93,7 @@ class Facts:
     max_blamed: int | None = None
     side: str | None = None
     diagnosis_passed: bool = False
+    time_limit_stalled: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The facts as a trace line (tests replay recorded traces)."""
@@ -179,6 +183,8 @@ def unexplained_repeat(f: Facts, blamed: tuple[str, ...]) -> tuple[str, ...]:
 
 def choose_rung(f: Facts, blamed: tuple[str, ...]) -> Decision:
     """The rung for one incident, before any refinement."""
+    if f.cls == IncidentClass.TIME_LIMIT:
+        return time_limit_rung(f)
     stop = _stop_reason(f, blamed)
     if stop is not None:
         return Decision(Rung.STOP, stop)
@@ -196,6 +202,19 @@ def choose_rung(f: Facts, blamed: tuple[str, ...]) -> Decision:
         return Decision(Rung.SPARE, f"node(s) {', '.join(blamed)} blamed ({f.cls}); "
                                     "activating spare(s)", blamed)
     return Decision(Rung.IN_PLACE, f"{f.cls}: restarting in place from the latest snapshot")
+
+
+def time_limit_rung(f: Facts) -> Decision:
+    """Slurm's warning before the time limit: requeue, whatever the restart budget (a
+    long run is a chain of allocations); stop when a whole allocation finished no step
+    since the previous one's warning, since the next would do no better."""
+    if f.time_limit_stalled:
+        return Decision(Rung.STOP, "the time limit came again with no step finished since "
+                                   "the previous allocation's: the run makes no progress "
+                                   "within one allocation; ask for a longer --time (or a "
+                                   "faster start) and resubmit")
+    return Decision(Rung.REQUEUE, "the allocation's time limit is near: requeueing the job "
+                                  "to go on from its newest step")
 
 
 def with_nan_advice(d: Decision, f: Facts) -> Decision:

@@ -67,6 +67,7 @@ from slurm_robust.launcher.control.policy import assign_slots
 from slurm_robust.launcher.control.shortfall import Capacity, job_capacity, reserve_partition
 from slurm_robust.launcher.control.slurm_actions import SlurmAction
 from slurm_robust.launcher.control.state import RunState, load_state
+from slurm_robust.launcher.control.time_limit import TimeLimitWatch, job_end_time
 from slurm_robust.launcher.enums import (
     Category,
     IncidentClass,
@@ -145,11 +146,18 @@ class Recovery:
                      *([MetricsListener(metrics)] if metrics is not None else []),
                      HotUpdateListener(self.hot), self.watch]
         self.app = Applier(cfg, ident, members, state, self.events, self.hot,
-                           slurm or SlurmSide(capacity=self._count_capacity),
+                           slurm or SlurmSide(capacity=self._count_capacity,
+                                              end_time=job_end_time),
                            fence or Fence(), listeners, clock)
         self.nans = NanRecovery(self.app, NanLadder.from_state(NanPolicy(cfg.nan_policy),
                                                                state.nan_ladder))
-        self.detect = Detectors(self.app, self.hot, self.nans, self.watch, self.diagnoses)
+        #: The time limit: Slurm's warning as the agents report it, and the job's end
+        #: time read from Slurm (time_limit.py).
+        side = self.app.slurm
+        self.limit = TimeLimitWatch(cfg.warn_before_s, None if side.end_time is None else
+                                    (lambda: side.end_time(ident.job_id)))
+        self.detect = Detectors(self.app, self.hot, self.nans, self.watch, self.diagnoses,
+                                self.limit)
 
     # ------------------------------------------------------------------ read side
     @property
@@ -281,6 +289,10 @@ class Recovery:
             else:
                 gen.failures.append(Failure(ex, member.node, member.index, now))
                 gen.first_failure_seen = gen.first_failure_seen or now
+
+    def on_time_limit(self, member: Member, warned_at: float) -> None:
+        """An agent got Slurm's warning before the time limit (its report says when)."""
+        self.limit.note(member.node, warned_at)
 
     def on_findings(self, member: Member, findings: Sequence[Finding],
                     sample: NodeSample | None, now: float) -> None:

@@ -65,6 +65,11 @@ def ladder_facts(h: Handle, st: RunState, cfg: RunConfig, controller_node: str,
         "node_side": node_side(str(cls), h.side),
         "failures": {n: st.node_failures.get(n, 0) for n in h.nodes},
         "threshold": cfg.node_failures_to_blame}
+    stalled = False
+    if cls == IncidentClass.TIME_LIMIT:
+        # No new step since the previous allocation's warning: this one made none.
+        stalled = st.time_limits > 0 and st.last_step == st.time_limit_step
+        st.time_limit_step, st.time_limits = st.last_step, st.time_limits + 1
     signature = h.signature
     return Facts(
         cls=cls, controller_node=controller_node, spares_left=spares_left,
@@ -80,4 +85,4 @@ def ladder_facts(h: Handle, st: RunState, cfg: RunConfig, controller_node: str,
                           if h.diagnosis_failed else None),
         blamed_before=tuple(st.blamed),
         max_blamed=cfg.max_blamed_nodes or cfg.total_nodes,
-        side=h.side, diagnosis_passed=h.diagnosis_passed)
+        side=h.side, diagnosis_passed=h.diagnosis_passed, time_limit_stalled=stalled)

@@ -43,6 +43,10 @@ class RunState:
     given_nodes: list[str] = field(default_factory=list)
     last_step: int | None = None
     no_progress: int = 0
+    # The newest step when the previous allocation met its time limit (time_limit.py):
+    # the same again at the next warning means an allocation that made no step.
+    time_limit_step: int | None = None
+    time_limits: int = 0
     open_incident: Incident | None = None
     incidents: int = 0
     finished: str | None = None

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -80,6 +81,7 @@ from slurm_robust.launcher.protocol import (
     ChannelClosed,
     host_address,
 )
+from slurm_robust.launcher.worker_signals import WARNING_SIGNAL
 from slurm_robust.records import write_json_atomic
 from slurm_robust.run_dir_trust import (
     check_run_dir,
@@ -138,6 +140,8 @@ class Agent:
         self.controllers: list[Controller] = []
         #: The newest controller term seen (controller.json, plans); older plans are void.
         self.term = 0
+        #: When Slurm's time-limit warning arrived (listen_for_time_limit); reported.
+        self.warned: float | None = None
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
@@ -273,7 +277,22 @@ class Agent:
                       stacks=dict(self.stacks_done), time=time.time(),
                       findings=list(self.findings), sample=sample,
                       diagnoses=list(self.diagnoses_done.values()),
-                      term=self.term).to_json()
+                      term=self.term, warned=self.warned).to_json()
+
+    def listen_for_time_limit(self) -> None:
+        """Note Slurm's warning before the time limit (WARNING_SIGNAL); the next report
+        carries it to the controller, which requeues the job with its newest step. (With
+        submitit's USR2, its handler requeued from task 0 and ended that agent, and the
+        workers died of the signal: the controller took them all for lost nodes.)"""
+        def on_warning(signum: int, frame: object) -> None:
+            if self.warned is None:
+                self.warned = time.time()
+
+        try:
+            signal.signal(WARNING_SIGNAL, on_warning)
+        except ValueError:  # not the main thread (an embedding caller): nobody to warn
+            log.warning("agent %s: not the main thread; the time-limit warning is not "
+                        "handled", self.ident.index)
 
     def poll_workers(self) -> None:
         for w in self.workers:
@@ -514,6 +533,7 @@ def run_agent(cfg: RunConfig) -> AgentSummary:
         controller = Controller(cfg, ident)
         controller.start()
     agent = Agent(cfg, ident)
+    agent.listen_for_time_limit()
     if controller is not None:
         agent.controllers.append(controller)
         agent.local_controller = controller.alive

@@ -33,6 +33,7 @@ from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.errors import LauncherError, RunStopped
 from slurm_robust.launcher.node.agent import run_agent
 from slurm_robust.launcher.paths import COMMENT_PREFIX, RunPaths, site_config_path
+from slurm_robust.launcher.worker_signals import WARNING_SIGNAL
 from slurm_robust.records import (
     EVENT_SCHEMA,
     read_records,
@@ -59,6 +60,8 @@ class SlurmOptions:
     account: str | None = None
     exclude: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Slurm's warning before the time limit (--signal=28@S): the job requeues itself.
+    warn_before_s: int = 60
 
 
 def submit_run(cfg: RunConfig, slurm: SlurmOptions) -> Any:
@@ -77,9 +80,13 @@ def submit_run(cfg: RunConfig, slurm: SlurmOptions) -> Any:
     params: dict[str, Any] = {
         "nodes": cfg.total_nodes, "ntasks_per_node": 1, "time": slurm.time_min,
         "job_name": slurm.job_name, "comment": f"{COMMENT_PREFIX}{cfg.run_dir}",
-        "additional_parameters": {"requeue": True, "no-kill": True, **slurm.extra},
+        # Slurm's warning before the time limit: WARNING_SIGNAL by number (sbatch takes
+        # no name for it), replacing submitit's USR2 line (worker_signals.py says why).
+        "additional_parameters": {"requeue": True, "no-kill": True,
+                                  "signal": f"{int(WARNING_SIGNAL)}@{slurm.warn_before_s}",
+                                  **slurm.extra},
         "srun_args": ["--no-kill", "--kill-on-bad-exit=0"],
-        "signal_delay_s": 60, "stderr_to_stdout": True,
+        "signal_delay_s": slurm.warn_before_s, "stderr_to_stdout": True,
     }
     for key, value in (("partition", slurm.partition), ("gpus_per_node", slurm.gpus_per_node),
                        ("cpus_per_task", slurm.cpus_per_task), ("account", slurm.account),
@@ -143,7 +150,8 @@ class RobustExecutor:
                              cpus_per_task=p.get("cpus_per_task"), mem_gb=p.get("mem_gb"),
                              job_name=p.get("job_name", "slurm-robust"),
                              account=p.get("account"), exclude=p.get("exclude"),
-                             extra=dict(p.get("additional_parameters") or {}))
+                             extra=dict(p.get("additional_parameters") or {}),
+                             warn_before_s=max(1, round(cfg.warn_before_s)))
         return RobustJob(submit_run(cfg, slurm), str(run_dir))
 
 

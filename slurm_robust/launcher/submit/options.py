@@ -24,6 +24,11 @@ _TIME = re.compile(r"^(?:(?P<d>\d+)-)?(?P<h>\d+):(?P<m>\d+)(?::(?P<s>\d+))?$")
 
 
 def add_robust_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--warn-before", type=float, default=None, metavar="SECONDS",
+                   help="requeue the job with its newest step this long before its time "
+                        "limit: on Slurm's warning (submit asks for --signal=28@SECONDS, "
+                        "SIGWINCH) or by the job's end time, read from Slurm once a minute "
+                        "(default 60)")
     p.add_argument("--spares", type=int, default=None,
                    help="parked spare nodes in the allocation (default: $SLURM_ROBUST_SPARES "
                         "or 0)")
@@ -105,7 +110,8 @@ def build_config(args: argparse.Namespace, nodes: int, gpus_per_node: int | None
                       ("fail_slow_min_excess", "fail_slow_min_excess_s"),
                       ("workers_per_node", "workers_per_node"),
                       ("nan_policy", "nan_policy"),
-                      ("on_shortfall", "on_shortfall")):
+                      ("on_shortfall", "on_shortfall"),
+                      ("warn_before", "warn_before_s")):
         value = getattr(args, flag)
         if value is not None:
             values[key] = value
