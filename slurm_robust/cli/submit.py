@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 
-from slurm_robust.errors import UsageError
 from slurm_robust.launcher.submit.executor import SlurmOptions, submit_run
 from slurm_robust.launcher.submit.options import (
     add_robust_options,
@@ -42,11 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = build_config(args, args.nodes, args.gpus_per_node)
     _check_partition_fits(args.partition, cfg.nodes, cfg.spares)
-    time_min = parse_time_minutes(args.time)
-    if not cfg.warn_before_s < time_min * 60:
-        raise UsageError(f"--warn-before {cfg.warn_before_s:g} must be below the time limit "
-                         f"({time_min * 60} s)")
-    slurm = SlurmOptions(partition=args.partition, time_min=time_min,
+    slurm = SlurmOptions(partition=args.partition, time_min=parse_time_minutes(args.time),
                          gpus_per_node=args.gpus_per_node, cpus_per_task=args.cpus_per_task,
                          job_name=args.job_name,
                          warn_before_s=max(1, round(cfg.warn_before_s)))

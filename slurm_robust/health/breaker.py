@@ -141,15 +141,17 @@ class DrainBreaker:
                                "enabled": cfg.enabled, "max_drains": cfg.max_drains,
                                "window_s": cfg.window_s, "dir": str(self.dir)}
         if not cfg.enabled:
-            return {**out, "in_window": 0, "tripped": False, "drains": [], "would_drain": []}
+            return {**out, "in_window": 0, "tripped": False, "drains": [], "would_drain": [],
+                    "would_drain_total": 0}
         now = time.time() if now is None else now
         with self._locked(create=False):
             claims = self._claims(now)
-            would = self._read(WOULD_DRAIN_FILE)[-last:]
+            would = self._read(WOULD_DRAIN_FILE)
         nodes = sorted({c["node"] for c in claims})
         return {**out, "in_window": len(nodes),
                 "tripped": cfg.max_drains is not None and len(nodes) >= cfg.max_drains,
-                "drains": claims, "would_drain": would}
+                "drains": claims, "would_drain": would[-last:],
+                "would_drain_total": sum(1 for w in would if "node" in w)}
 
     def reset(self, who: str, now: float | None = None) -> int:
         """Forget the drains in the window (an admin looked at them); returns how many.

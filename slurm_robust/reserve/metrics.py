@@ -32,7 +32,9 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from slurm_robust.errors import SlurmRobustError
 from slurm_robust.health import read_journal
+from slurm_robust.health.breaker import BreakerUnavailable, site_breaker
 from slurm_robust.metric_labels import label_value
 from slurm_robust.records import read_records
 from slurm_robust.reserve.config import reserve_config
@@ -61,6 +63,10 @@ class ExporterView:
     window_s: float = 72 * 3600.0
     reserve_error: bool = False
     taken_at: float = 0.0
+    #: The drain circuit breaker's status (health/breaker.py); None: off. ``error``: on
+    #: but not readable here.
+    breaker: dict[str, Any] | None = None
+    breaker_error: bool = False
 
 
 def reason_class(record: dict[str, Any]) -> str:
@@ -176,6 +182,34 @@ class ReserveCollector(Collector):
         for action, n in sorted(v.verdicts.items()):
             c.add_metric([action], n)
         yield c
+        yield from _breaker_metrics(v)
+
+
+def _breaker_metrics(v: ExporterView) -> Iterator[Any]:
+    """The drain circuit breaker, when it is on (health/breaker.py)."""
+    if v.breaker is None and not v.breaker_error:
+        return
+    g = GaugeMetricFamily("slurm_robust_drain_breaker_up", "1 when the drain circuit "
+                          "breaker's state was read at the last refresh")
+    g.add_metric([], 0.0 if v.breaker_error else 1.0)
+    yield g
+    if v.breaker is None:
+        return
+    b = v.breaker
+    for name, text, val in (
+            ("slurm_robust_drain_breaker_tripped", "1 when the breaker holds automatic "
+             "drains back (max_drains reached in the window)", 1.0 if b["tripped"] else 0.0),
+            ("slurm_robust_drain_breaker_drains_in_window", "Nodes drained automatically "
+             "within the breaker's window", b["in_window"]),
+            ("slurm_robust_drain_breaker_max_drains", "The breaker's limit per window",
+             b["max_drains"])):
+        g = GaugeMetricFamily(name, text)
+        g.add_metric([], float(val))
+        yield g
+    c = CounterMetricFamily("slurm_robust_drain_breaker_would_drain", "Automatic drains "
+                            "the breaker held back (its would-drain records)")
+    c.add_metric([], float(b["would_drain_total"]))
+    yield c
 
 
 def cluster_refresh(site_path: str | None = None) -> Callable[[], ExporterView]:
@@ -199,6 +233,12 @@ def cluster_refresh(site_path: str | None = None) -> Callable[[], ExporterView]:
             tally_checks(read_journal(node, config=site), view.checks)
         tally_verdict_log(read_records(Path(site.verdict_log)).records, view, now)
         tally_reserve_log(read_records(cfg.log_file).records, view, now)
+        try:
+            breaker = site_breaker(site.breaker)
+            view.breaker = breaker.status(now) if breaker is not None else None
+        except (BreakerUnavailable, SlurmRobustError) as exc:
+            log.warning("drain circuit breaker not read: %s", exc)
+            view.breaker_error = True
         return view
 
     return refresh

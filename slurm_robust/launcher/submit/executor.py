@@ -68,6 +68,11 @@ def submit_run(cfg: RunConfig, slurm: SlurmOptions) -> Any:
     """Submit the agents of ``cfg`` through submitit; returns the submitit job."""
     import submitit  # function-level: heavy, and only the submitting side needs it
 
+    if not 0 < slurm.warn_before_s < slurm.time_min * 60:
+        # Slurm would warn at once, and every allocation would requeue before a step.
+        raise UsageError(f"the time-limit warning ({slurm.warn_before_s} s before the "
+                         f"end, --warn-before) must come within the time limit "
+                         f"({slurm.time_min * 60} s)")
     paths = RunPaths.of(cfg.run_dir)
     # Private (0700), or an existing directory of ours no one else can write: submitit's
     # pickles and our config in it are what every allocation of the job runs.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pwd
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
@@ -143,9 +144,17 @@ def run_status(target: str) -> StatusReport:
 
 
 def _pending(incident: Incident | None) -> str | None:
-    """Why a requeued run waits, when the controller counted too few nodes for it
-    (control/shortfall.py, policy ``wait``)."""
-    short = incident.evidence.get("shortfall") if incident is not None else None
+    """Why a requeued run waits: the controller counted too few nodes for it
+    (control/shortfall.py, policy ``wait``), or the time limit requeued it
+    (control/time_limit.py) and the next allocation has not made its first step."""
+    if incident is None:
+        return None
+    if incident.cls == "time_limit" and incident.rung == "requeue":
+        when = time.strftime("%H:%M:%S", time.localtime(incident.fault_time or
+                                                         incident.detected_at))
+        return (f"requeued: the time limit was near ({when}); the next allocation goes "
+                f"on from step {incident.last_step}")
+    short = incident.evidence.get("shortfall")
     if not short or short.get("choice") != "requeue":
         return None
     return (f"pending: reserve shortfall (needs {short['needs']}, has {short['has']}) in "

@@ -144,3 +144,29 @@ def test_the_end_time_is_read_in_a_thread_once_a_minute():
     w.refresh(1030.0)  # within the minute: no new read
     assert len(reads) == 1
     assert w.due(4940.0) and w.source == "end_time" and w.take() and not w.take()
+
+
+def test_status_says_why_the_run_waits(tmp_path):
+    from slurm_robust.launcher.submit.status import format_status, run_status
+
+    h = Harness(tmp_path)
+    h.start()
+    h.rec.on_time_limit(h.slot_members()[0], h.clock())
+    h.tick()
+    h.wait_slurm()
+    status = run_status(h.cfg.run_dir)
+    assert status["pending"].startswith("requeued: the time limit was near")
+    assert "goes on from step 3" in format_status(status)
+
+
+def test_a_warning_longer_than_the_limit_is_refused_before_anything_is_written(tmp_path):
+    import pytest
+
+    from slurm_robust.errors import UsageError
+    from slurm_robust.launcher.config import RunConfig
+    from slurm_robust.launcher.submit.executor import SlurmOptions, submit_run
+
+    cfg = RunConfig(command=("x",), run_dir=str(tmp_path / "run"))
+    with pytest.raises(UsageError, match="--warn-before"):
+        submit_run(cfg, SlurmOptions(time_min=1, warn_before_s=60))
+    assert not (tmp_path / "run").exists()

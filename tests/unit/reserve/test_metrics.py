@@ -139,3 +139,23 @@ def test_dashboard_queries_parse_as_promql(tmp_path):
     out = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_drain_breaker_is_exported_when_on(tmp_path):
+    from slurm_robust.health.breaker import BreakerConfig, DrainBreaker
+
+    b = DrainBreaker(BreakerConfig(1, 3600.0, str(tmp_path / "breaker")))
+    assert b.claim("n1", "slurm_robust: gpu_xid: x", "prolog", NOW).granted
+    assert not b.claim("n2", "slurm_robust: gpu_xid: x", "prolog", NOW + 1).granted
+    got = scrape(ReserveCollector(lambda: ExporterView(partition="standby",
+                                                       breaker=b.status(NOW + 2))))
+    assert got[("slurm_robust_drain_breaker_up", ())] == 1
+    assert got[("slurm_robust_drain_breaker_tripped", ())] == 1
+    assert got[("slurm_robust_drain_breaker_drains_in_window", ())] == 1
+    assert got[("slurm_robust_drain_breaker_max_drains", ())] == 1
+    assert got[("slurm_robust_drain_breaker_would_drain_total", ())] == 1
+    off = scrape(ReserveCollector(lambda: ExporterView(partition="standby")))
+    assert not any(k[0].startswith("slurm_robust_drain_breaker") for k in off)
+    broken = scrape(ReserveCollector(lambda: ExporterView(partition="standby",
+                                                          breaker_error=True)))
+    assert broken[("slurm_robust_drain_breaker_up", ())] == 0
