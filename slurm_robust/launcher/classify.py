@@ -160,9 +160,13 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("gpu_gone", F.GPU_UNAVAILABLE, _rx(
         r"fallen off the bus|GPU is lost|NVML_ERROR_GPU_IS_LOST|Failed to initialize NVML|"
         r"Driver/library version mismatch|Unable to determine the device handle|"
-        r"RmInitAdapter failed|probe routine failed|GPU requires reset|"
+        r"RmInitAdapter failed|probe routine failed|GPU requires reset"), strength=_H),
+    # What user space prints when it cannot reach the driver: a broken driver, but also a
+    # job whose cgroup holds no GPU (it asked Slurm for none) or an image built for a newer
+    # driver. No hardware evidence by itself: the node's own GPU checks decide (diagnosis).
+    Rule("gpu_driver_unreachable", F.GPU_UNAVAILABLE, _rx(
         r"unable to communicate with the NVIDIA driver|NVIDIA driver on your system is too "
-        r"old|nvidia-smi has failed"), strength=_H),
+        r"old|nvidia-smi has failed"), side=Side.UNKNOWN, strength=_L),
     Rule("kernel_panic", F.KERNEL_PANIC, _rx(
         r"Kernel panic|kernel BUG at|\bOops\b: |hard LOCKUP|"
         r"mce: \[Hardware Error\]|Machine check events logged"), strength=_K,

@@ -143,3 +143,16 @@ def test_the_classifier_evidence_reaches_the_incident_record():
     assert inc["evidence"]["classifier"]["rule"] == "kernel_panic"
     assert inc["evidence"]["classifier"]["strength"] == "kernel"
     assert inc["evidence"]["classifier"]["line"].startswith("[ 99.1] Kernel panic")
+
+
+def test_user_space_that_cannot_reach_the_driver_is_diagnosed_not_evicted():
+    """nvidia-smi's "couldn't communicate with the NVIDIA driver" is also what a job that
+    asked Slurm for no GPU sees (its cgroup holds none): the node's own checks decide.
+    The kernel's or NVML's word for a lost GPU still evicts."""
+    smi = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+           "Make sure that the latest NVIDIA driver is installed and running.")
+    c = classify_failure(1, None, smi)
+    assert (c.cls, c.side, c.action) == ("gpu_unavailable", "unknown", "diagnose"), c
+    assert not c.evicts
+    lost = classify_failure(1, None, "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.")
+    assert lost.cls == "gpu_unavailable" and lost.evicts
