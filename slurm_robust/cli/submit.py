@@ -43,8 +43,7 @@ def run(args: argparse.Namespace) -> int:
     _check_partition_fits(args.partition, cfg.nodes, cfg.spares)
     slurm = SlurmOptions(partition=args.partition, time_min=parse_time_minutes(args.time),
                          gpus_per_node=args.gpus_per_node, cpus_per_task=args.cpus_per_task,
-                         job_name=args.job_name,
-                         warn_before_s=max(1, round(cfg.warn_before_s)))
+                         job_name=args.job_name)
     job = submit_run(cfg, slurm)
     out = {"job_id": str(job.job_id), "run_dir": cfg.run_dir, "nodes": cfg.nodes,
            "spares": cfg.spares}

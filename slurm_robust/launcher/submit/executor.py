@@ -60,17 +60,17 @@ class SlurmOptions:
     account: str | None = None
     exclude: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    #: Slurm's warning before the time limit (--signal=28@S): the job requeues itself.
-    warn_before_s: int = 60
 
 
 def submit_run(cfg: RunConfig, slurm: SlurmOptions) -> Any:
     """Submit the agents of ``cfg`` through submitit; returns the submitit job."""
     import submitit  # function-level: heavy, and only the submitting side needs it
 
-    if not 0 < slurm.warn_before_s < slurm.time_min * 60:
+    # Slurm's warning before the time limit (--signal=28@S): the job requeues itself.
+    warn_s = max(1, round(cfg.warn_before_s))
+    if not warn_s < slurm.time_min * 60:
         # Slurm would warn at once, and every allocation would requeue before a step.
-        raise UsageError(f"the time-limit warning ({slurm.warn_before_s} s before the "
+        raise UsageError(f"the time-limit warning ({warn_s} s before the "
                          f"end, --warn-before) must come within the time limit "
                          f"({slurm.time_min * 60} s)")
     paths = RunPaths.of(cfg.run_dir)
@@ -88,10 +88,10 @@ def submit_run(cfg: RunConfig, slurm: SlurmOptions) -> Any:
         # Slurm's warning before the time limit: WARNING_SIGNAL by number (sbatch takes
         # no name for it), replacing submitit's USR2 line (worker_signals.py says why).
         "additional_parameters": {"requeue": True, "no-kill": True,
-                                  "signal": f"{int(WARNING_SIGNAL)}@{slurm.warn_before_s}",
+                                  "signal": f"{int(WARNING_SIGNAL)}@{warn_s}",
                                   **slurm.extra},
         "srun_args": ["--no-kill", "--kill-on-bad-exit=0"],
-        "signal_delay_s": slurm.warn_before_s, "stderr_to_stdout": True,
+        "signal_delay_s": warn_s, "stderr_to_stdout": True,
     }
     for key, value in (("partition", slurm.partition), ("gpus_per_node", slurm.gpus_per_node),
                        ("cpus_per_task", slurm.cpus_per_task), ("account", slurm.account),
@@ -155,8 +155,7 @@ class RobustExecutor:
                              cpus_per_task=p.get("cpus_per_task"), mem_gb=p.get("mem_gb"),
                              job_name=p.get("job_name", "slurm-robust"),
                              account=p.get("account"), exclude=p.get("exclude"),
-                             extra=dict(p.get("additional_parameters") or {}),
-                             warn_before_s=max(1, round(cfg.warn_before_s)))
+                             extra=dict(p.get("additional_parameters") or {}))
         return RobustJob(submit_run(cfg, slurm), str(run_dir))
 
 

@@ -166,7 +166,7 @@ def test_a_warning_longer_than_the_limit_is_refused_before_anything_is_written(t
     from slurm_robust.launcher.config import RunConfig
     from slurm_robust.launcher.submit.executor import SlurmOptions, submit_run
 
-    cfg = RunConfig(command=("x",), run_dir=str(tmp_path / "run"))
+    cfg = RunConfig(command=("x",), run_dir=str(tmp_path / "run"), warn_before_s=60)
     with pytest.raises(UsageError, match="--warn-before"):
-        submit_run(cfg, SlurmOptions(time_min=1, warn_before_s=60))
+        submit_run(cfg, SlurmOptions(time_min=1))
     assert not (tmp_path / "run").exists()
