@@ -70,6 +70,9 @@ class SlurmRecorder:
                 ) -> None:
         self.calls.append(("verdict", node, cls))
 
+    def notice(self, paths: Any, job_id: str, *rest: Any) -> None:
+        self.calls.append(("notice", job_id))
+
 
 class Harness:
     """A recovery owner with three members (two slots, one spare) on node n1..n3."""
@@ -88,7 +91,8 @@ class Harness:
         self.rec = Recovery(self.cfg, ident, self.members, expected=self.cfg.total_nodes,
                             slurm=SlurmSide(requeue=self.slurm.requeue,
                                             drain=self.slurm.drain,
-                                            verdict=self.slurm.verdict),
+                                            verdict=self.slurm.verdict,
+                                            notice=self.slurm.notice),
                             clock=self.clock)
         self.step = 0
 
