@@ -173,3 +173,47 @@ def test_a_warning_longer_than_the_limit_is_refused_before_anything_is_written(t
     with pytest.raises(UsageError, match="--warn-before"):
         submit_run(cfg, SlurmOptions(time_min=1))
     assert not (tmp_path / "run").exists()
+
+
+def test_a_signal_timed_from_the_previous_allocation_is_ignored():
+    """Seen on 22.05: a job requeued and started again within seconds got Slurm's warning
+    30 s into the new allocation, timed from the old one. The end time, read at the
+    allocation's start, says it is early: ignored, and the end time warns at its time."""
+    from slurm_robust.launcher.control.time_limit import TimeLimitWatch
+
+    watch = TimeLimitWatch(warn_before_s=90.0, fetch=lambda: 1_120.0)
+    watch.end_time = 1_120.0  # this allocation started at 1,000 with --time 2
+    watch.note("n1", 1_016.0)  # the stale timer
+    assert watch.warned_at is None and watch.stale_signal == 1_016.0
+    assert not watch.due(1_020.0)
+    assert watch.due(1_030.0) and watch.source == "end_time" and watch.take()
+    # A signal within the tolerance of its time counts as one.
+    ok = TimeLimitWatch(warn_before_s=90.0, fetch=lambda: 1_120.0)
+    ok.end_time = 1_120.0
+    ok.note("n2", 1_027.0)
+    assert (ok.warned_at, ok.source, ok.node) == (1_027.0, "signal", "n2")
+    # Without a clock (no end time can be read) a signal is taken as it comes.
+    bare = TimeLimitWatch(warn_before_s=90.0)
+    bare.note("n1", 1_016.0)
+    assert bare.warned_at == 1_016.0
+
+
+def test_a_signal_waits_for_the_end_time_being_read():
+    import threading
+
+    from slurm_robust.launcher.control.time_limit import TimeLimitWatch
+
+    release = threading.Event()
+
+    def slow_read() -> float:
+        release.wait(5.0)
+        return 1_120.0
+
+    watch = TimeLimitWatch(warn_before_s=90.0, fetch=slow_read)
+    watch.refresh(1_000.0)
+    watch.note("n1", 1_016.0)
+    assert watch.warned_at is None  # not judged yet: the next report carries it again
+    release.set()
+    watch._reader.join(5.0)
+    watch.note("n1", 1_016.0)
+    assert watch.warned_at is None and watch.stale_signal == 1_016.0
