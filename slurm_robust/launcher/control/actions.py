@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from slurm_robust.launcher.control.generation import Failure, Generation, PendingDiagnosis
 from slurm_robust.launcher.control.ladder import Decision
@@ -65,6 +66,8 @@ class Capture:
 
     gen: Generation
     signal: IdleHang | None = None
+    #: The declared phase and its limit, when a phase's limit ran out (control/phases.py).
+    limit: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

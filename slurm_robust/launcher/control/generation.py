@@ -85,6 +85,15 @@ class Generation:
     anomalies: dict[int, dict[str, Any]] = field(default_factory=dict)
     #: Each rank's bitwise reference digest, when this attempt was asked for one.
     bitwise: dict[int, str] = field(default_factory=dict)
+    # Declared phases (control/phases.py): each rank's phase other than steps, how many
+    # ranks are in each, when its episode began, and whether one began or ended since
+    # the last step (that step's time is no step time).
+    rank_phase: dict[int, str] = field(default_factory=dict)
+    phase_counts: dict[str, int] = field(default_factory=dict)
+    phase_began: dict[str, float] = field(default_factory=dict)
+    phase_moved: bool = False
+    #: The phase and limit a hang was declared under (phases.HangLimit), for its incident.
+    hang_limit: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.last_progress = self.last_progress or self.started_at
