@@ -213,7 +213,7 @@ class Detectors:
                 return None
             log.warning("hang in phase %s: no progress for %.1f s (limit %.1f s)",
                         limit["phase"], now - gen.last_progress, limit["limit_s"])
-            return act.Capture(gen, limit=dict(limit))
+            return act.Capture(gen, limit=limit)
         if not is_hung(gen.last_progress, now, run.step_times, cfg.hang_floor_s,
                        cfg.hang_factor, gen.steps_done > 0, cfg.startup_timeout_s,
                        run.reports_steps(gen), finishing=bool(gen.finishing)):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from slurm_robust.ckpt.config import TIERS
 from slurm_robust.launcher.control.failover import Takeover
@@ -39,6 +39,13 @@ class Failure:
     node: str
     agent: int
     seen: float  # when the controller first heard of it
+
+
+class HangLimit(TypedDict):
+    """Why a group is hung: the phase it was in and that phase's limit (phases.py)."""
+
+    phase: str
+    limit_s: float
 
 
 @dataclass
@@ -92,8 +99,8 @@ class Generation:
     phase_counts: dict[str, int] = field(default_factory=dict)
     phase_began: dict[str, float] = field(default_factory=dict)
     phase_moved: bool = False
-    #: The phase and limit a hang was declared under (phases.HangLimit), for its incident.
-    hang_limit: dict[str, Any] | None = None
+    #: The phase and limit a hang was declared under, for its incident.
+    hang_limit: HangLimit | None = None
 
     def __post_init__(self) -> None:
         self.last_progress = self.last_progress or self.started_at

@@ -33,7 +33,7 @@ def capture_incident(incident_id: str, gen: Generation, views: Sequence[Member],
     if gen.hang_signal:
         evidence.update(gen.hang_signal)
     if gen.hang_limit:
-        evidence["hang_limit"] = gen.hang_limit
+        evidence["hang_limit"] = dict(gen.hang_limit)
     nodes, ranks = analyze_capture(capture, evidence)
     stopped = {int(r): v.node for v in views for r, s in v.states.items() if s == "T"}
     if stopped:

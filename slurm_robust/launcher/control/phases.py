@@ -34,9 +34,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypedDict
 
-from slurm_robust.launcher.control.generation import Generation
+from slurm_robust.launcher.control.generation import Generation, HangLimit
 from slurm_robust.launcher.control.policy import hang_timeout
 from slurm_robust.launcher.enums import WorkPhase
 from slurm_robust.launcher.messages import Progress
@@ -70,13 +69,6 @@ class PhaseRules:
 
 
 RULES = PhaseRules()
-
-
-class HangLimit(TypedDict):
-    """Why a group is hung: the phase it was in and that phase's limit."""
-
-    phase: str
-    limit_s: float
 
 
 def phase_key(phase: WorkPhase | None, section: str | None) -> str:
