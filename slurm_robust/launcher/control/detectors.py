@@ -206,11 +206,14 @@ class Detectors:
         of policy.is_hung."""
         run, cfg = self.run, self.run.cfg
         if run.state.declares_phases:
+            stepping = run.reports_steps(gen)
             limit = phases.group_limit(gen, run.state.phase_times, cfg.hang_limits,
                                        cfg.startup_timeout_s, run.step_times,
-                                       cfg.hang_floor_s, cfg.hang_factor)
+                                       cfg.hang_floor_s, cfg.hang_factor, stepping)
             if now - gen.last_progress <= limit["limit_s"]:
                 return None
+            if limit["phase"] in (phases.STARTUP, phases.STEPS) and not stepping:
+                return None  # as in the single rule: no step ever, no step limit
             log.warning("hang in phase %s: no progress for %.1f s (limit %.1f s)",
                         limit["phase"], now - gen.last_progress, limit["limit_s"])
             return act.Capture(gen, limit=limit)

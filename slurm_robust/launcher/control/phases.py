@@ -133,25 +133,28 @@ def steps_limit(gen: Generation, book: Mapping[str, Sequence[float]],
     return limit_of(STEPS, book, overrides, 0.0, rules)
 
 
-def current_keys(gen: Generation) -> set[str]:
+def current_keys(gen: Generation, reports_steps: bool = True) -> set[str]:
     """The phases the group's ranks are in now (a rank that said nothing: the default,
-    ``startup`` before the group's first step, else ``steps``)."""
+    ``startup`` before the group's first step, else ``steps``). For a script that never
+    reported a step the default is left out while any rank is in a declared phase: it
+    has no step limit to compete with the phase's."""
     default = STEPS if gen.steps_done else STARTUP
-    keys = {default}
-    keys.update(k for k, n in gen.phase_counts.items() if n > 0 and k != STEPS)
+    keys = {k for k, n in gen.phase_counts.items() if n > 0 and k != STEPS}
     if gen.finishing:
         keys.add(FINISHING)
+    if reports_steps or not keys:
+        keys.add(default)
     return keys
 
 
 def group_limit(gen: Generation, book: Mapping[str, Sequence[float]],
                 overrides: Mapping[str, float], startup_timeout_s: float,
                 legacy_steps: Sequence[float], floor_s: float, factor: float,
-                rules: PhaseRules = RULES) -> HangLimit:
+                reports_steps: bool = True, rules: PhaseRules = RULES) -> HangLimit:
     """The most lenient limit among the phases the ranks are in: a rank that saves
     alone holds the others at the next collective, and they are not hung."""
     best: HangLimit | None = None
-    for key in sorted(current_keys(gen)):
+    for key in sorted(current_keys(gen, reports_steps)):
         if key == STEPS:
             limit = steps_limit(gen, book, overrides, legacy_steps, floor_s, factor, rules)
         else:

@@ -126,6 +126,14 @@ def test_a_run_that_declares_no_phase_keeps_the_single_rule(tmp_path):
     assert h.rec.gen.hang_limit is None
 
 
+def test_a_script_that_never_steps_is_judged_by_its_sections_only(tmp_path):
+    h, w = started(tmp_path)
+    w.section("load", 5.0)  # declares phases, but no step ever
+    w.wait(3600.0)  # longer than every limit: still no hang outside a section
+    w.lines({"kind": "phase", "phase": "section", "section": "load"})
+    assert 29.9 <= w.time_to_hang(40.0) <= 30.2  # max(30 s floor, 3 x 5 s)
+
+
 def test_a_worker_stopped_inside_a_section_gets_that_section_s_limit(tmp_path):
     h, w = started(tmp_path)
     w.steps(10)
