@@ -30,7 +30,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, TypeVar
 
-from slurm_robust.launcher.enums import Category, ProgressKind, Role, Rung, Severity
+from slurm_robust.launcher.enums import (
+    Category,
+    ProgressKind,
+    Role,
+    Rung,
+    Severity,
+    WorkPhase,
+)
 from slurm_robust.taxonomy import Action, Side
 
 T = TypeVar("T", bound="Message")
@@ -166,6 +173,10 @@ def _hint_name(hint: Any) -> str:
     return str(hint).replace("typing.", "").replace("slurm_robust.launcher.", "")
 
 
+#: A section's name keys its learned durations in state.json: bounded.
+SECTION_NAME_MAX = 64
+
+
 @dataclass
 class Progress(Message):
     """One progress line of a worker (``rank`` added by its agent); keys other than the
@@ -182,10 +193,15 @@ class Progress(Message):
     busy_s: Any = None  # checked by control/failslow.busy_of: a bad value is ignored there
     tier: str | None = None
     params_sha256: str | None = None
+    # The phase the worker is in from this line on (a ``phase`` line; None: ``steps``)
+    # and, for a user section, its name.
+    phase: WorkPhase | None = None
+    section: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     KNOWN: ClassVar[frozenset[str]] = frozenset(
-        {"rank", "kind", "step", "t", "loss", "grad_norm", "busy_s", "tier", "params_sha256"})
+        {"rank", "kind", "step", "t", "loss", "grad_norm", "busy_s", "tier", "params_sha256",
+         "phase", "section"})
 
     @classmethod
     def from_json(cls, raw: Any, where: str | None = None) -> Progress:
@@ -196,6 +212,9 @@ class Progress(Message):
     def validate(self, where: str) -> None:
         if self.kind is ProgressKind.STEP and self.step is None:
             raise BadMessage(f"{where}: a step line needs 'step'")
+        if self.section is not None and not 0 < len(self.section) <= SECTION_NAME_MAX:
+            raise BadMessage(f"{where}: a section name must have 1..{SECTION_NAME_MAX} "
+                             "characters")
 
     def to_json(self) -> dict[str, Any]:
         out = {k: v for k, v in super().to_json().items() if k != "extra"}
