@@ -30,11 +30,6 @@ log = logging.getLogger("slurm_robust.launcher.control.time_limit")
 
 #: How often the job's end time is read from Slurm (an admin may extend the limit).
 END_TIME_EVERY_S = 60.0
-#: How much earlier than the end time says a warning signal may come and still count.
-#: slurmctld sends it late (its timer pass), never early, except from a stale timer:
-#: seen on 22.05, a job requeued and started again within seconds (its StartTime reset)
-#: got the signal 30 s into the new allocation, timed from the previous one.
-EARLY_SIGNAL_S = 5.0
 
 
 def job_end_time(job_id: str) -> float | None:
@@ -53,10 +48,8 @@ class TimeLimitWatch:
     (once per allocation: every later report carries the signal too).
 
     The end time is the backstop for the signal: Slurm 22.05 sends a requeued job's
-    warning timed from the previous allocation (at its launch, before any agent listens,
-    or, when the job starts again at once, during it), and then never again for that
-    allocation. So a signal the end time says is early is ignored, and the end time
-    decides."""
+    warning at its launch (measured from the previous allocation's end), before any
+    agent listens, and then never again for that allocation."""
 
     warn_before_s: float = 60.0
     #: Reads the job's end time (Unix seconds); None: no clock, the signal only.
@@ -67,27 +60,11 @@ class TimeLimitWatch:
     taken: bool = False
     end_time: float | None = None
     checked_at: float | None = None
-    #: When a signal came that this allocation's end time says is not due (see note).
-    stale_signal: float | None = None
     _reader: threading.Thread | None = field(default=None, repr=False)
 
     def note(self, node: str | None, warned_at: float, source: str = "signal") -> None:
-        if self.warned_at is not None:
-            return
-        if source == "signal" and self.fetch is not None:
-            if self.end_time is None and self._reader is not None and self._reader.is_alive():
-                return  # judged once the end time is in: every report carries the signal
-            if self.end_time is not None and \
-                    warned_at < self.end_time - self.warn_before_s - EARLY_SIGNAL_S:
-                if self.stale_signal is None:
-                    self.stale_signal = warned_at
-                    log.warning("time-limit signal %.0f s before this allocation's warning "
-                                "time (end %.0f, --warn-before %g): a timer left from the "
-                                "previous allocation; ignored, the end time decides",
-                                self.end_time - self.warn_before_s - warned_at,
-                                self.end_time, self.warn_before_s)
-                return
-        self.warned_at, self.node, self.source = warned_at, node, source
+        if self.warned_at is None:
+            self.warned_at, self.node, self.source = warned_at, node, source
 
     def refresh(self, now: float) -> None:
         """Read the end time again in a thread once END_TIME_EVERY_S has passed (never
