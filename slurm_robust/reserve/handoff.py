@@ -177,8 +177,6 @@ def handle_job_end(end: JobEnd, site: SiteConfig, slurm_factory: Callable[[], Sl
     report = HandoffReport(end.job_id, len(batch.verdicts), len(batch.refusals))
     _log_refusals(site, end, batch, clock())
     if not batch.verdicts:
-        if batch.start_asked:  # a requeue without blame (its time limit): start it again
-            report.requeued = is_requeued(slurm_factory().job(end.job_id), clock())
         return report
     try:
         slurm = slurm_factory()

@@ -15,11 +15,6 @@ SlurmUser's, mode 2770, so the job writes there, SlurmUser (not root on real sit
 and renames the files, and other users can neither list nor write. A directory found with
 another owner (left from an older, world-writable spool) is moved aside by the Prolog.
 
-A job that requeues itself without blaming a node (its time limit is near) appends a
-``slurm_robust.requeue_notice`` instead (:func:`write_requeue_notice`): it asks only that
-the requeued job's StartTime be reset once it is pending again, which the user could do
-themselves were their job still running; it names no node and drains nothing.
-
 Why a spool directory and not the job's run directory: EpilogSlurmctld does not see the
 job's environment, and finding the run directory would cost a Slurm call on every job
 end; here a job without verdicts costs one failed ``open``.
@@ -47,8 +42,6 @@ from slurm_robust.records import (
 )
 from slurm_robust.slurm import check_job_id, check_node_name, clean_reason
 
-REQUEUE_NOTICE_SCHEMA = "slurm_robust.requeue_notice"
-REQUEUE_NOTICE_VERSION = 1
 _USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$")
 DONE_SUFFIX = ".done"
 
@@ -158,30 +151,6 @@ def write_verdict(verdict_root: Path, user: str, job_id: str | int, node: str, r
         VerdictError: the spool directory is missing or the user directory is not ours.
         UsageError: bad user, job id or node name.
     """
-    path = _spool_file(verdict_root, user, job_id)
-    record = make_record(VERDICT_SCHEMA, VERDICT_VERSION, {
-        "job_id": check_job_id(job_id), "node": check_node_name(node),
-        "reason": clean_reason(reason), "class": cls, "evidence": dict(evidence or {}),
-        "incident": incident}, now=now)
-    append_records(path, [record], mode=FILE_MODE)
-    if run_dir is not None:
-        append_record(Path(run_dir) / "verdicts.jsonl", record)
-    return path
-
-
-def write_requeue_notice(verdict_root: Path, user: str, job_id: str | int,
-                         now: float | None = None) -> Path:
-    """Append a ``slurm_robust.requeue_notice`` (see the module docstring); raises as
-    :func:`write_verdict`."""
-    path = _spool_file(verdict_root, user, job_id)
-    append_records(path, [make_record(REQUEUE_NOTICE_SCHEMA, REQUEUE_NOTICE_VERSION,
-                                      {"job_id": check_job_id(job_id)}, now=now)],
-                   mode=FILE_MODE)
-    return path
-
-
-def _spool_file(verdict_root: Path, user: str, job_id: str | int) -> Path:
-    """The job's spool file, its user directory made or checked."""
     path = verdict_path(verdict_root, user, job_id)
     if not verdict_root.is_dir():
         raise VerdictError(f"verdict_dir {verdict_root} does not exist; an admin creates it "
@@ -195,6 +164,13 @@ def _spool_file(verdict_root: Path, user: str, job_id: str | int) -> Path:
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         raise VerdictError(f"{path.parent} is not a directory owned by uid {os.geteuid()}; "
                            "ask an admin to remove it")
+    record = make_record(VERDICT_SCHEMA, VERDICT_VERSION, {
+        "job_id": check_job_id(job_id), "node": check_node_name(node),
+        "reason": clean_reason(reason), "class": cls, "evidence": dict(evidence or {}),
+        "incident": incident}, now=now)
+    append_records(path, [record], mode=FILE_MODE)
+    if run_dir is not None:
+        append_record(Path(run_dir) / "verdicts.jsonl", record)
     return path
 
 
@@ -227,8 +203,6 @@ class VerdictBatch:
     verdicts: list[Verdict] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
     done_name: str | None = None  # what the file was renamed to once read
-    #: The job left a requeue notice for itself: reset its StartTime if it was requeued.
-    start_asked: bool = False
 
 
 def parse_verdicts(data: bytes, job_id: str, job_nodes: Collection[str],
@@ -254,8 +228,6 @@ def parse_verdicts(data: bytes, job_id: str, job_nodes: Collection[str],
             refusals.append(Refusal(f"line {lineno}: not JSON (or nested too deep)", None,
                                     excerpt))
             continue
-        if _is_notice(obj, job_id):
-            continue  # not a verdict: see asks_start
         why, verdict = _validate(obj, job_id, job_nodes)
         if verdict is None:
             node = obj.get("node") if isinstance(obj, dict) else None
@@ -270,25 +242,6 @@ def parse_verdicts(data: bytes, job_id: str, job_nodes: Collection[str],
             seen.add(verdict.node)
             verdicts.append(verdict)
     return verdicts, refusals
-
-
-def asks_start(data: bytes, job_id: str) -> bool:
-    """Whether the file holds a requeue notice of this job (pure; anything else in it is
-    parse_verdicts' business)."""
-    for raw in data.splitlines():
-        if REQUEUE_NOTICE_SCHEMA.encode() not in raw:
-            continue  # cheap: most lines are verdicts
-        try:
-            if _is_notice(json.loads(raw), job_id):
-                return True
-        except (ValueError, RecursionError):
-            continue
-    return False
-
-
-def _is_notice(obj: Any, job_id: str) -> bool:
-    return (isinstance(obj, dict) and obj.get("schema") == REQUEUE_NOTICE_SCHEMA
-            and str(obj.get("job_id")) == job_id)
 
 
 def _validate(obj: Any, job_id: str, job_nodes: Collection[str]) -> tuple[str, Verdict | None]:
@@ -393,7 +346,6 @@ def _read_in_dir(dir_fd: int, path: Path, uid: int, job_id: str, job_nodes: Coll
         return batch
     batch.verdicts, batch.refusals = parse_verdicts(data[:max_bytes], job_id, job_nodes,
                                                     max_records)
-    batch.start_asked = asks_start(data[:max_bytes], job_id)
     return batch
 
 

@@ -42,7 +42,6 @@ from slurm_robust.launcher.control.requeue import (
     cancel_job,
     drain_directly,
     requeue_job,
-    write_requeue_notice,
     write_verdict,
 )
 from slurm_robust.launcher.control.requeue_action import PendingRequeue
@@ -86,8 +85,6 @@ class SlurmSide:
     requeue: Callable[..., None] = requeue_job
     drain: Callable[[Sequence[str], str], object] = drain_directly
     verdict: Callable[..., None] = write_verdict
-    #: For a requeue that blames no node: ask for the StartTime reset a verdict implies.
-    notice: Callable[..., None] = write_requeue_notice
     #: Counts what a requeue off the blamed nodes could get (shortfall.py); None: no
     #: count, the requeue goes ahead as asked. Recovery sets the real one by default.
     capacity: Callable[[str, Sequence[str]], Capacity | None] | None = None
@@ -396,8 +393,6 @@ class Applier:
             self.slurm.verdict(self.paths, self.ident.job_id, node, reason,
                                incident.cls, incident.evidence, incident.incident,
                                self.cfg.site_config)
-        if decision.rung == Rung.REQUEUE and not decision.evict:
-            self.slurm.notice(self.paths, self.ident.job_id, self.cfg.site_config)
         if decision.evict and self.cfg.drain:
             evict_nodes = list(decision.evict)
             self.start_action("drain", lambda: self.slurm.drain(evict_nodes, reason))

@@ -37,7 +37,6 @@ from slurm_robust.launcher.paths import RunPaths, load_site
 from slurm_robust.records import VERDICT_SCHEMA, VERDICT_VERSION, append_record, make_record
 from slurm_robust.reserve.config import reserve_config
 from slurm_robust.reserve.verdicts import VerdictError
-from slurm_robust.reserve.verdicts import write_requeue_notice as spool_requeue_notice
 from slurm_robust.reserve.verdicts import write_verdict as spool_verdict
 from slurm_robust.slurm import Slurm, SlurmCommandError
 
@@ -63,22 +62,6 @@ def write_verdict(paths: RunPaths, job_id: str, node: str, reason: str, cls: str
     append_record(paths.verdicts, make_record(VERDICT_SCHEMA, VERDICT_VERSION, {
         "job_id": job_id, "node": node, "reason": reason, "class": cls,
         "evidence": dict(evidence), "incident": incident}))
-
-
-def write_requeue_notice(paths: RunPaths, job_id: str, site_config: str | None = None
-                         ) -> None:
-    """Ask EpilogSlurmctld to reset the StartTime of this job once it is pending again,
-    for a requeue that blames no node (a verdict asks the same): Slurm holds a requeued
-    job for ``cred_expire`` (120 s by default) after it finishes completing, and the
-    launcher, ended with its allocation, cannot reset it then. Without a spool the job
-    just waits; that is logged."""
-    user = os.environ.get("SLURM_JOB_USER") or pwd.getpwuid(os.geteuid()).pw_name
-    try:
-        spool_requeue_notice(reserve_config(load_site(site_config)).verdict_root, user,
-                             job_id)
-    except (VerdictError, UsageError, OSError) as exc:
-        log.warning("no requeue notice for job %s (it starts again after Slurm's hold): "
-                    "%s", job_id, exc)
 
 
 def drain_directly(nodes: Sequence[str], reason: str) -> list[str]:

@@ -70,9 +70,6 @@ class SlurmRecorder:
                 ) -> None:
         self.calls.append(("verdict", node, cls))
 
-    def notice(self, paths: Any, job_id: str, *rest: Any) -> None:
-        self.calls.append(("notice", job_id))
-
 
 class Harness:
     """A recovery owner with three members (two slots, one spare) on node n1..n3."""
@@ -91,8 +88,7 @@ class Harness:
         self.rec = Recovery(self.cfg, ident, self.members, expected=self.cfg.total_nodes,
                             slurm=SlurmSide(requeue=self.slurm.requeue,
                                             drain=self.slurm.drain,
-                                            verdict=self.slurm.verdict,
-                                            notice=self.slurm.notice),
+                                            verdict=self.slurm.verdict),
                             clock=self.clock)
         self.step = 0
 

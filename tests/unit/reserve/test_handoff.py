@@ -11,11 +11,7 @@ import pytest
 from slurm_robust.errors import UsageError
 from slurm_robust.records import read_records
 from slurm_robust.reserve.handoff import handle_job_end, is_requeued, job_end_from_env
-from slurm_robust.reserve.verdicts import (
-    ensure_verdict_root,
-    write_requeue_notice,
-    write_verdict,
-)
+from slurm_robust.reserve.verdicts import ensure_verdict_root, write_verdict
 from slurm_robust.site_config import SiteConfig
 from slurm_robust.slurm import Job, SlurmCommandError
 
@@ -100,28 +96,3 @@ def test_requeued_is_told_from_end_time_while_completing() -> None:
     assert not is_requeued(job("COMPLETING", 990), now)  # ended for good
     assert is_requeued(job("PENDING", 0), now)
     assert not is_requeued(job("COMPLETED", 990), now) and not is_requeued(None, now)
-
-
-@pytest.mark.parametrize(("state", "end_time", "requeued"),
-                         [("PENDING", 0, True), ("COMPLETED", 990, False)])
-def test_a_requeue_notice_asks_only_whether_the_job_was_requeued(tmp_path: Path, state: str,
-                                                                 end_time: int,
-                                                                 requeued: bool) -> None:
-    """A job that requeued itself blaming no node (its time limit) gets its StartTime
-    reset like one with verdicts: one squeue, nothing drained, nothing moved."""
-    site = SiteConfig(verdict_log=str(tmp_path / "log" / "verdicts.jsonl"),
-                      reserve={"verdict_dir": str(tmp_path / "spool")})
-    from slurm_robust.reserve.config import reserve_config
-
-    root = reserve_config(site).verdict_root
-    ensure_verdict_root(root)
-    write_requeue_notice(root, "alice", "42")
-
-    class SqueueOnly:
-        def job(self, job_id):
-            return job(state, end_time)
-
-    report = handle_job_end(job_end_from_env(ENV), site, SqueueOnly, no_slurm,
-                            clock=lambda: 1_000.0)
-    assert report is not None and report.requeued is requeued
-    assert report.verdicts == 0 and report.drained == [] and report.handed_over == []

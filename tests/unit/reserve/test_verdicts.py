@@ -15,7 +15,6 @@ from slurm_robust.reserve.verdicts import (
     parse_verdicts,
     read_job_verdicts,
     verdict_path,
-    write_requeue_notice,
     write_verdict,
 )
 
@@ -218,19 +217,3 @@ def test_group_writable_user_dir_is_read_only_with_the_spool_group(tmp_path: Pat
     os.chown(d, UID, tmp_path.stat().st_gid)
     batch = read_job_verdicts(tmp_path, USER, UID, "42", NODES, 4096, 64)
     assert batch is not None and [v.node for v in batch.verdicts] == ["node2"]
-
-
-def test_a_requeue_notice_asks_for_a_start_and_blames_no_node(tmp_path: Path) -> None:
-    root = tmp_path / "verdicts"
-    ensure_verdict_root(root)
-    write_requeue_notice(root, USER, "42")
-    batch = read_job_verdicts(root, USER, UID, "42", NODES, 4096, 64, restart_count=3)
-    assert batch is not None and batch.start_asked
-    assert batch.verdicts == [] and batch.refusals == []
-    # Another job's notice in the file asks nothing for this one and is refused.
-    other = line(schema="slurm_robust.requeue_notice", job_id="43")
-    verdicts, refusals = parse_verdicts(other + line(), "42", NODES, 64)
-    assert [v.node for v in verdicts] == ["node2"] and len(refusals) == 1
-    write_verdict(root, USER, "42", "node2", "gpu_xid: Xid 79", "gpu_memory_error")
-    batch = read_job_verdicts(root, USER, UID, "42", NODES, 4096, 64, restart_count=4)
-    assert batch is not None and not batch.start_asked and len(batch.verdicts) == 1
