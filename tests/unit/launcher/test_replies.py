@@ -81,6 +81,9 @@ def test_an_unchanged_plan_at_1024_nodes_costs_a_short_reply():
 @pytest.mark.parametrize("change", [
     {"gen": 4}, {"poll_s": 0.05}, {"term": 5}, {"stacks": "cap-1"}, {"diagnose": "d-1"},
     {"ranks": [0, 1]}, {"drain_s": 5.0}, {"role": Role.SPARE},
+    # A dual-phase replay moves a group to its next phase: same generation, the attempt
+    # and the replay spec in the environment change.
+    {"attempt": 3}, {"env": {"SLURM_ROBUST_REPLAY": "r1:2"}}, {"code_change": True},
 ])
 def test_any_change_of_the_plan_sends_it_in_full(change):
     enc = ReplyEncoder(incarnation(7))
