@@ -469,10 +469,8 @@ class Reply(Message):
     def to_json(self) -> dict[str, Any]:
         if self.unchanged:
             return {"unchanged": True, "plan_id": self.plan_id}
-        out: dict[str, Any] = {"plan": self.plan.to_json() if self.plan is not None else {}}
-        if self.plan_id is not None:
-            out["plan_id"] = self.plan_id
-        return out
+        plan = self.plan.to_json() if self.plan is not None else {}
+        return {"plan": plan} if self.plan_id is None else {"plan": plan, "plan_id": self.plan_id}
 
 
 def plan_from_reply(raw: Any) -> Plan | None:

@@ -70,7 +70,8 @@ class ReplyEncoder:
         in full with its identity."""
         if plan is None:
             return b'{"plan":{}}\n'
-        small, fragment, nodes_digest = self._split(plan)
+        lean, fragment, nodes_digest = self._split(plan)
+        small = lean.to_json()
         plan_id = self._identity(_dumps(small), nodes_digest)
         if held == plan_id:
             return ('{"unchanged":true,"plan_id":' + _dumps(plan_id) + "}\n").encode()
@@ -81,17 +82,17 @@ class ReplyEncoder:
 
     def plan_id(self, plan: Plan) -> str:
         """The identity ``encode`` gives ``plan``."""
-        small, _, nodes_digest = self._split(plan)
-        return self._identity(_dumps(small), nodes_digest)
+        lean, _, nodes_digest = self._split(plan)
+        return self._identity(_dumps(lean.to_json()), nodes_digest)
 
-    def _split(self, plan: Plan) -> tuple[dict[str, Any], str, str]:
-        """The plan's wire dict without its rank_nodes list, and that list's JSON and
-        digest ("" for a plan without one: the dict then holds the whole plan)."""
+    def _split(self, plan: Plan) -> tuple[Plan, str, str]:
+        """The plan without its rank_nodes list, and that list's JSON and digest (""
+        for a plan without one: the first then is the whole plan)."""
         nodes = plan.rank_nodes
         if not nodes:
-            return plan.to_json(), "", ""
+            return plan, "", ""
         text, digest = self._list_json(nodes)
-        return dataclasses.replace(plan, rank_nodes=[]).to_json(), text, digest
+        return dataclasses.replace(plan, rank_nodes=[]), text, digest
 
     def _identity(self, small_json: str, nodes_digest: str) -> str:
         # The rank_nodes list enters through its own digest (cached with its JSON): the

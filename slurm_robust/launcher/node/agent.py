@@ -167,7 +167,7 @@ class Agent:
                     chan = self._connect(1.0)
                 if chan is None:
                     raise ChannelClosed("controller unreachable")
-                reply = Reply.from_json(chan.request(self.report()))
+                reply = Reply.from_json(chan.request(self.report().to_json()))
                 plan = self._plan_of(reply)
                 if plan is not None and plan.term is not None and plan.term < self.term:
                     # An old controller that came back: not obeyed; the
@@ -283,7 +283,7 @@ class Agent:
         return info
 
     # ------------------------------------------------------------------ reporting
-    def report(self) -> dict[str, Any]:
+    def report(self) -> Report:
         self.poll_workers()
         states = {str(w.rank): wk.process_state(w.pid) for w in self.workers
                   if w.popen.poll() is None}
@@ -299,7 +299,7 @@ class Agent:
                       findings=list(self.findings), sample=sample,
                       diagnoses=list(self.diagnoses_done.values()),
                       term=self.term, warned=self.warned,
-                      plan_id=self.held[0] if self.held else None).to_json()
+                      plan_id=self.held[0] if self.held else None)
 
     def listen_for_time_limit(self) -> None:
         """Note Slurm's warning before the time limit (WARNING_SIGNAL); the next report
