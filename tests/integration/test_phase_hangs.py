@@ -18,7 +18,6 @@ import subprocess
 import pytest
 from test_launcher_faults import CLI, REPO, Run, standalone_sha
 
-from slurm_robust.launcher.control.phases import quantile
 from slurm_robust.launcher.control.state import load_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -49,15 +48,16 @@ def test_sections_raise_nothing_and_a_stopped_worker_is_hung_within_5_s(run):
     assert (inc["class"], inc["rung"]) == ("job_hang", "in_place")
     assert inc["ranks"] == [0]
     limit = inc["evidence"]["hang_limit"]
-    # The steps limit is max(3 s, 5 x p95 step): at 0.5 s steps 3 s, and detection
-    # within DETECT_S. On a loaded machine the steps are slower and jitter, and so the
-    # limit and the promise scale with the step times the controller measured (kept in
-    # state.json; the limit was set from the newest of them before the stop).
+    # The steps limit is max(3 s, 5 x p95 step): at steady 0.5 s steps 3 s, detection
+    # within DETECT_S (the unit tests prove that on a fake clock). On a loaded machine
+    # steps jitter, and with the 20-odd step times a short run has, p95 is the slowest
+    # one: one 3.1 s step made the limit 15.5 s in a run here. So the limit is bounded by
+    # the step times the controller measured (state.json), and detection by the limit.
     state = load_state(run.paths.state)
-    expected = max(3.0, 5.0 * (quantile(state.phase_times["steps"]) or 0.5))
-    assert limit["phase"] == "steps" and limit["limit_s"] <= 1.25 * expected, (limit, expected)
+    bound = max(3.0, 5.0 * max(state.phase_times["steps"]))
+    assert limit["phase"] == "steps" and limit["limit_s"] <= 1.05 * bound, (limit, bound)
     assert inc["detected_at"] - injected["time"] <= \
-        max(DETECT_S, 1.25 * expected + 2.0), (inc, expected)
+        max(DETECT_S, limit["limit_s"] + 2.5), (inc, limit)
     assert end["status"] == "completed" and end["params_sha256"] == baseline
 
     assert state.declares_phases
@@ -68,5 +68,5 @@ def test_sections_raise_nothing_and_a_stopped_worker_is_hung_within_5_s(run):
                          capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.returncode == 0, out.stderr
     limits = json.loads(out.stdout)["hang_limits"]
-    assert limits["steps"] <= 1.25 * expected and 27.0 <= limits["eval"] <= 45.0, limits
+    assert limits["steps"] <= 1.05 * bound and 27.0 <= limits["eval"] <= 45.0, limits
 
