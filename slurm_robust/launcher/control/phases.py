@@ -13,7 +13,11 @@ step. Each phase gets its own limit:
   evidence against a long one;
 - ``steps``: ``steps_factor`` x the p95 step time, at least ``steps_floor_s``, once the
   group did ``STEPS_WARMUP`` steps and that many step times are known (before that,
-  today's rule: max(hang floor, hang factor x median));
+  today's rule: max(hang floor, hang factor x median)). The p95 is capped at
+  ``steps_spread_cap`` x the median: with the 20-odd step times a short run has, the
+  p95 is its slowest step, and one 3.1 s step among 0.5 s ones (a loaded node, a
+  collection pause) made the limit 15.5 s on the mini-cluster; a step far slower than
+  its run's median that is regular work belongs in a section;
 - ``eval``, ``save`` and each user section (``section:NAME``): ``unseen_s`` until one
   was timed, then ``margin`` x the p95 of its durations, at least ``floor_s``;
 - ``finishing`` (past the last step): ``finishing_s``.
@@ -62,6 +66,7 @@ class PhaseRules:
 
     steps_floor_s: float = 3.0
     steps_factor: float = 5.0
+    steps_spread_cap: float = 3.0
     floor_s: float = 30.0
     margin: float = 3.0
     unseen_s: float = 1800.0
@@ -112,8 +117,11 @@ def limit_of(key: str, book: Mapping[str, Sequence[float]], overrides: Mapping[s
         return overrides[SECTION]
     seen = quantile(book.get(key, ())[-KEEP_PER_PHASE:])
     if key == STEPS:
-        return rules.steps_floor_s if seen is None else \
-            max(rules.steps_floor_s, rules.steps_factor * seen)
+        if seen is None:
+            return rules.steps_floor_s
+        median = quantile(book[key][-KEEP_PER_PHASE:], 0.5) or seen
+        return max(rules.steps_floor_s,
+                   rules.steps_factor * min(seen, rules.steps_spread_cap * median))
     if key == FINISHING:
         return rules.finishing_s
     if key == STARTUP:

@@ -193,6 +193,18 @@ def test_limits_per_phase():
                            1800.0) == 7.0
 
 
+def test_one_slow_step_in_a_short_history_does_not_stretch_the_step_limit():
+    """Seen on the mini-cluster: when a worker stopped, 17 step times of about 0.5 s were
+    known, one of them 3.108 s; the p95 of so few is the slowest, the limit was 15.54 s."""
+    steps = [0.624, 0.474, 0.658, 0.361, 0.827, 3.108, 0.311, 0.351, 0.54, 0.487, 0.727,
+             0.296, 0.488, 0.576, 0.425, 0.518, 0.516]
+    assert phases.quantile(steps) == 3.108
+    limit = phases.limit_of("steps", {"steps": steps}, {}, 1800.0)
+    assert limit == 5 * 3 * 0.516  # 5 x (3 x the median), not 5 x 3.108
+    # A run whose steps are all slow is judged by its own pace.
+    assert phases.limit_of("steps", {"steps": [2.0] * 10 + [2.5] * 2}, {}, 1800.0) == 12.5
+
+
 def test_the_step_limit_waits_for_a_warm_group():
     gen = Generation(number=1, attempt=0, slots=[0], started_at=0.0, steps_done=2)
     book = {"steps": [0.5] * 10}
