@@ -89,15 +89,15 @@ def deep_check_and_return(node: str, slurmd_node: str, slurm: Slurm,
     state_now, reason_now = slurm.node_state_reason(node)
     if reason_now != reason or state_now not in DRAINED_STATES:
         action, why = "left", f"reason changed while the suite ran: {reason_now!r}"
-    elif result.passed:
+    elif result.admits:
         slurm.resume(node)
         action, why = "resumed", ""
     else:
-        why = failed_reason(result.reason)
+        why = failed_reason(result.admission_reason)
         slurm.drain(node, why)
         action = "drained"
     return _record(site, DeepCheckOutcome(node, slurmd_node, socket.gethostname(),
-                                          result.passed, action, why, result.run_id, reason))
+                                          result.admits, action, why, result.run_id, reason))
 
 
 def _record(site: SiteConfig, outcome: DeepCheckOutcome) -> DeepCheckOutcome:

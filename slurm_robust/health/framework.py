@@ -40,7 +40,14 @@ DEEP_ONLY = (DEEP,)
 # epilog, reserve, resume, manual) where the site does not run the check although its
 # suite runs there, e.g. a collective test only when a node is re-admitted, not after
 # every job.
-COMMON_PARAMS = ("enabled", "budget_s", "skip_stages")
+COMMON_PARAMS = ("enabled", "budget_s", "skip_stages", "on_error")
+#: ``on_error``: what a check that cannot run (its program raised: an ``error``, an
+#: unknown verdict) means where a node is admitted (the deep check that returns a node,
+#: the reserve's deep pass). ``open``: nothing, the other checks decide. ``closed``: the
+#: node is not admitted until the check can run. In service (prolog, epilog, monitor) an
+#: error never drains, whatever the policy: a user who can make a check crash must not
+#: be able to drain nodes with it.
+ON_ERROR_POLICIES = ("open", "closed")
 
 
 #: A check's verdict (``warn`` and ``skip`` pass; only ``fail`` drains; ``error`` is the
@@ -96,6 +103,12 @@ class CheckResult:
     evidence: dict[str, Any]
     duration_s: float
     injected: bool
+    on_error: str = "open"
+
+    @property
+    def blocks_admission(self) -> bool:
+        """An error of a fail-closed check: the node is not admitted on this run."""
+        return self.status is Status.ERROR and self.on_error == "closed"
 
 
 CheckFn = Callable[[CheckContext, Mapping[str, Any]], Outcome]
@@ -115,7 +128,7 @@ class Check:
     def resolve_params(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
         """Defaults overlaid with the site's values; unknown or mistyped keys are errors."""
         merged: dict[str, Any] = {"enabled": True, "budget_s": self.budget_s,
-                                  "skip_stages": [], **self.params}
+                                  "skip_stages": [], "on_error": "open", **self.params}
         unknown = sorted(set(overrides) - set(merged))
         if unknown:
             valid = ", ".join(f"{k}={v!r}" for k, v in merged.items())
@@ -126,6 +139,9 @@ class Check:
             merged[key] = value
         if merged["budget_s"] <= 0:
             raise UsageError(f"site config checks.{self.name}.budget_s must be > 0")
+        if merged["on_error"] not in ON_ERROR_POLICIES:
+            raise UsageError(f"site config checks.{self.name}.on_error must be one of "
+                             f"{', '.join(ON_ERROR_POLICIES)}, got {merged['on_error']!r}")
         return merged
 
 
@@ -203,7 +219,8 @@ def run_check(chk: Check, ctx: CheckContext, params: Mapping[str, Any]) -> Check
             outcome = fail(f"returned {type(outcome).__name__}, expected an Outcome")
     reason = f"{chk.name}: {outcome.reason}" if outcome.reason else ""
     return CheckResult(chk.name, outcome.status, reason, dict(outcome.evidence),
-                       round(duration, 4), ctx.probes.used_injected)
+                       round(duration, 4), ctx.probes.used_injected,
+                       str(params.get("on_error", "open")))
 
 
 def _outcome_from_error(chk: Check, ctx: CheckContext, exc: BaseException) -> Outcome:

@@ -44,6 +44,7 @@ def make_records(node: str, job: str | None, stage: str, suite: str, run_id: str
         "node": node, "job": job, "stage": stage, "suite": suite, "run_id": run_id,
         "check": r.check, "status": r.status.value, "duration_s": r.duration_s,
         "reason": r.reason, "evidence": r.evidence, "injected": r.injected,
+        **({"on_error": "closed"} if getattr(r, "on_error", "open") == "closed" else {}),
     }, now=now) for r in results]
 
 
@@ -100,7 +101,8 @@ def read_journal(node: str, config: SiteConfig | None = None) -> list[dict[str, 
 
 
 def last_deep_pass(node: str, config: SiteConfig | None = None) -> float | None:
-    """Unix time of the newest deep-suite run on ``node`` in which no check failed.
+    """Unix time of the newest deep-suite run on ``node`` in which no check failed
+    (and every fail-closed check could run).
 
     What the reserve uses to decide whether a standby node was checked recently.
     """
@@ -110,6 +112,8 @@ def last_deep_pass(node: str, config: SiteConfig | None = None) -> float | None:
             continue
         run = runs.setdefault(rec["run_id"], {"time": 0.0, "failed": False})
         run["time"] = max(run["time"], float(rec.get("time", 0.0)))
-        run["failed"] = run["failed"] or rec.get("status") == "fail"
+        # A fail-closed check that could not run is no pass either.
+        run["failed"] = run["failed"] or rec.get("status") == "fail" or (
+            rec.get("status") == "error" and rec.get("on_error") == "closed")
     passed = [r["time"] for r in runs.values() if not r["failed"]]
     return max(passed) if passed else None

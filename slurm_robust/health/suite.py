@@ -74,6 +74,31 @@ class SuiteResult:
         return not self.failures
 
     @property
+    def undecided(self) -> list[CheckResult]:
+        """Fail-closed checks that could not run: they keep a node from being admitted
+        (a return to service, the reserve), never drain one in service."""
+        return [r for r in self.results if r.blocks_admission]
+
+    @property
+    def admits(self) -> bool:
+        """Whether a node may be admitted on this run: passed, and every fail-closed
+        check could run."""
+        return self.passed and not self.undecided
+
+    @property
+    def admission_reason(self) -> str:
+        """Why the node is not admitted: the first failure, else the first fail-closed
+        check that could not run; "" when admitted."""
+        if self.failures:
+            return self.reason
+        if not self.undecided:
+            return ""
+        first = self.undecided[0]
+        more = f" (+{len(self.undecided) - 1} more)" if len(self.undecided) > 1 else ""
+        return (f"slurm_robust: {first.check}: could not run, fail-closed: "
+                f"{first.reason[len(first.check) + 2:]}{more}")
+
+    @property
     def reason(self) -> str:
         """Drain reason naming the first failing check and its evidence; "" if passed."""
         return failure_reason("slurm_robust", self.failures)
@@ -81,11 +106,12 @@ class SuiteResult:
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "job": self.job, "stage": self.stage, "suite": self.suite,
                 "run_id": self.run_id, "passed": self.passed, "reason": self.reason,
-                "check_errors": len(self.errors),
+                "check_errors": len(self.errors), "admits": self.admits,
                 "journal": str(self.journal) if self.journal else None,
                 "results": [{"check": r.check, "status": r.status.value, "reason": r.reason,
                              "duration_s": r.duration_s, "injected": r.injected,
-                             "evidence": r.evidence} for r in self.results]}
+                             "on_error": r.on_error, "evidence": r.evidence}
+                            for r in self.results]}
 
 
 def plan_suite(suite: str, config: SiteConfig) -> tuple[list[tuple[Check, dict[str, Any]]],

@@ -71,4 +71,4 @@ class LocalSuiteGate:
                            f"node address {address!r} is not this host; the deep suite "
                            "must run on the node (its epilog journals it)")
         result = health.run_suite("reserve", node=node, config=self.site)
-        return DeepRun(node, True, bool(result.passed), str(result.reason))
+        return DeepRun(node, True, result.admits, result.admission_reason)
