@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: prolog)")
     parser.add_argument("--node", help="node name (default: $SLURMD_NODENAME or the host name)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--verdict", action="store_true",
+                        help="print the run's verdict document (PASS, INFO, WARNING, "
+                             "CRITICAL, UNKNOWN per check, with the recommended actions)")
     parser.add_argument("--no-journal", action="store_true",
                         help="do not append the results to the node's health journal")
 
@@ -50,11 +53,15 @@ def run(args: argparse.Namespace) -> int:
     validate_site_config(site)
     result = run_suite("manual", node, config=site, suite=STAGE_TO_SUITE[args.stage],
                        journal=not args.no_journal)
-    if args.json:
+    if args.verdict:
+        print(json.dumps(result.verdict))
+    elif args.json:
         print(json.dumps(result.to_dict()))
     else:
         print_result(result)
-    return 0 if result.passed else 1
+    # Health Validation's convention: 0 PASS/INFO/WARNING, 1 CRITICAL/UNKNOWN (the
+    # node should not be admitted); a configuration error exits 2 (cli/main.py).
+    return int(result.verdict["exit_code"]) if result.verdict else 1
 
 
 def print_result(result: object) -> None:
@@ -65,6 +72,8 @@ def print_result(result: object) -> None:
         print(f"{r['status']:<5} {r['check']:<20} {r['duration_s']:7.3f}s  "
               f"{r['reason'] or json.dumps(r['evidence'])[:100]}{flag}")
     verdict = "PASSED" if d["passed"] else f"FAILED: {d['reason']}"
-    print(f"{d['node']} {d['suite']} suite {verdict}")
+    print(f"{d['node']} {d['suite']} suite {verdict} ({d['severity']})")
+    for step in (result.verdict or {}).get("actions", []):  # type: ignore[attr-defined]
+        print(f"next: {step}")
     if d["journal"]:
         print(f"journal: {d['journal']}")

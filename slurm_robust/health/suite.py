@@ -25,6 +25,7 @@ from slurm_robust.health.framework import (
     run_check,
 )
 from slurm_robust.health.journal import journal_path, make_records, write_run
+from slurm_robust.health.node_verdict import document, document_path, write_document
 from slurm_robust.health.probes import Probes
 from slurm_robust.site_config import SiteConfig, load_site_config
 
@@ -59,6 +60,9 @@ class SuiteResult:
     run_id: str
     results: list[CheckResult]
     journal: Path | None
+    #: The run's verdict document (health/node_verdict.py), also written beside the
+    #: journal when the run is journaled.
+    verdict: dict[str, Any] | None = None
 
     @property
     def failures(self) -> list[CheckResult]:
@@ -108,6 +112,7 @@ class SuiteResult:
                 "run_id": self.run_id, "passed": self.passed, "reason": self.reason,
                 "check_errors": len(self.errors), "admits": self.admits,
                 "journal": str(self.journal) if self.journal else None,
+                "severity": self.verdict["severity"] if self.verdict else None,
                 "results": [{"check": r.check, "status": r.status.value, "reason": r.reason,
                              "duration_s": r.duration_s, "injected": r.injected,
                              "on_error": r.on_error, "evidence": r.evidence}
@@ -185,16 +190,18 @@ def run_suite(stage: str, node: str, job: str | None = None,
         ctx = CheckContext(probes.view(), node, job, stage, cfg, job_uid, job_gpus)
         results.append(run_check(chk, ctx, params))
     path = journal_path(node, cfg) if journal else None
+    now = time.time()
+    verdict = document(node, job, stage, suite, run_id, results, now)
     if path is not None:
         try:
-            write_run(path, make_records(node, job, stage, suite, run_id, results,
-                                         time.time()))
+            write_run(path, make_records(node, job, stage, suite, run_id, results, now))
+            write_document(document_path(node, cfg), verdict)
         except OSError as exc:
             # The journal is bookkeeping: failing to write it is reported, but it is
             # no evidence against the node and must not fail the prolog.
             log.error("could not journal the %s suite on %s: %s", suite, node, exc)
             path = None
-    return SuiteResult(node, job, stage, suite, run_id, results, path)
+    return SuiteResult(node, job, stage, suite, run_id, results, path, verdict)
 
 
 def job_identity(environ: Mapping[str, str]) -> tuple[int | None, frozenset[int] | None]:

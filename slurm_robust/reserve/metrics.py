@@ -35,6 +35,7 @@ from prometheus_client.registry import Collector
 from slurm_robust.errors import SlurmRobustError
 from slurm_robust.health import read_journal
 from slurm_robust.health.breaker import BreakerUnavailable, site_breaker
+from slurm_robust.health.node_verdict import read_document
 from slurm_robust.metric_labels import label_value
 from slurm_robust.records import read_records
 from slurm_robust.reserve.config import reserve_config
@@ -67,6 +68,8 @@ class ExporterView:
     #: but not readable here.
     breaker: dict[str, Any] | None = None
     breaker_error: bool = False
+    #: Each node's newest verdict document's severity (health/node_verdict.py).
+    severities: dict[str, str] = field(default_factory=dict)
 
 
 def reason_class(record: dict[str, Any]) -> str:
@@ -177,6 +180,12 @@ class ReserveCollector(Collector):
         for node, n in sorted(v.recent_drains.items()):
             g.add_metric([node], n)
         yield g
+        g = GaugeMetricFamily("slurm_robust_node_severity", "1, labelled with the "
+                              "severity of the node's newest verdict document (PASS, INFO, "
+                              "WARNING, CRITICAL, UNKNOWN)", labels=["node", "severity"])
+        for node, sev in sorted(v.severities.items()):
+            g.add_metric([node, sev], 1.0)
+        yield g
         c = CounterMetricFamily("slurm_robust_verdicts", "Job verdicts handled by "
                                 "EpilogSlurmctld, by action", labels=["action"])
         for action, n in sorted(v.verdicts.items()):
@@ -231,6 +240,9 @@ def cluster_refresh(site_path: str | None = None) -> Callable[[], ExporterView]:
             nodes = set()
         for node in sorted(nodes):
             tally_checks(read_journal(node, config=site), view.checks)
+            doc = read_document(node, config=site)
+            if doc is not None:
+                view.severities[node] = str(doc["severity"])
         tally_verdict_log(read_records(Path(site.verdict_log)).records, view, now)
         tally_reserve_log(read_records(cfg.log_file).records, view, now)
         try:

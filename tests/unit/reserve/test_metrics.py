@@ -52,6 +52,7 @@ def view() -> ExporterView:
         {"op": "reconcile", "action": "drain", "ok": True, "node": "n2", "time": NOW - H},
         {"op": "reconcile", "action": "drain", "ok": True, "node": "n3", "dry_run": True,
          "time": NOW}], v, NOW)
+    v.severities.update({"n1": "CRITICAL", "n5": "PASS"})
     return v
 
 
@@ -79,6 +80,8 @@ def test_collector_reports_reserve_checks_drains_and_verdicts():
         not in got                                          # a dry run drains nothing
     assert got[("slurm_robust_node_recent_drains", (("node", "n1"),))] == 1  # 80 h ago: out
     assert got[("slurm_robust_verdicts_total", (("action", "refused"),))] == 1
+    assert got[("slurm_robust_node_severity", (("node", "n1"), ("severity", "CRITICAL")))] == 1
+    assert got[("slurm_robust_node_severity", (("node", "n5"), ("severity", "PASS")))] == 1
 
 
 def test_a_failed_reserve_read_is_reported_not_raised():
