@@ -149,6 +149,9 @@ def render_robust_conf(cfg: ClusterConfig) -> str:
         # Two spares for a 4-node partition: more than the binomial P99 asks for at this
         # size, so that handoff and reconcile can be rehearsed.
         "reserve": {"partition": "standby", "target": 2},
+        # The node ledger beside the cluster (one host: WAL works); the lemons file next to
+        # it, where the test suite's submissions read it.
+        "ledger": {"dir": f"{cfg.root}/ledger", "lemons_file": f"{cfg.root}/lemons.json"},
     }, indent=2) + "\n"
 
 
