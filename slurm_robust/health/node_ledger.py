@@ -294,9 +294,9 @@ class NodeLedger:
     # ---------------------------------------------------------------- plumbing
     @contextmanager
     def _connect(self, create: bool) -> Iterator[sqlite3.Connection]:
-        self._check_dir(create)
-        if not create and not self.path.exists():
+        if not create and not os.path.lexists(self.path) and self._readable_parent():
             raise LedgerUnavailable(f"no node ledger at {self.path} yet (nothing recorded)")
+        self._check_dir(create)
         self._check_file(create)
         try:
             db = sqlite3.connect(self.path, timeout=self.cfg.busy_timeout_s,
@@ -314,6 +314,11 @@ class NodeLedger:
                 yield db
             except sqlite3.Error as exc:
                 raise LedgerUnavailable(f"node ledger {self.path}: {exc}") from exc
+
+    def _readable_parent(self) -> bool:
+        """Whether "not there" is known (a missing or listable directory), rather than
+        hidden from a user who may not enter it (then _check_dir says whose it is)."""
+        return not self.dir.exists() or os.access(self.dir, os.R_OK | os.X_OK)
 
     def _check_dir(self, create: bool) -> None:
         """The writer's private directory, never another user's (as the breaker's)."""
