@@ -7,9 +7,11 @@ the paths that already decide about nodes (the prolog/epilog, EpilogSlurmctld's 
 the deep check, the breaker's held-back drains) also append one row here, and the lemon
 score (health/lemons.py) reads it.
 
-Storage: ``<ledger.dir>/nodes.sqlite3``, the directory owned by the writing user (root,
-or SlurmUser where that is who runs EpilogSlurmctld) with mode 0700, like the breaker's:
-no user can read the history, hold its lock or plant a file there. SQLite in WAL mode
+Storage: ``<ledger.dir>/nodes.sqlite3``, the directory owned by root (or the writer) and
+closed to others, like the breaker's: mode 0700, or 2770 when it is made inside a setgid
+directory of SlurmUser's group (the reserve's log directory), so that EpilogSlurmctld
+(SlurmUser) and root's programs share it. No user can read the history, hold its lock or
+plant a file there. SQLite in WAL mode
 (readers never block the writer), a busy timeout of ``busy_timeout_s``, and one writer at
 a time: every write is one ``BEGIN IMMEDIATE`` transaction, which takes the write lock
 up front (a deferred one could fail half-way when another writer got there first).
@@ -222,6 +224,7 @@ class NodeLedger:
         self.dir = Path(cfg.dir)
         self.path = cfg.db_path
         self.clock = clock
+        self._shared = False
 
     # ---------------------------------------------------------------- writing
     def record(self, events: Iterable[NodeEvent]) -> int:
@@ -321,36 +324,51 @@ class NodeLedger:
         return not self.dir.exists() or os.access(self.dir, os.R_OK | os.X_OK)
 
     def _check_dir(self, create: bool) -> None:
-        """The writer's private directory, never another user's (as the breaker's)."""
-        if create:
+        """Root's (or the writer's) directory that no other user can enter: mode 0700, or
+        2770 where it is shared with SlurmUser's group (made inside a setgid directory such
+        as the reserve's log directory, root:SlurmUser 2775), so that EpilogSlurmctld,
+        which runs as SlurmUser, and root's programs write the same database."""
+        if create and not os.path.lexists(self.dir):
             try:
                 self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+                if os.stat(self.dir.parent).st_mode & stat.S_ISGID:
+                    os.chmod(self.dir, 0o2770)  # the group (SlurmUser's) came from the parent
             except OSError as exc:
                 raise LedgerUnavailable(f"cannot create {self.dir}: {exc}") from exc
         try:
             st = os.lstat(self.dir)
         except OSError as exc:
             raise LedgerUnavailable(f"{self.dir}: {exc.strerror}") from exc
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (os.geteuid(), 0) \
+                or st.st_mode & 0o007:
             raise LedgerUnavailable(
-                f"{self.dir} must be a directory owned by uid {os.geteuid()} with mode 0700 "
-                f"(found uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): anyone else "
-                "who can write there could forge or lock the node ledger")
+                f"{self.dir} must be a directory owned by uid {os.geteuid()} or root that "
+                f"others cannot enter (mode 0700, or 2770 for SlurmUser's group; found uid "
+                f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): anyone else who can "
+                "write there could forge or lock the node ledger")
+        self._shared = bool(st.st_mode & 0o070)
 
     def _check_file(self, create: bool) -> None:
-        """A regular file of ours, mode 0600, never a link (sqlite would follow it)."""
+        """A regular file, never a link (sqlite would follow it), no access for others.
+        Only root and the directory's group can create files in the directory, so who of
+        them created it does not matter; in a shared directory it is made group-writable."""
         if create:
             try:
-                os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+                try:
+                    if self._shared and os.fstat(fd).st_mode & 0o777 != 0o660:
+                        os.fchmod(fd, 0o660)
+                finally:
+                    os.close(fd)
             except OSError as exc:
                 raise LedgerUnavailable(f"cannot create {self.path}: {exc}") from exc
         try:
             st = os.lstat(self.path)
         except OSError as exc:
             raise LedgerUnavailable(f"{self.path}: {exc.strerror}") from exc
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            raise LedgerUnavailable(f"{self.path} must be a regular file owned by uid "
-                                    f"{os.geteuid()}")
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_mode & 0o007:
+            raise LedgerUnavailable(f"{self.path} must be a regular file with one link and "
+                                    "no access for others")
 
 
 @contextmanager

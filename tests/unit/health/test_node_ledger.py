@@ -195,3 +195,43 @@ def test_config_defaults() -> None:
     cfg = ledger_config({})
     assert (cfg.lemon_blames, cfg.lemon_window_days, cfg.lemon_deep_failures) == (3, 30.0, 2)
     assert cfg.lemons_path == Path("/var/lib/slurm_robust/lemons.json")
+
+
+def test_in_a_setgid_directory_root_and_slurmuser_share_the_database() -> None:
+    """The reserve's log directory is root:SlurmUser, mode 2775: a ledger made there is
+    2770 and its file 0660, so EpilogSlurmctld (SlurmUser, here uid nobody in its own
+    group) records into the database root created, and root reads its rows."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as another user")
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    base = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        logdir = base / "log"
+        logdir.mkdir()
+        os.chown(logdir, 0, nobody.pw_gid)
+        logdir.chmod(0o2775)
+        led = NodeLedger(LedgerConfig(dir=str(logdir / "ledger")))
+        led.record([NodeEvent("n1", EventKind.DRAIN, "prolog")])
+        assert os.stat(led.dir).st_mode & 0o7777 == 0o2770
+        assert os.stat(led.path).st_mode & 0o777 == 0o660
+        code = (
+            "import os, sys\n"
+            f"os.setgid({nobody.pw_gid}); os.setuid({nobody.pw_uid})\n"
+            "from slurm_robust.health.node_ledger import *\n"
+            f"NodeLedger(LedgerConfig(dir={str(led.dir)!r})).record("
+            "[NodeEvent('n1', EventKind.BLAME, 'epilog_slurmctld', job_id='7')])\n")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert [(e.kind, e.job_id) for e in led.history("n1")] == [
+            (EventKind.DRAIN, None), (EventKind.BLAME, "7")]
+    finally:
+        shutil.rmtree(base)
