@@ -52,8 +52,6 @@ def record_safely(events: Sequence[NodeEvent], site: SiteConfig | None = None,
             return False
         ledger = NodeLedger(cfg)
         ledger.record(events)
-        if any(e.kind in LEMON_KINDS for e in events):
-            publish(cfg.lemons_path, lemons(ledger))
     except (SlurmRobustError, OSError, ValueError) as exc:
         warn(f"node ledger not updated ({len(events)} event(s) of "
              f"{', '.join(sorted({e.node for e in events}))[:200]}): {exc}")
@@ -61,6 +59,11 @@ def record_safely(events: Sequence[NodeEvent], site: SiteConfig | None = None,
     except Exception as exc:  # noqa: BLE001 - bookkeeping must never break a drain path
         warn(f"node ledger not updated: unexpected {type(exc).__name__}: {exc}")
         return False
+    if any(e.kind in LEMON_KINDS for e in events):
+        try:
+            publish(cfg.lemons_path, lemons(ledger))
+        except (SlurmRobustError, OSError, ValueError) as exc:
+            warn(f"recorded, but the lemons file {cfg.lemons_path} not updated: {exc}")
     return True
 
 

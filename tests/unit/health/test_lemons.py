@@ -158,3 +158,14 @@ def test_the_writer_reads_the_site_config_file_by_default(
     conf.write_text(json.dumps({"ledger": {"dir": str(tmp_path / "l2")}}))
     monkeypatch.setenv("SLURM_ROBUST_CONFIG", str(conf))
     assert ledger_writer.site_ledger_config().dir == str(tmp_path / "l2")
+
+
+def test_a_lemons_file_that_cannot_be_written_still_records_the_events(
+        tmp_path: Path) -> None:
+    site = SiteConfig(ledger={"dir": str(tmp_path / "ledger"),
+                              "lemons_file": str(tmp_path / "no" / "such" / "lemons.json")})
+    (tmp_path / "no").write_text("a file where a directory should be")
+    warnings: list[str] = []
+    assert record_safely([blame("n1", "1")], site, warn=warnings.append) is True
+    assert "recorded, but the lemons file" in warnings[0]
+    assert len(NodeLedger(cfg_in(tmp_path)).history("n1")) == 1
