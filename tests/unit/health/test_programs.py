@@ -147,7 +147,9 @@ def test_failing_epilog_drains_with_the_deep_check_reason(node_env: dict[str, st
 
 
 def test_broken_site_config_fails_closed(node_env: dict[str, str]) -> None:
-    Path(node_env["SLURM_ROBUST_CONFIG"]).write_text(json.dumps({"checks": {"gpu_xyd": {}}}))
+    conf = Path(node_env["SLURM_ROBUST_CONFIG"])
+    conf.write_text(json.dumps({"checks": {"gpu_xyd": {}},
+                                "ledger": json.loads(conf.read_text())["ledger"]}))
     proc = run_program("prolog", node_env)
     assert proc.returncode == 1
     assert "unknown check(s) ['gpu_xyd']" in calls(node_env)[-1]
