@@ -29,20 +29,27 @@ spank: packages
 demo: setup
 	$(PY) examples/demo.py
 
-# Unit and integration tests; each pytest process starts a mini-cluster of its own
-# (tests/conftest.py) and stops it at the end (the trap stops them even when pytest
-# fails). TEST_WORKERS=2 runs two pytest-xdist processes, a test module each at a time, each
-# with its own namespaced cluster; the default, 0, is one process (docs/DEVELOPING.md says
-# why). pytest ends with a timing summary (tests/timing.py); the last line adds the set-up.
-# Budget: 25 min.
+# Unit tests first, in UNIT_WORKERS pytest-xdist processes (they need no cluster and
+# share nothing), then the integration tests; each integration pytest process starts a
+# mini-cluster of its own (tests/conftest.py) and stops it at the end (the trap stops them
+# even when pytest fails). TEST_WORKERS=2 runs two integration processes, a test module
+# each at a time, each with its own namespaced cluster; the default, 0, is one process
+# (docs/DEVELOPING.md says why). Each pytest run ends with a timing summary
+# (tests/timing.py); the last line adds them up with the set-up. Exit status 5 (nothing
+# selected, e.g. PYTEST_ARGS naming only unit tests) counts as a pass. Budget: 25 min.
 TEST_WORKERS ?= 0
+UNIT_WORKERS ?= 2
 test:
 	@start=$$(date +%s); $(MAKE) --no-print-directory setup || exit $$?; \
 	trap 'for d in .minicluster .minicluster-*/; do \
 	  [ -d "$$d" ] && $(CLI) cluster down --dir "$$d" >/dev/null 2>&1; done; true' EXIT; \
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
-	echo "make test: $$(( $$(date +%s) - start )) s in all, set-up included (budget 1500 s)"; \
-	exit $$rc
+	$(PY) -m pytest -n $(UNIT_WORKERS) -m "not integration" $(PYTEST_ARGS); unit=$$?; \
+	[ $$unit -eq 5 ] && unit=0; unit_s=$$(( $$(date +%s) - start )); \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m integration $(PYTEST_ARGS); \
+	cluster=$$?; [ $$cluster -eq 5 ] && cluster=0; \
+	echo "make test: $$(( $$(date +%s) - start )) s in all, set-up and unit tests" \
+	  "($$unit_s s) included (budget 1500 s)"; \
+	[ $$unit -eq 0 ] && exit $$cluster; exit $$unit
 
 test-unit: venv
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)

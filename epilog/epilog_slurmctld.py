@@ -28,8 +28,9 @@ def main() -> int:
         site = load_site_config()
         end = job_end_from_env(os.environ)
         report = handle_job_end(end, site, _slurm_factory(site), _gate(site))
-        if report is not None and report.requeued and (report.handed_over
-                                                       or report.stop_reason):
+        # Every requeued job with verdicts, spares handed over or not: otherwise Slurm's
+        # BeginTime (cred_expire, 120 s by default) holds it even when nodes are free.
+        if report is not None and report.requeued:
             _start_detached(site, end.job_id, report.stop_reason)
     except Exception as exc:  # noqa: BLE001 - logged, never raised into slurmctld
         _log_error(exc)

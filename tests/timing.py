@@ -9,6 +9,7 @@ up, since a test's cluster waits often sit in its fixtures. The budget is 25 min
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections import defaultdict
@@ -16,6 +17,9 @@ from collections import defaultdict
 import pytest
 
 SLOWEST = 15
+#: Every test's seconds, slowest first, written at the end of each run (one file per
+#: selection: ``unit`` or ``integration``; see ``make test``) for profiling the suite.
+TIMINGS_FILE = ".test-timings-{kind}.json"
 #: The user property a worker's first cluster test carries its cluster's set-up time in.
 CLUSTER_SETUP_PROPERTY = "minicluster_setup_s"
 
@@ -45,6 +49,21 @@ class TimingSummary:
         slowest = sorted(self.per_test.items(), key=lambda kv: kv[1], reverse=True)
         for nodeid, seconds in slowest[:SLOWEST]:
             tr.write_line(f"{seconds:8.1f} s  {nodeid}")
+        self._write_all(tr.config, total, slowest)
+
+    def _write_all(self, config: pytest.Config, total: float,
+                   slowest: list[tuple[str, float]]) -> None:
+        if hasattr(config, "workerinput") or not slowest:
+            return  # an xdist worker: the controller process has every report
+        markexpr = config.getoption("markexpr", "") or ""
+        kind = {"not integration": "unit", "integration": "integration"}.get(markexpr, "all")
+        path = config.rootpath / TIMINGS_FILE.format(kind=kind)
+        try:
+            path.write_text(json.dumps({"total_s": round(total, 1), "tests": [
+                {"test": nodeid, "seconds": round(seconds, 2)} for nodeid, seconds in slowest]},
+                indent=0) + "\n")
+        except OSError:
+            pass  # a read-only checkout still gets the summary above
 
 
 def process_start_monotonic() -> float:

@@ -144,6 +144,18 @@ _CPU_STALL = re.compile(r"(?:NMI )?watchdog: BUG: soft lockup - CPU#\d+ stuck fo
                         r"(?:rcu: )?(?:INFO: )?rcu_\w+ (?:self-)?detected stalls? on CPU")
 
 
+# DeepSpeed's "OVERFLOW! Rank 0 Skipping step. Attempted loss scale: ..." and apex's
+# "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to ...".
+_OVERFLOW_STEP = re.compile(r"OVERFLOW! Rank \d+ Skipping step|Gradient overflow\. +Skipping "
+                            r"step", re.I)
+#: Overflow skips in one log tail that make a divergence rather than routine scaling.
+OVERFLOW_RUN = 5
+
+
+def _overflow_run(line: str, log: str) -> bool:
+    return len(_OVERFLOW_STEP.findall(log)) >= OVERFLOW_RUN
+
+
 def _cpu_stall_line(line: str, log: str) -> bool:
     text = _KERNEL_PREFIX.sub("", line, count=1).strip()
     return _CPU_STALL.match(text) is not None
@@ -239,6 +251,10 @@ LOG_RULES: tuple[Rule, ...] = (
         r"No space left on device|Errno 28\b|\bENOSPC\b|StorageFull|Disk quota exceeded|"
         r"Errno 122\b|PytorchStreamWriter failed writing|file write failed"),
         side=Side.UNKNOWN),
+    # LMDB refuses remote file systems (its documentation: no NFS); a stale handle from an
+    # LMDB environment is the job's choice of where to put it, not a lost mount.
+    Rule("lmdb_remote", F.BAD_CONFIG, _rx(r"lmdb\.Error[^\n]*(Stale file handle|Errno 116\b)"),
+         side=Side.USER),
     Rule("mount", F.FILESYSTEM_MOUNT, _rx(
         r"slurmstepd: error: execve\(\): \S*slurm_script: No such file|"
         r"Transport endpoint is not connected|Stale file handle|\bESTALE\b|Errno 116\b|"
@@ -254,6 +270,11 @@ LOG_RULES: tuple[Rule, ...] = (
                                  r"infiniband[^\n]*(Input/output error|Errno 5\b)")),
     Rule("io_error", F.DISK_FAULT, _rx(r"Input/output error|Errno 5\b|\bEIO\b")),
     Rule("read_only", F.BAD_CONFIG, _rx(r"Read-only file system|Errno 30\b|\bEROFS\b")),
+    # NCCL's own verdict on the caller (ncclInvalidUsage: "invalid usage of NCCL
+    # library"), e.g. two ranks on one GPU or mismatched arguments: the job, not the fabric.
+    Rule("nccl_invalid_usage", F.BAD_CONFIG, _rx(
+        r"ncclInvalidUsage|invalid usage of NCCL library|NCCL error[^\n]*invalid usage"),
+        side=Side.USER),
     Rule("fabric", F.NETWORK, _rx(
         r"NET/IB|NET/Socket|NCCL WARN NET|ibv_poll_cq|IBV_WC_\w+|completion[^\n]*status=\d+|"
         r"retry count(er)? exceeded|RETRY_EXC|UCX\s+ERROR|\bmlx5_?\d*\b[^\n]*(error|fail)|"
@@ -267,7 +288,8 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("external", F.EXTERNAL_SERVICE, _rx(
         r"huggingface\.co|HfHubHTTPError|Max retries exceeded with url|HTTPSConnectionPool|"
         r"requests\.exceptions|urllib3\.exceptions|api\.wandb\.ai|wandb: ERROR|"
-        r"Temporary failure in name resolution|\bHTTPError\b|raise_for_status"),
+        r"Temporary failure in name resolution|\bHTTPError\b|raise_for_status|"
+        r"\bRateLimitError\b|Error code: 429\b|rate_limit_exceeded"),
         side=Side.UNKNOWN),
     # A rendezvous on a loopback address across nodes: the hostname resolves to 127.x.
     Rule("loopback", F.BAD_CONFIG, _rx(
@@ -293,9 +315,14 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("nan", F.NAN, _rx(
         r"FloatingPointError|Loss became infinite or NaN|diverged|non-finite (loss|grad)|"
         r"\bloss\b[^\n]{0,20}\b(nan|inf)\b|NaN or Inf|Inf/NaN|nan loss|Detected NaN|"
-        r"grad[_ ]norm[^\n]{0,20}\b(nan|inf)\b|returned nan values")),
+        r"grad[_ ]norm[^\n]{0,20}\b(nan|inf)\b|returned nan values|"
+        r"loss scale already at minimum")),
+    # fp16 loss scaling skips a step on every overflow; one or two are routine, a run of
+    # them halving the scale again and again is a numerical divergence.
+    Rule("loss_scale_collapse", F.NAN, _OVERFLOW_STEP, accept=_overflow_run),
     Rule("oom_killer", F.CPU_OOM, _rx(
         r"Out of memory: Kill(ed)? process|invoked oom-killer|oom-kill|oom_kill_process|"
+        r"oom_kill events?\b|have been OOM Killed|task \d+: Out Of Memory|"
         r"Memory cgroup out of memory|MemoryError|std::bad_alloc|Cannot allocate memory|"
         r"Errno 12\b|\bENOMEM\b|DataLoader worker \(pid \S+\) is killed by signal: Killed|"
         r"exceeded memory limit|Unable to allocate [\d.]+ [KMGT]i?B")),

@@ -47,6 +47,7 @@ from slurm_robust.reserve.lock import reserve_lock
 from slurm_robust.reserve.plan import NodeView, Snapshot, plan_handoff
 from slurm_robust.reserve.reconcile import take_snapshot
 from slurm_robust.reserve.respare import replace_failed_spares
+from slurm_robust.reserve.unreachable import DownOutcome, Probe, down_unreachable, slurmd_answers
 from slurm_robust.reserve.verdicts import (
     Refusal,
     Verdict,
@@ -127,6 +128,8 @@ class HandoffReport:
     spare_failed: list[str] = field(default_factory=list)
     #: Set when the job cannot be placed any more: stop it with this verdict.
     stop_reason: str | None = None
+    #: Drained nodes set DOWN because their slurmd no longer answers (unreachable.py).
+    downed: list[str] = field(default_factory=list)
 
 
 def _respare(end: JobEnd, site: SiteConfig, cfg: ReserveConfig,
@@ -161,8 +164,12 @@ def _respare(end: JobEnd, site: SiteConfig, cfg: ReserveConfig,
 
 def handle_job_end(end: JobEnd, site: SiteConfig, slurm_factory: Callable[[], Slurm],
                    gate_factory: Callable[[Slurm], HealthGate],
-                   clock: Callable[[], float] = time.time) -> HandoffReport | None:
-    """Apply job ``end``'s verdicts; None (and no Slurm call) when it left none."""
+                   clock: Callable[[], float] = time.time,
+                   probe: Probe = slurmd_answers) -> HandoffReport | None:
+    """Apply job ``end``'s verdicts; None (and no Slurm call) when it left none.
+
+    For a requeued job, the drained nodes among them whose slurmd is gone are then set
+    DOWN (``probe`` asks; see unreachable.py), outside the reserve lock."""
     cfg = reserve_config(site)
     # Judged against every node the job was given, not the shrunken list.
     given = GivenNodes(end.nodes, lambda: sacct_nodes(slurm_factory(), end.job_id))
@@ -189,6 +196,11 @@ def handle_job_end(end: JobEnd, site: SiteConfig, slurm_factory: Callable[[], Sl
         restore_verdicts(batch)
         raise
     _log_applied(site, end, applied, report, clock())
+    if report.requeued:
+        downs = down_unreachable(slurm, [v.node for v in applied], probe)
+        report.downed = [d.node for d in downs if d.ok]
+        _log_downs(site, end, downs, clock())
+    # Last: bookkeeping never delays what the requeued job waits for.
     nodes.record(blame_events(end, applied, clock()))
     return report
 
@@ -333,6 +345,15 @@ def _log_applied(site: SiteConfig, end: JobEnd, verdicts: list[Verdict],
             "ok": bool(o.get("ok", False)), "requeued": report.requeued,
             "handed_over": report.handed_over, "shortfall": report.shortfall}, now=now))
     append_records(site.verdict_log, records, mode=SHARED_FILE_MODE)
+
+
+def _log_downs(site: SiteConfig, end: JobEnd, downs: list[DownOutcome], now: float) -> None:
+    if downs:
+        append_records(site.verdict_log, [make_record(VERDICT_ACTION_SCHEMA,
+                                                      VERDICT_ACTION_VERSION, {
+            "job_id": end.job_id, "user": end.user, "node": d.node, "action": "down",
+            "why": d.why, "error": d.error, "ok": d.ok, "requeued": True}, now=now)
+            for d in downs], mode=SHARED_FILE_MODE)
 
 
 log = logging.getLogger("slurm_robust.reserve")

@@ -34,6 +34,9 @@ class Node:
     partitions: tuple[str, ...]
     cpus: int
     alloc_cpus: int
+    #: Where slurmctld reaches the node's slurmd (NodeAddr, Port); "" and 0 when unknown.
+    address: str = ""
+    port: int = 0
 
     @property
     def drained(self) -> bool:
@@ -145,7 +148,8 @@ def parse_sinfo_json(text: str) -> list[Node]:
             reason=n.get("reason") or "", reason_user=n.get("reason_set_by_user") or "",
             reason_time=_int(n.get("reason_changed_at")),
             partitions=tuple(n.get("partitions") or ()),
-            cpus=_int(n.get("cpus")), alloc_cpus=_int(n.get("alloc_cpus"))))
+            cpus=_int(n.get("cpus")), alloc_cpus=_int(n.get("alloc_cpus")),
+            address=str(n.get("address") or ""), port=_int(n.get("port"))))
     return out
 
 

@@ -28,6 +28,7 @@ from cluster_helpers import spare_path_victim, standalone_digest
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.records import read_records
+from slurm_robust.site_config import load_site_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -282,7 +283,7 @@ def test_slow_worker_is_evicted_to_a_spare(runs, minicluster):
             assert wait_drained(minicluster, victim), f"{victim} not drained at job end"
 
 
-def test_kill_controller_node_without_spare_requeues(runs, baseline_sha):
+def test_kill_controller_node_without_spare_requeues(runs, baseline_sha, minicluster):
     run = runs("requeue", spares=0)
     run.wait_step(10)
     victim = run.controller_node()
@@ -301,6 +302,12 @@ def test_kill_controller_node_without_spare_requeues(runs, baseline_sha):
     assert {e["attempt"] for e in run.events("attempt_start")} == {0, 1}
     assert end["status"] == "completed" and end["params_sha256"] == baseline_sha
     assert_report_counts(run, "node_lost", "requeue")
+    # EpilogSlurmctld set the dead node DOWN (its slurmd did not answer) instead of the
+    # requeued job waiting SlurmdTimeout for the epilog that node never runs.
+    site = load_site_config(minicluster.cfg.robust_conf)
+    downs = [r for r in read_records(site.verdict_log).records
+             if r.get("job_id") == run.job_id and r.get("action") == "down"]
+    assert [(r["node"], r["ok"]) for r in downs] == [(victim, True)], downs
 
 
 def test_type_error_stops_after_one_retry(runs):

@@ -71,3 +71,62 @@ def test_step_rate_lines_before_a_real_exit_do_not_make_a_slowdown():
     assert classify_failure(1, None, PROGRESS + "\n" + tb("KeyError: 'lr'")).cls \
         == "user_exception"
     assert classify_failure(None, None, "step 10 started").cls == "worker_signal"
+
+
+# The five tests below are each written from a development entry of the failure corpus
+# (tests/data/failure_corpus, ids in classify_seen_ids.txt), its excerpt copied here.
+
+def test_slurm_newer_oom_kill_wording_is_host_memory():
+    # nextflow-5932-slurm-oom-kill-step: Slurm 21+ says "oom_kill event", older "oom-kill".
+    c = classify_failure(None, None, "slurmstepd: error: Detected 1 oom_kill event in "
+                                     "StepId=11300781.0.")
+    assert (c.cls, c.side) == ("cpu_oom", "user"), c
+
+
+def test_nccl_invalid_usage_is_the_jobs_configuration_not_the_fabric():
+    # nccl-1241-multiple-ranks-one-gpu: NCCL's own verdict that the caller misused it.
+    log = ("NCCL error in: /opt/pytorch/pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL"
+           ".cpp:1287, invalid usage, NCCL version 2.17.1 ncclInvalidUsage: This usually "
+           "reflects invalid usage of NCCL library. Las")
+    c = classify_failure(None, None, log)
+    assert (c.cls, c.side) == ("bad_config", "user") and not c.evicts, c
+    # Transport errors keep their class.
+    assert classify_failure(1, None, "NCCL error in: ProcessGroupNCCL.cpp:825, unhandled "
+                                     "system error, NCCL version 2.7.8").cls == "network"
+
+
+def test_a_hosted_api_rate_limit_is_an_external_service_of_unknown_side():
+    # ernie-1031-openai-rate-limit-429: the service's limit or the job's request rate.
+    log = ("raise self._make_status_error_from_response(err.response) from None\n"
+           "openai.RateLimitError: Error code: 429 - {'error': {'code': "
+           "'rpm_rate_limit_exceeded', 'message': 'Rate limit reached for RPM', 'type': "
+           "'rate_limit_exceeded'}, 'id': 'as-wbx23eriqh'}")
+    c = classify_failure(1, None, log)
+    assert (c.cls, c.side) == ("external_service", "unknown") and not c.evicts, c
+
+
+def test_lmdb_stale_handle_is_where_the_job_put_its_database():
+    # aster-63-lmdb-stale-handle-shared-fs: LMDB cannot live on a network file system.
+    c = classify_failure(None, None, "`lmdb.Error: /xxx/xxx/recognition/CVPR2016/: "
+                                     "Stale file handle`")
+    assert (c.cls, c.side) == ("bad_config", "user") and not c.evicts, c
+    # Any other stale handle is still a mount problem.
+    other = classify_failure(1, None, "OSError: [Errno 116] Stale file handle")
+    assert other.cls == "filesystem_mount", other
+
+
+def test_a_run_of_loss_scale_overflows_is_a_divergence_a_few_are_routine():
+    # chatglm6b-1008-deepspeed-overflow-loss-scale: the scale halves step after step.
+    scales = [65536, 32768, 16384, 8192, 4096, 2048]
+    log = "\n".join(
+        ["[INFO] [loss_scaler.py:188:update_scale] [deepspeed] OVERFLOW! Rank 0 Skipping "
+         "step. Attempted loss scale: 65536, but hysteresis is 2. Reducing hysteresis to 1"]
+        + [f"[INFO] [loss_scaler.py:181:update_scale] [deepspeed] OVERFLOW! Rank 0 Skipping "
+           f"step. Attempted loss scale: {s}, reducing to {s // 2}" for s in scales])
+    assert classify_failure(None, None, log).cls == "nan"
+    # Two overflow skips early on and then a kill: the kill is what ended the run.
+    routine = "\n".join(log.splitlines()[:2] + ["Killed"])
+    assert classify_failure(None, signal.SIGKILL, routine).cls == "worker_signal"
+    # The fatal message itself needs no run.
+    assert classify_failure(1, None, "Exception: Current loss scale already at minimum - "
+                                     "cannot decrease scale anymore. Exiting run.").cls == "nan"
