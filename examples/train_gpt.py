@@ -82,6 +82,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--min-step-time", type=float, default=0.0,
                    help="pad each step to at least this many seconds (slows rehearsals)")
+    p.add_argument("--section", action="append", default=[], metavar="NAME:EVERY:SECONDS",
+                   help="after every EVERY-th step, spend SECONDS in `run.section(NAME)` "
+                        "(a stand-in for an evaluation or a save: hang detection gives "
+                        "it its own limit; the parameters do not change). Repeatable")
     p.add_argument("--bug-at-step", type=int, default=None,
                    help="raise a TypeError at this step (a deliberate user-code error)")
     # Rehearsal flags: the script's own deliberate CUDA-like faults, raised on CPU with the
@@ -119,6 +123,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--events", default=None,
                    help="standalone only: event log to write run_end into")
     return p.parse_args(argv)
+
+
+def parse_section(text: str) -> tuple[str, int, float]:
+    """``NAME:EVERY:SECONDS`` of --section."""
+    try:
+        name, every, seconds = text.rsplit(":", 2)
+        if not name or int(every) < 1 or float(seconds) < 0:
+            raise ValueError(text)
+        return name, int(every), float(seconds)
+    except ValueError:
+        raise SystemExit(f"--section {text!r}: use NAME:EVERY:SECONDS, e.g. eval:200:60") \
+            from None
 
 
 def batch(args: argparse.Namespace, step: int, rank: int) -> torch.Tensor:
@@ -170,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         start = load_own_checkpoint(args, model, opt, sched)
     params = list(model.parameters())
     skip = {int(s) for s in args.skip_steps.split(",") if s}
+    sections = [parse_section(text) for text in args.section]
     for step in range(start, args.steps):
         t0 = time.time()
         if step + 1 in skip or run.should_skip(step + 1):
@@ -214,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
         pad = args.min_step_time - (time.time() - t0)
         if pad > 0:
             time.sleep(pad)
+        for name, every, seconds in sections:
+            if (step + 1) % every == 0:
+                with run.section(name):
+                    time.sleep(seconds)
     if dcp_saver is not None:
         dcp_saver.wait()
     if ft_monitor is not None:

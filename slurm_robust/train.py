@@ -41,6 +41,12 @@ launcher) works too: ``restore`` returns 0 and ``step_end`` only checks values; 
 script then keeps its own checkpoints. ``finish(events_path=...)`` writes a ``run_end``
 event itself in that case.
 
+``with run.section(name):`` (optional) around slow work between steps: hang detection
+then gives it its own limit, learned from its durations, instead of calling a
+one-minute evaluation a hang of half-second steps (launcher/control/phases.py). Names
+``eval`` and ``save`` are the evaluation and checkpoint-save phases; any other name is a
+section with its own limit. A run that declares no section keeps the single hang rule.
+
 ``local_check`` (optional, before the gradient collective) looks at this rank's own loss
 and grad norm, so a NaN incident names the rank where the value first appeared, not the
 first rank to report it (launcher/node/nan_local.py); without it the origin is unknown
@@ -75,6 +81,8 @@ from slurm_robust.ddp import wrap_ddp  # noqa: F401  (re-exported)
 from slurm_robust.launcher.classify import EXIT_NONFINITE, EXIT_SPIKE
 from slurm_robust.launcher.control.events import EventLog
 from slurm_robust.launcher.control.policy import WINDOW, step_anomaly
+from slurm_robust.launcher.enums import WorkPhase
+from slurm_robust.launcher.messages import SECTION_NAME_MAX
 from slurm_robust.launcher.worker_signals import DRAIN_FLUSH_S, DRAIN_SIGNAL
 from slurm_robust.stacks.handler import DEFAULT_TEMPLATE, install_stack_dump_handler
 
@@ -86,6 +94,9 @@ STATEFUL_KEY = "__stateful__"
 #: SPIKE_MIN_HISTORY steps after every restart, so a spike the data causes came back
 #: a few steps later as a "new" incident, again and again).
 SENTINEL_KEY = "__sentinel__"
+#: Section names that are the built-in phases (their --hang-limit keys); any other name
+#: is a user section.
+NAMED_PHASES = {WorkPhase.EVAL.value: WorkPhase.EVAL, WorkPhase.SAVE.value: WorkPhase.SAVE}
 
 
 @dataclass
@@ -118,6 +129,8 @@ class RobustRun:
     #: This rank's last local_check: {"step", "local", ...} (NaN origin).
     _local: dict[str, Any] | None = None
     _rehearsal: Any = None
+    #: The open sections, innermost last: leaving one reports the one around it.
+    _phases: list[tuple[WorkPhase, str | None]] = field(default_factory=list)
     #: Steps whose batch the NaN policy ``skip`` dropped (read at init).
     skip_steps: frozenset[int] = frozenset()
     #: A dual-phase replay's worker (``SLURM_ROBUST_REPLAY``): its group is
@@ -234,6 +247,43 @@ class RobustRun:
             yield
         finally:
             self._busy_s = (self._busy_s or 0.0) + time.monotonic() - start
+
+    @contextlib.contextmanager
+    def section(self, name: str) -> Iterator[None]:
+        """Slow work between steps (see the module docstring): ``eval``, ``save``, or
+        a name of the script's own (1 to 64 characters). Sections nest."""
+        if not isinstance(name, str) or not 0 < len(name) <= SECTION_NAME_MAX:
+            raise ValueError(f"run.section({name!r}): use a name of 1 to "
+                             f"{SECTION_NAME_MAX} characters, e.g. 'eval'")
+        self.enter_phase(NAMED_PHASES.get(name, WorkPhase.SECTION), name)
+        try:
+            yield
+        finally:
+            self.leave_phase()
+
+    def enter_phase(self, phase: WorkPhase, name: str | None = None) -> None:
+        """Report that this rank entered ``phase`` (the framework callbacks' form of
+        :meth:`section`); :meth:`leave_phase` returns to the one before."""
+        self._phases.append((phase, name if phase is WorkPhase.SECTION else None))
+        self._report_phase()
+
+    def leave_phase(self) -> None:
+        """Leave the innermost phase entered (nothing open: nothing to do)."""
+        if self._phases:
+            self._phases.pop()
+            self._report_phase()
+
+    @property
+    def current_phase(self) -> WorkPhase:
+        return self._phases[-1][0] if self._phases else WorkPhase.STEPS
+
+    def _report_phase(self) -> None:
+        phase, name = self._phases[-1] if self._phases else (WorkPhase.STEPS, None)
+        item: dict[str, Any] = {"kind": "phase", "phase": phase.value, "step": self.last_step,
+                                "t": time.time()}
+        if name is not None:
+            item["section"] = name
+        self._report(item)
 
     def should_skip(self, step: int) -> bool:
         """Whether the launcher asked to skip the batch of ``step`` (numbered as in

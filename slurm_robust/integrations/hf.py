@@ -27,6 +27,10 @@ What it does, through :mod:`slurm_robust.train` (a no-op outside the launcher):
   drew and ends bit-identical with it.
 - ``on_pre_optimizer_step``: waits until the previous snapshot's copy has read the
   state (the only point where training waits for the checkpoint).
+- Evaluation and saves: the Trainer evaluates and saves after ``on_step_end`` when the
+  flow callback set ``control.should_evaluate``/``should_save``; this callback reports
+  the evaluation phase from there to ``on_evaluate`` and the save phase from there to
+  ``on_save`` (each its own hang limit, launcher/control/phases.py).
 - ``on_train_end``: reports the final step and the parameters' digest.
 - With DDP (several processes), the first forward of the Trainer's
   DistributedDataParallel fixes its bucket layout first
@@ -70,6 +74,7 @@ from torch.nn.parallel import DistributedDataParallel
 from slurm_robust import train
 from slurm_robust.ckpt.state import rng_state, set_rng_state
 from slurm_robust.ddp import fix_buckets
+from slurm_robust.launcher.enums import WorkPhase
 
 #: Where the Trainer's counters travel in a snapshot's extras.
 TRAINER_STATE_KEY = "hf_trainer_state"
@@ -171,9 +176,13 @@ class RobustCallback(TrainerCallback):
         # Not a snapshot point: the next epoch's first batch, and the seed its iterator
         # draws, come before the next step begin, where the snapshot is taken.
         self._loop_epoch += 1
+        self._next_phase(control)  # an epoch-end evaluation or save
 
     # ----------------------------------------------------------------- per step
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # A phase the Trainer announced but skipped (nothing to evaluate) ends here.
+        self._leave(WorkPhase.SAVE)
+        self._leave(WorkPhase.EVAL)
         self._flush(state)
         if self._rng is not None:
             set_rng_state(self._rng)
@@ -194,6 +203,33 @@ class RobustCallback(TrainerCallback):
             state.epoch += batches / max(1, len(kwargs["train_dataloader"]))
         self._pending = {"step": state.global_step, "loss": None, "grad_norm": None,
                          "model": model, "optimizer": optimizer, "scheduler": lr_scheduler}
+        # The flow callback ran before this one (the Trainer's default callbacks come
+        # first): its decisions say what the Trainer does next.
+        self._next_phase(control)
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._leave(WorkPhase.EVAL)
+        self._next_phase(control)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._leave(WorkPhase.SAVE)
+
+    def _next_phase(self, control: Any) -> None:
+        """Enter the phase the Trainer runs next: evaluation before the save."""
+        if self.run is None:
+            return
+        if getattr(control, "should_evaluate", False):
+            self._enter(WorkPhase.EVAL)
+        elif getattr(control, "should_save", False):
+            self._enter(WorkPhase.SAVE)
+
+    def _enter(self, phase: WorkPhase) -> None:
+        if self.run is not None and self.run.current_phase is not phase:
+            self.run.enter_phase(phase)
+
+    def _leave(self, phase: WorkPhase) -> None:
+        if self.run is not None and self.run.current_phase is phase:
+            self.run.leave_phase()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:

@@ -20,6 +20,9 @@ What it does, through :mod:`slurm_robust.train` (a no-op outside the launcher):
 - ``on_train_batch_end`` after every optimizer step: reports the step and its loss (hang
   detection, progress, ETTR, NaN and spike checks) and snapshots the state with the fit
   loop's state as extras (memory every step, peer backup, disk tiers).
+- ``on_validation_start``/``on_validation_end`` and ``on_save_checkpoint`` (until the
+  next batch): the evaluation and save phases, each with its own hang limit
+  (launcher/control/phases.py).
 - ``on_fit_end``: reports the final step and the parameters' digest.
 
 - With the ``ddp`` strategy, ``on_fit_start`` also fixes the bucket layout of
@@ -54,6 +57,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from slurm_robust import train
 from slurm_robust.ddp import fix_buckets
+from slurm_robust.launcher.enums import WorkPhase
 
 #: Where the fit loop's state travels in a snapshot's extras.
 FIT_LOOP_KEY = "lightning_fit_loop"
@@ -89,6 +93,34 @@ class RobustCallback(pl.Callback):
         if self.run is not None:
             self.run.before_update()
 
+    # ----------------------------------------------------------------- phases
+    # Validation and saves get their own hang limits (launcher/control/phases.py).
+    # Lightning has no hook after a save is written: the next batch, validation or the
+    # end of fit closes it.
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._enter(WorkPhase.EVAL)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._leave(WorkPhase.EVAL)
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        self._enter(WorkPhase.SAVE)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        self._leave(WorkPhase.SAVE)
+
+    def _enter(self, phase: WorkPhase) -> None:
+        if self.run is not None:
+            self._leave(WorkPhase.SAVE)  # a save ends where the next phase begins
+            if self.run.current_phase is not phase:
+                self.run.enter_phase(phase)
+
+    def _leave(self, phase: WorkPhase) -> None:
+        if self.run is not None and self.run.current_phase is phase:
+            self.run.leave_phase()
+
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
@@ -109,6 +141,7 @@ class RobustCallback(pl.Callback):
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.run is not None:
+            self._leave(WorkPhase.SAVE)
             # Keep the process group: it is Lightning's (test/predict may follow).
             self.run.finish(params_sha256=train.params_digest(pl_module),
                             destroy_process_group=False)

@@ -7,6 +7,7 @@ agent, the controller and the workers act on the same values.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import asdict, dataclass, field, fields
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.errors import UsageError
+from slurm_robust.launcher.enums import WorkPhase
 from slurm_robust.launcher.ports import EPHEMERAL_FIRST, PORT_BUCKET, port_span
 from slurm_robust.scriptenv import is_python
 from slurm_robust.stacks.failslow import FailSlowOptions
@@ -38,7 +40,14 @@ class RunConfig:
         workers_per_node: ranks per node (GPUs per node on GPU clusters, 1 on CPU).
         hang_floor_s: a hang is declared after max(hang_floor_s, hang_factor x median
             step time) without a finished step.
-        hang_factor: see hang_floor_s.
+        hang_factor: see hang_floor_s. These two are the whole rule for a run whose
+            workers never declare a phase; once they do (``run.section``, the Lightning
+            and Hugging Face callbacks), each phase has its own limit
+            (launcher/control/phases.py) and these apply only to the first steps of a
+            started group, until step times are known.
+        hang_limits: explicit hang limits in seconds per phase (``startup``, ``steps``,
+            ``eval``, ``save``, ``section`` for every user section, ``section:NAME``,
+            ``finishing``), replacing the learned ones.
         startup_timeout_s: longest wait for the first step of a (re)started worker group,
             once the run has ever reported a step; a script that never reports steps is
             never judged hung (only exits, heartbeats and the live inspection apply).
@@ -105,6 +114,7 @@ class RunConfig:
     workers_per_node: int = 1
     hang_floor_s: float = 20.0
     hang_factor: float = 10.0
+    hang_limits: dict[str, float] = field(default_factory=dict)
     startup_timeout_s: float = 1800.0
     heartbeat_s: float = 0.2
     heartbeat_timeout_s: float = 4.0
@@ -167,6 +177,7 @@ class RunConfig:
                              "must be >= 1")
         if self.hang_floor_s <= 0 or self.hang_factor <= 0 or self.startup_timeout_s <= 0:
             raise UsageError("hang_floor_s, hang_factor and startup_timeout_s must be > 0")
+        self._check_hang_limits()
         if not 0 < self.heartbeat_s < self.heartbeat_timeout_s:
             raise UsageError(f"need 0 < heartbeat_s ({self.heartbeat_s}) < "
                              f"heartbeat_timeout_s ({self.heartbeat_timeout_s})")
@@ -186,6 +197,17 @@ class RunConfig:
         if self.nan_policy not in ("stop", "skip"):
             raise UsageError(f"nan_policy {self.nan_policy!r}: use stop or skip")
         self.fail_slow_options()  # raises UsageError on bad thresholds
+
+    def _check_hang_limits(self) -> None:
+        phases = {p.value for p in WorkPhase}
+        for key, value in self.hang_limits.items():
+            name = key.removeprefix("section:")
+            if not (key in phases or (key.startswith("section:") and name)):
+                raise UsageError(f"hang limit for {key!r}: use one of {sorted(phases)} "
+                                 "or section:NAME")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or value <= 0:
+                raise UsageError(f"hang limit for {key!r} is {value!r}; use seconds > 0")
 
     def fail_slow_options(self) -> FailSlowOptions:
         """The fail-slow vote's thresholds for this run's world size.

@@ -80,6 +80,19 @@ class ProgressKind(StrEnum):
     FINAL = "final"        # the last step and the parameters' digest
     ANOMALY = "anomaly"    # a NaN or spike, written before the worker exits 87/88
     BITWISE = "bitwise"    # the bitwise reference test's digest
+    PHASE = "phase"        # the worker entered a phase (an evaluation, a save, a section)
+
+
+class WorkPhase(StrEnum):
+    """What a worker is doing, for hang detection: each has its own limit
+    (control/phases.py). A progress line without a phase is ``steps``."""
+
+    STARTUP = "startup"      # a (re)started group before its first step
+    STEPS = "steps"          # steady training steps
+    EVAL = "eval"            # evaluation / validation
+    SAVE = "save"            # a checkpoint save the worker waits for
+    SECTION = "section"      # a user-declared section (``run.section(name)``)
+    FINISHING = "finishing"  # past the last step: flushing checkpoints, final barrier
 
 
 class Severity(StrEnum):

@@ -15,7 +15,9 @@ so one side can be updated before the other.
   network traffic) of the agent's node.
 - :class:`DiagnosisReport`: the outcome of a stop-time diagnosis the plan asked for.
 - :class:`Report`: what an agent sends every ``heartbeat_s`` (``op`` "report").
-- :class:`Plan`: the controller's answer, the agent's whole desired state.
+- :class:`Plan`: the agent's whole desired state, as the controller decided it.
+- :class:`Reply`: the controller's answer to a report: the plan in full with its
+  identity, or "unchanged" when the agent already holds the current plan.
 - :class:`Incident`: the incident record of docs/SCHEMAS.md (field order included).
 """
 
@@ -30,10 +32,21 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, TypeVar
 
-from slurm_robust.launcher.enums import Category, ProgressKind, Role, Rung, Severity
+from slurm_robust.launcher.enums import (
+    Category,
+    ProgressKind,
+    Role,
+    Rung,
+    Severity,
+    WorkPhase,
+)
 from slurm_robust.taxonomy import Action, Side
 
 T = TypeVar("T", bound="Message")
+
+#: Longest plan identity a report or reply may name (control/replies.py makes ones of
+#: about 40 characters).
+MAX_PLAN_ID = 128
 
 
 class BadMessage(ValueError):
@@ -166,6 +179,10 @@ def _hint_name(hint: Any) -> str:
     return str(hint).replace("typing.", "").replace("slurm_robust.launcher.", "")
 
 
+#: A section's name keys its learned durations in state.json: bounded.
+SECTION_NAME_MAX = 64
+
+
 @dataclass
 class Progress(Message):
     """One progress line of a worker (``rank`` added by its agent); keys other than the
@@ -182,10 +199,15 @@ class Progress(Message):
     busy_s: Any = None  # checked by control/failslow.busy_of: a bad value is ignored there
     tier: str | None = None
     params_sha256: str | None = None
+    # The phase the worker is in from this line on (a ``phase`` line; None: ``steps``)
+    # and, for a user section, its name.
+    phase: WorkPhase | None = None
+    section: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     KNOWN: ClassVar[frozenset[str]] = frozenset(
-        {"rank", "kind", "step", "t", "loss", "grad_norm", "busy_s", "tier", "params_sha256"})
+        {"rank", "kind", "step", "t", "loss", "grad_norm", "busy_s", "tier", "params_sha256",
+         "phase", "section"})
 
     @classmethod
     def from_json(cls, raw: Any, where: str | None = None) -> Progress:
@@ -196,6 +218,9 @@ class Progress(Message):
     def validate(self, where: str) -> None:
         if self.kind is ProgressKind.STEP and self.step is None:
             raise BadMessage(f"{where}: a step line needs 'step'")
+        if self.section is not None and not 0 < len(self.section) <= SECTION_NAME_MAX:
+            raise BadMessage(f"{where}: a section name must have 1..{SECTION_NAME_MAX} "
+                             "characters")
 
     def to_json(self) -> dict[str, Any]:
         out = {k: v for k, v in super().to_json().items() if k != "extra"}
@@ -330,10 +355,15 @@ class Report(Message):
     term: int = 0
     # When the agent got Slurm's time-limit warning signal (None: not yet).
     warned: float | None = None
+    # The identity of the plan the agent holds (Reply.plan_id). Absent: it holds none, or
+    # it does not know plan identities; either way the answer carries the full plan.
+    plan_id: str | None = None
 
     def validate(self, where: str) -> None:
         if self.op != "report":
             raise BadMessage(f"{where}: unknown message kind {self.op!r} (expected 'report')")
+        if self.plan_id is not None and not 0 < len(self.plan_id) <= MAX_PLAN_ID:
+            raise BadMessage(f"{where}: 'plan_id' must be 1-{MAX_PLAN_ID} characters")
 
     def to_json(self) -> dict[str, Any]:
         # The monitor's fields only when they carry something: older controllers and the
@@ -347,6 +377,8 @@ class Report(Message):
             del out["term"]
         if out["warned"] is None:
             del out["warned"]
+        if out["plan_id"] is None:
+            del out["plan_id"]
         return out
 
 
@@ -405,6 +437,59 @@ class Plan(Message):
                                    "slot", "ranks", "attempt") if getattr(self, k) is None]
             if missing:
                 raise BadMessage(f"{where}: an active plan lacks {missing}")
+
+
+@dataclass
+class Reply(Message):
+    """The controller's answer to a report.
+
+    In full (``unchanged`` False): ``{"plan": {...}, "plan_id": "..."}``; an empty plan
+    (``{}``, None here) has no identity. Unchanged: ``{"unchanged": true, "plan_id":
+    "..."}``, sent only to a report whose ``plan_id`` is the identity of the plan the
+    controller would send now; the agent goes on with the plan it holds under that
+    identity. A plan identity names the controller incarnation that issued it
+    (control/replies.py), so no other controller, a successor after failover included,
+    can answer "unchanged" to it. A report without ``plan_id`` always gets the plan in
+    full: that is how an agent asks for it, and how an older agent stays served.
+    """
+
+    NAME: ClassVar[str] = "reply"
+
+    plan: Plan | None = None
+    plan_id: str | None = None
+    unchanged: bool = False
+
+    @classmethod
+    def from_json(cls, raw: Any, where: str | None = None) -> Reply:
+        where = where or cls.NAME
+        if not isinstance(raw, Mapping):
+            raise BadMessage(f"{where}: expected a JSON object, got {type(raw).__name__}")
+        plan_id = raw.get("plan_id")
+        if plan_id is not None and (not isinstance(plan_id, str) or not plan_id
+                                    or len(plan_id) > MAX_PLAN_ID):
+            raise BadMessage(f"{where}: field 'plan_id' has {plan_id!r:.80}, expected a "
+                             f"string of 1-{MAX_PLAN_ID} characters")
+        unchanged = raw.get("unchanged", False)
+        if not isinstance(unchanged, bool):
+            raise BadMessage(f"{where}: field 'unchanged' has {unchanged!r:.80}, "
+                             "expected a bool")
+        if unchanged:
+            if plan_id is None or "plan" in raw:
+                raise BadMessage(f"{where}: an 'unchanged' reply names a 'plan_id' and "
+                                 "carries no 'plan'")
+            return cls(plan_id=plan_id, unchanged=True)
+        if "plan" not in raw:
+            raise BadMessage(f"{where}: expected an object with 'plan'")
+        plan = Plan.from_json(raw["plan"]) if raw["plan"] else None
+        if plan is None and plan_id is not None:
+            raise BadMessage(f"{where}: an empty plan has no 'plan_id'")
+        return cls(plan=plan, plan_id=plan_id)
+
+    def to_json(self) -> dict[str, Any]:
+        if self.unchanged:
+            return {"unchanged": True, "plan_id": self.plan_id}
+        plan = self.plan.to_json() if self.plan is not None else {}
+        return {"plan": plan} if self.plan_id is None else {"plan": plan, "plan_id": self.plan_id}
 
 
 def plan_from_reply(raw: Any) -> Plan | None:

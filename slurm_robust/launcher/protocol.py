@@ -3,9 +3,12 @@
 Level-triggered on purpose: every ``heartbeat_s`` an agent sends one ``report`` (its
 node, the generation its workers run, worker exits, step progress, stack captures
 done) and the controller answers with the agent's whole desired state, the ``plan``
-(generation, role, ranks, rendezvous address, stack capture request). An agent that
-missed an answer loses nothing: the next answer carries the full plan again. The report
-itself is the heartbeat; a connection that closes (the agent process died: the kernel
+(generation, role, ranks, rendezvous address, stack capture request), or, when the
+report names the plan its agent already holds and that plan is still current, a short
+"unchanged" (messages.Reply, control/replies.py: a plan's identity names the controller
+incarnation that issued it). An agent that missed an answer loses nothing: the next
+answer carries the plan again (a new connection starts by asking for it in full). The
+report itself is the heartbeat; a connection that closes (the agent process died: the kernel
 closes its sockets) is noticed at once, a silent one after ``heartbeat_timeout_s``.
 
 One message goes the other way unasked: the *wake-up*, an empty line (one byte, so it

@@ -128,8 +128,6 @@ class HandoffReport:
     spare_failed: list[str] = field(default_factory=list)
     #: Set when the job cannot be placed any more: stop it with this verdict.
     stop_reason: str | None = None
-    #: Drained nodes set DOWN because their slurmd no longer answers (unreachable.py).
-    downed: list[str] = field(default_factory=list)
 
 
 def _respare(end: JobEnd, site: SiteConfig, cfg: ReserveConfig,
@@ -197,9 +195,8 @@ def handle_job_end(end: JobEnd, site: SiteConfig, slurm_factory: Callable[[], Sl
         raise
     _log_applied(site, end, applied, report, clock())
     if report.requeued:
-        downs = down_unreachable(slurm, [v.node for v in applied], probe)
-        report.downed = [d.node for d in downs if d.ok]
-        _log_downs(site, end, downs, clock())
+        _log_downs(site, end, down_unreachable(slurm, [v.node for v in applied], probe),
+                   clock())
     # Last: bookkeeping never delays what the requeued job waits for.
     nodes.record(blame_events(end, applied, clock()))
     return report

@@ -86,14 +86,20 @@ def test_spool_refuses_mallory_and_slurm_user_reads_the_verdicts(minicluster: An
         # The root prolog moved the squatter aside and made robust's spool. slurmctld
         # says RUNNING as soon as the job is launched, while the node's prolog may still
         # run (the batch script starts only after it): wait for its result, not the state.
+        # Between moving the squatter aside and making the new spool the name is absent.
         def made() -> tuple[int, int, int] | None:
-            st = own.stat()
+            try:
+                st = own.stat()
+            except FileNotFoundError:
+                return None
             got = (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode))
             return got if got == (robust.pw_uid, slurm_gid, 0o2770) else None
 
         try:
             wait_until("the prolog to make robust's spool", made, 60)
         except AssertionError:
+            if not own.exists():
+                raise AssertionError("no spool for robust after 60 s") from None
             st = own.stat()
             raise AssertionError(f"spool after 60 s: uid {st.st_uid} gid {st.st_gid} "
                                  f"mode {oct(stat.S_IMODE(st.st_mode))}") from None

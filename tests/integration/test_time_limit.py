@@ -63,7 +63,11 @@ def test_a_run_longer_than_its_time_limit_completes_across_allocations(runs):  #
     incidents = run.events("incident")
     assert incidents and {(i["class"], i["rung"]) for i in incidents} == \
         {("time_limit", "requeue")}, (incidents, run.tail())
-    assert all(i["restored_step"] is not None for i in incidents), incidents
+    # Never from scratch once a step was done; an allocation warned before its first
+    # step (a slow start on a loaded machine) had nothing to save.
+    assert all(i["restored_step"] is not None for i in incidents
+               if i["last_step"] is not None), incidents
+    assert incidents[-1]["restored_step"] is not None, incidents
     assert len(run.events("attempt_start")) == len(incidents) + 1
     assert end["status"] == "completed", run.tail()
     assert end["params_sha256"] == standalone_sha(60)

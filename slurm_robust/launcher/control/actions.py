@@ -10,7 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from slurm_robust.launcher.control.generation import Failure, Generation, PendingDiagnosis
+from slurm_robust.launcher.control.generation import (
+    Failure,
+    Generation,
+    HangLimit,
+    PendingDiagnosis,
+)
 from slurm_robust.launcher.control.ladder import Decision
 from slurm_robust.launcher.control.monitor import IdleHang
 from slurm_robust.launcher.control.stop_diagnosis import Conclusion
@@ -65,6 +70,8 @@ class Capture:
 
     gen: Generation
     signal: IdleHang | None = None
+    #: The declared phase and its limit, when a phase's limit ran out (control/phases.py).
+    limit: HangLimit | None = None
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.control import accounting, blame, env_change
+from slurm_robust.launcher.control import accounting, blame, env_change, phases
 from slurm_robust.launcher.control import actions as act
 from slurm_robust.launcher.control.events import EventLog, last_logged_step
 from slurm_robust.launcher.control.failover import StoodDown
@@ -301,6 +301,7 @@ class Applier:
         self.last_step_time = t_done
         gen.steps_done += 1
         gen.last_progress = now
+        phases.on_step(gen, step_time, now, self.state.phase_times)
         losses = [i.loss for i in items.values() if i.loss is not None]
         norms = [i.grad_norm for i in items.values() if i.grad_norm is not None]
         self.state.last_step = step
@@ -335,6 +336,8 @@ class Applier:
             raise StoodDown(f"term {self.fence.term} superseded")
         self.last_persist = self.clock()
         self.state.term = max(self.state.term, self.fence.term)
+        self.state.hang_limits = phases.limits_table(
+            self.state.phase_times, self.cfg.hang_limits, self.cfg.startup_timeout_s)
         for listener in self.listeners:
             listener.on_persist(self.state)
         save_state(self.paths.state, self.state)
@@ -503,6 +506,7 @@ class Applier:
         gen = c.gen
         if c.signal is not None:
             gen.hang_signal = c.signal
+        gen.hang_limit = c.limit
         gen.capture = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now))}-g{gen.number}"
         gen.capture_deadline = now + CAPTURE_BUDGET_S
         gen.hang_detected = now

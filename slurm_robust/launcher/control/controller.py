@@ -40,7 +40,7 @@ from slurm_robust.launcher.control.failover import StoodDown, Takeover
 from slurm_robust.launcher.control.metrics import RunMetrics, serve_for_controller
 from slurm_robust.launcher.control.outcome import RunOutcome
 from slurm_robust.launcher.control.recovery import Fence, Recovery, SlurmSide
-from slurm_robust.launcher.control.replies import ReplyEncoder
+from slurm_robust.launcher.control.replies import ReplyEncoder, incarnation
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.enums import Phase, Role, RunStatus
 from slurm_robust.launcher.identity import Identity
@@ -152,7 +152,9 @@ class Controller:
         self._woken_at_token: tuple[int, bool] | None = None
         #: Set by a report that leaves a decision to make: the tick runs at once.
         self._tick_now = threading.Event()
-        self.replies = ReplyEncoder()
+        # Plans it hands out are named by this incarnation: no other controller (a
+        # predecessor, a successor) can answer "unchanged" to them (replies.py).
+        self.replies = ReplyEncoder(incarnation(self.term))
         if takeover is not None:
             self._prefill(takeover, time.time())
 
@@ -350,7 +352,7 @@ class Controller:
                         answer = self._answer(report, chan)
                     if answer is not None:
                         view = answer[0]
-                        chan.send_encoded(self.replies.encode(answer[1]))
+                        chan.send_encoded(self.replies.encode(answer[1], report.plan_id))
                 finally:
                     if answer is not None and answer[0] is not None:
                         # The agent's heartbeat clock restarts once it has the answer

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import actions as act
-from slurm_robust.launcher.control import failslow
+from slurm_robust.launcher.control import failslow, phases
 from slurm_robust.launcher.control import monitor as node_monitor
 from slurm_robust.launcher.control.generation import Failure, Generation, Member
 from slurm_robust.launcher.control.hang import capture_incident
@@ -201,7 +201,22 @@ class Detectors:
         return act.Handle(gen, incident, None, [], resume=True)
 
     def hang(self, gen: Generation, now: float) -> act.Action | None:
+        """No progress for longer than the limit of the phase the group is in
+        (control/phases.py), or, for a run that never declared a phase, the one rule
+        of policy.is_hung."""
         run, cfg = self.run, self.run.cfg
+        if run.state.declares_phases:
+            stepping = run.reports_steps(gen)
+            limit = phases.group_limit(gen, run.state.phase_times, cfg.hang_limits,
+                                       cfg.startup_timeout_s, run.step_times,
+                                       cfg.hang_floor_s, cfg.hang_factor, stepping)
+            if now - gen.last_progress <= limit["limit_s"]:
+                return None
+            if limit["phase"] in (phases.STARTUP, phases.STEPS) and not stepping:
+                return None  # as in the single rule: no step ever, no step limit
+            log.warning("hang in phase %s: no progress for %.1f s (limit %.1f s)",
+                        limit["phase"], now - gen.last_progress, limit["limit_s"])
+            return act.Capture(gen, limit=limit)
         if not is_hung(gen.last_progress, now, run.step_times, cfg.hang_floor_s,
                        cfg.hang_factor, gen.steps_done > 0, cfg.startup_timeout_s,
                        run.reports_steps(gen), finishing=bool(gen.finishing)):

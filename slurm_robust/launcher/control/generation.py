@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from slurm_robust.ckpt.config import TIERS
 from slurm_robust.launcher.control.failover import Takeover
@@ -39,6 +39,13 @@ class Failure:
     node: str
     agent: int
     seen: float  # when the controller first heard of it
+
+
+class HangLimit(TypedDict):
+    """Why a group is hung: the phase it was in and that phase's limit (phases.py)."""
+
+    phase: str
+    limit_s: float
 
 
 @dataclass
@@ -85,6 +92,15 @@ class Generation:
     anomalies: dict[int, dict[str, Any]] = field(default_factory=dict)
     #: Each rank's bitwise reference digest, when this attempt was asked for one.
     bitwise: dict[int, str] = field(default_factory=dict)
+    # Declared phases (control/phases.py): each rank's phase other than steps, how many
+    # ranks are in each, when its episode began, and whether one began or ended since
+    # the last step (that step's time is no step time).
+    rank_phase: dict[int, str] = field(default_factory=dict)
+    phase_counts: dict[str, int] = field(default_factory=dict)
+    phase_began: dict[str, float] = field(default_factory=dict)
+    phase_moved: bool = False
+    #: The phase and limit a hang was declared under, for its incident.
+    hang_limit: HangLimit | None = None
 
     def __post_init__(self) -> None:
         self.last_progress = self.last_progress or self.started_at

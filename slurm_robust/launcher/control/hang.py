@@ -32,6 +32,8 @@ def capture_incident(incident_id: str, gen: Generation, views: Sequence[Member],
                                 "process_states": {v.node: v.states for v in views}}
     if gen.hang_signal:
         evidence.update(gen.hang_signal)
+    if gen.hang_limit:
+        evidence["hang_limit"] = dict(gen.hang_limit)
     nodes, ranks = analyze_capture(capture, evidence)
     stopped = {int(r): v.node for v in views for r, s in v.states.items() if s == "T"}
     if stopped:

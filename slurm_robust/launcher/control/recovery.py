@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import actions as act
-from slurm_robust.launcher.control import adopt, bitwise, failslow, replay
+from slurm_robust.launcher.control import adopt, bitwise, failslow, phases, replay
 from slurm_robust.launcher.control import monitor as node_monitor
 from slurm_robust.launcher.control.applier import CAPTURE_BUDGET_S, Applier, Fence, SlurmSide
 from slurm_robust.launcher.control.detectors import SETTLE_HEARD_S, SETTLE_S, Detectors
@@ -331,6 +331,9 @@ class Recovery:
         elif item.kind is ProgressKind.FINISHING:
             gen.finishing.add(rank)
             gen.last_progress = max(gen.last_progress, now)
+        elif item.kind is ProgressKind.PHASE:
+            self.state.declares_phases = True
+            phases.on_phase_line(gen, item, now, self.state.phase_times)
         elif item.kind is ProgressKind.ANOMALY:
             gen.anomalies[rank] = {**item.extra, "step": item.step}
         elif item.kind is ProgressKind.BITWISE:

@@ -66,6 +66,12 @@ class RunState:
     # found (step reached, attempt, what differs).
     fingerprint: FingerprintRecord | None = None
     env_change: ChangeRecord | None = None
+    # Hang limits per phase (control/phases.py): whether the workers ever declared a
+    # phase (else the single hang rule applies), the durations observed per phase
+    # (newest last), and the limits they gave at the last save (for `status`).
+    declares_phases: bool = False
+    phase_times: dict[str, list[float]] = field(default_factory=dict)
+    hang_limits: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         out = {"v": STATE_VERSION, **asdict(self)}

@@ -60,9 +60,9 @@ from slurm_robust.launcher.messages import (
     Finding,
     Plan,
     Progress,
+    Reply,
     Report,
     WorkerExit,
-    plan_from_reply,
 )
 from slurm_robust.launcher.node import evidence as node_evidence
 from slurm_robust.launcher.node import workers as wk
@@ -117,6 +117,9 @@ class Agent:
         self.diagnoses_done: dict[str, DiagnosisReport] = {}
         self._diagnosis_threads: dict[str, threading.Thread] = {}
         self.plan: Plan | None = None
+        #: The plan the controller last sent in full on this connection, with its
+        #: identity (messages.Reply): what an "unchanged" reply stands for.
+        self.held: tuple[str, Plan] | None = None
         # What the run directory holds steers what this agent runs (run_dir_trust.py).
         ensure_run_dir(cfg.run_dir)
         if cfg.durable_every:
@@ -164,19 +167,23 @@ class Agent:
                     chan = self._connect(1.0)
                 if chan is None:
                     raise ChannelClosed("controller unreachable")
-                reply = chan.request(self.report())
-                plan = plan_from_reply(reply)
+                reply = Reply.from_json(chan.request(self.report().to_json()))
+                plan = self._plan_of(reply)
                 if plan is not None and plan.term is not None and plan.term < self.term:
                     # An old controller that came back: not obeyed; the
                     # report is sent again to the newer one.
                     raise ChannelClosed(f"plan of term {plan.term} < {self.term}")
                 if plan is not None and plan.term is not None:
                     self.term = max(self.term, plan.term)
+                if not reply.unchanged:
+                    self.held = (reply.plan_id, plan) \
+                        if plan is not None and reply.plan_id else None
                 last_ok = time.time()
                 self.pending.clear()
                 self.findings.clear()  # in-job monitor findings: delivered with this report
             except BadMessage as exc:
-                # The report went through; only the answer is refused. Reconnect.
+                # The report went through; only the answer is refused. Reconnect (and
+                # ask for the plan in full: _connect forgets the held one).
                 log.warning("agent %s: controller's answer refused: %s", self.ident.index, exc)
                 chan.close()
                 chan = None
@@ -215,6 +222,16 @@ class Agent:
             wk.wait_for_exit([w for w in self.workers if not w.reported],
                              self._poll_s(plan), wake_fd=chan.fileno())
 
+    def _plan_of(self, reply: Reply) -> Plan | None:
+        """The plan a reply stands for: its own, or for "unchanged" the plan this agent
+        holds under the identity the reply names (BadMessage if it holds another)."""
+        if not reply.unchanged:
+            return reply.plan
+        if self.held is None or self.held[0] != reply.plan_id:
+            raise BadMessage(f"reply: 'unchanged' names plan {reply.plan_id!r}; this agent "
+                             f"holds {self.held[0] if self.held else None!r}")
+        return self.held[1]
+
     def _poll_s(self, plan: Plan | None) -> float:
         """Seconds to the next report: the heartbeat, or the plan's shorter poll_s while
         the controller says a transition is imminent (never under 10 ms)."""
@@ -239,6 +256,10 @@ class Agent:
                         # or ChannelClosed: a failed connect, retried.
                         with chan.bounded(min(HANDSHAKE_S, wait_s), MAX_UNAUTHENTICATED):
                             client_handshake(chan, self.secret)
+                        # A new connection starts from the plan in full: the identity
+                        # would keep an "unchanged" from another controller out anyway
+                        # (replies.py), and one full plan per reconnect costs little.
+                        self.held = None
                         return chan
                     except (OSError, ChannelClosed) as exc:
                         log.warning("controller at %s:%s failed the handshake: %s",
@@ -262,7 +283,7 @@ class Agent:
         return info
 
     # ------------------------------------------------------------------ reporting
-    def report(self) -> dict[str, Any]:
+    def report(self) -> Report:
         self.poll_workers()
         states = {str(w.rank): wk.process_state(w.pid) for w in self.workers
                   if w.popen.poll() is None}
@@ -277,7 +298,8 @@ class Agent:
                       stacks=dict(self.stacks_done), time=time.time(),
                       findings=list(self.findings), sample=sample,
                       diagnoses=list(self.diagnoses_done.values()),
-                      term=self.term, warned=self.warned).to_json()
+                      term=self.term, warned=self.warned,
+                      plan_id=self.held[0] if self.held else None)
 
     def listen_for_time_limit(self) -> None:
         """Note Slurm's warning before the time limit (WARNING_SIGNAL); the next report

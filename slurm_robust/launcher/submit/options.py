@@ -17,6 +17,7 @@ from typing import Any
 
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.config import RunConfig, env_defaults
+from slurm_robust.launcher.control.phases import parse_overrides
 from slurm_robust.scriptenv import interpreter_warning
 
 _D = RunConfig  # its class attributes are the defaults the help texts show
@@ -52,6 +53,10 @@ def add_robust_options(p: argparse.ArgumentParser) -> None:
                         f"default {_D.hang_floor_s:g})")
     p.add_argument("--hang-factor", type=float, default=None, metavar="M",
                    help=f"the factor of --hang-timeout (default {_D.hang_factor:g})")
+    p.add_argument("--hang-limit", action="append", default=None, metavar="PHASE=S",
+                   help="a fixed hang limit for one phase, replacing the learned one "
+                        "(repeatable; PHASE: startup, steps, eval, save, section, "
+                        "section:NAME, finishing; see docs/USER_GUIDE.md)")
     p.add_argument("--startup-timeout", type=float, default=None, metavar="S",
                    help="longest wait for the first step of a (re)started worker group, "
                         "for scripts that report steps (default 1800); a script that never "
@@ -116,6 +121,11 @@ def build_config(args: argparse.Namespace, nodes: int, gpus_per_node: int | None
         if value is not None:
             values[key] = value
     values.setdefault("workers_per_node", gpus_per_node or 1)
+    if getattr(args, "hang_limit", None):
+        try:
+            values["hang_limits"] = parse_overrides(args.hang_limit)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     if getattr(args, "resume_args", None):
         values["resume_args"] = tuple(shlex.split(args.resume_args))
     if getattr(args, "resume_if_exists", None):

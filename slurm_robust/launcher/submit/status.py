@@ -105,6 +105,9 @@ class StatusReport(TypedDict, total=False):
     events: int
     malformed_lines: int
     pending: str | None
+    #: Hang limits per phase in seconds (launcher/control/phases.py), when the workers
+    #: declared phases; empty: the single rule (max(hang floor, factor x median step)).
+    hang_limits: dict[str, float]
 
 
 def run_status(target: str) -> StatusReport:
@@ -140,6 +143,7 @@ def run_status(target: str) -> StatusReport:
                      for v in verdicts],
         "events": len(events), "malformed_lines": read.malformed,
         "pending": None if ends else _pending(state.open_incident),
+        "hang_limits": dict(state.hang_limits) if state.declares_phases else {},
     }
 
 
@@ -183,6 +187,9 @@ def format_status(s: StatusReport) -> str:
              f"  nodes: {', '.join(s['nodes'] or [])}  run dir: {s['run_dir']}"]
     if s.get("pending"):
         lines.append(f"  {s['pending']}")
+    if s.get("hang_limits"):
+        limits = ", ".join(f"{k} {_num(float(v))} s" for k, v in s["hang_limits"].items())
+        lines.append(f"  hang limits: {limits}")
     if s.get("verdict"):
         lines.append(f"  verdict: {s['verdict']}")
     if s.get("params_sha256"):

@@ -311,7 +311,10 @@ def _harness(results: list[dict[str, Any]]) -> dict[str, Any]:
             "connect_retries": sum(r["connect_failures"] for r in results),
             "send_lag_p99_ms": max(r["lag_p99_ms"] for r in results),
             "send_lag_max_ms": max(r["lag_max_ms"] for r in results),
-            "wakeups": sum(r["wakeups"] for r in results)}
+            "wakeups": sum(r["wakeups"] for r in results),
+            # Mean bytes per reply (the plan in full or "unchanged"), whole run.
+            "reply_bytes_mean": round(sum(r["reply_bytes"] for r in results)
+                                      / max(sum(r["replies"] for r in results), 1))}
 
 
 def summarize(args: argparse.Namespace, results: list[dict[str, Any]],

@@ -3,8 +3,9 @@
 Each simulated agent does what an agent's control loop does on the wire (protocol.py,
 node/agent.py): it connects, passes the HMAC handshake with the run's secret
 (auth.client_handshake), then sends a typed :class:`~slurm_robust.launcher.messages.Report`
-every ``heartbeat_s`` (or the plan's ``poll_s``), waits for the reply, reads it with
-:func:`~slurm_robust.launcher.messages.plan_from_reply`, and reports at once on a wake-up.
+every ``heartbeat_s`` (or the plan's ``poll_s``) naming the plan it holds, waits for the
+reply, reads it with :class:`~slurm_robust.launcher.messages.Reply` ("unchanged", or
+the plan in full), and reports at once on a wake-up.
 An active agent relays one progress line per rank per finished step, as its workers
 would. No worker processes: what is measured is the controller.
 
@@ -34,7 +35,7 @@ from typing import Any
 
 from slurm_robust.launcher.auth import HANDSHAKE_S, client_handshake, read_run_secret
 from slurm_robust.launcher.enums import Category, ProgressKind, Role
-from slurm_robust.launcher.messages import Plan, Progress, Report, WorkerExit, plan_from_reply
+from slurm_robust.launcher.messages import BadMessage, Plan, Progress, Reply, Report, WorkerExit
 from slurm_robust.launcher.protocol import Channel
 
 #: Class and category of the injected worker failure: a crash the ladder restarts in
@@ -58,7 +59,7 @@ class SimAgent:
     lost_plan: str | None = None  # a role telling this agent it was counted lost
     pending_exit: WorkerExit | None = None
     closed: bool = False
-    last_reply: bytes = b""
+    plan_id: str | None = None  # the identity of ``plan`` (Reply.plan_id)
 
 
 @dataclass
@@ -84,6 +85,7 @@ class Harness:
         self.t0 = time.time()
         self.rtts: list[tuple[float, float]] = []  # (sent at, round trip)
         self.replies = 0
+        self.reply_bytes = 0
         self.wakeups = 0
         self.connect_failures = 0
         self.fail_sent_at: float | None = None
@@ -177,7 +179,7 @@ class Harness:
                       pid=100000 + ag.index, key=self.a.key, time=now,
                       addr=self.a.host, gen=ag.gen,
                       role=plan.role if plan is not None else Role.NEW,
-                      exits=exits, progress=progress)
+                      exits=exits, progress=progress, plan_id=ag.plan_id)
 
     def _send(self, ag: SimAgent, now: float) -> None:
         ag.chan.send(self._report(ag, now).to_json())
@@ -188,15 +190,17 @@ class Harness:
             self.rtts.append((ag.sent_at, now - ag.sent_at))
         ag.sent_at = None
         self.replies += 1
-        # A reply byte-identical to this agent's previous one holds the same plan: only
-        # a changed reply is decoded (json + plan_from_reply, as an agent does). At 1,024
-        # nodes a plan names 8,192 rank nodes and decoding one costs milliseconds: one
-        # harness process could not decode thousands a second, and would lag.
-        if line == ag.last_reply:
+        self.reply_bytes += len(line) + 1
+        # Decoded as an agent decodes it (node/agent.py); "unchanged" stands for the
+        # plan this agent holds, and must name it.
+        reply = Reply.from_json(json.loads(line))
+        if reply.unchanged:
+            if reply.plan_id != ag.plan_id:
+                raise BadMessage(f"agent {ag.index}: 'unchanged' names {reply.plan_id!r}, "
+                                 f"held {ag.plan_id!r}")
             plan = ag.plan
         else:
-            plan = plan_from_reply(json.loads(line))
-            ag.last_reply = line
+            plan, ag.plan_id = reply.plan, reply.plan_id
         if plan is not None:
             if plan.role in (Role.EVICTED, Role.HOLD, Role.EXIT):
                 ag.lost_plan = ag.lost_plan or plan.role.value
@@ -287,7 +291,8 @@ class Harness:
         ru = resource.getrusage(resource.RUSAGE_SELF)
         return {"first": self.a.first, "count": self.a.count,
                 "rtts": [[round(s, 4), round(r, 5)] for s, r in self.rtts],
-                "replies": self.replies, "wakeups": self.wakeups,
+                "replies": self.replies, "reply_bytes": self.reply_bytes,
+                "wakeups": self.wakeups,
                 "connect_failures": self.connect_failures, "closed": self.closed,
                 "lag_p99_ms": round(_p99(self.lags) * 1000, 1),
                 "lag_max_ms": round(max(self.lags, default=0.0) * 1000, 1),

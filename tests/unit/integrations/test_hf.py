@@ -154,3 +154,22 @@ def test_the_callback_is_a_no_op_without_the_launcher(monkeypatch, tmp_path, cle
     # And the same training as under the launcher: the callback changes no step.
     for name, tensor in clean_state.items():
         assert torch.equal(tensor, with_callback.state_dict()[name]), name
+
+
+def test_evaluation_and_saves_are_reported_as_phases(monkeypatch, tmp_path):
+    """Evaluation every 5 steps, a save every 10: the progress channel has the eval phase
+    around each evaluation and the save phase around each save, back to steps after."""
+    progress = robust_env(monkeypatch, tmp_path, "phases")
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=10, per_device_train_batch_size=BATCH,
+        logging_steps=1, eval_strategy="steps", eval_steps=5, save_strategy="steps",
+        save_steps=10, report_to=[], use_cpu=True, seed=0,
+        disable_tqdm=True, dataloader_num_workers=0)
+    transformers.Trainer(model=Regression(), args=args, train_dataset=Pairs(),
+                         eval_dataset=Pairs(), callbacks=[RobustCallback()]).train()
+    seq = [i["phase"] if i["kind"] == "phase" else i["step"] for i in lines(progress)
+           if i["kind"] in ("phase", "step")]
+    # A step is reported at the next step's begin (after its evaluation and save); the
+    # Trainer is back in its own code between the evaluation and the save.
+    assert seq == [1, 2, 3, 4, "eval", "steps", 5, 6, 7, 8, 9, "eval", "steps", "save",
+                   "steps", 10], seq

@@ -101,3 +101,35 @@ def test_the_callback_is_a_no_op_without_the_launcher(monkeypatch):
     for var in ("SLURM_ROBUST_PROGRESS", "SLURM_ROBUST_CKPT", "RANK", "WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
     assert fit().global_step == STEPS
+
+
+class Validated(Regression):
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
+
+
+def test_validation_and_saves_are_reported_as_phases(monkeypatch, tmp_path):
+    """Validation every 4 batches and a checkpoint after each: the progress channel has
+    the eval phase around every validation and the save phase until the next batch."""
+    progress = robust_env(monkeypatch, tmp_path, "phases")
+    g = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(64, 8, generator=g), torch.randn(64, 1, generator=g))
+    saves = pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_top_k=-1,
+                                         every_n_train_steps=4)
+    trainer = pl.Trainer(max_steps=8, accelerator="cpu", devices=1, logger=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         num_sanity_val_steps=0, val_check_interval=4,
+                         callbacks=[RobustCallback(), saves])
+    trainer.fit(Validated(), DataLoader(data, batch_size=BATCH),
+                DataLoader(data, batch_size=BATCH))
+    items = [i for i in lines(progress) if i["kind"] in ("phase", "step")]
+    seq = [i["phase"] if i["kind"] == "phase" else i["step"] for i in items]
+    assert seq[:4] == [1, 2, 3, 4]
+    assert "eval" in seq and "save" in seq, seq
+    # Every phase entered is left: the rank is back in steps before the next step.
+    for k, item in enumerate(seq):
+        if item in ("eval", "save"):
+            rest = seq[k + 1:]
+            nxt = next((x for x in rest if isinstance(x, int)), None)
+            assert nxt is None or "steps" in rest[:rest.index(nxt)], seq

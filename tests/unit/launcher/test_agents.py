@@ -21,6 +21,7 @@ import pytest
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control.controller import Controller
 from slurm_robust.launcher.control.outcome import RunOutcome
+from slurm_robust.launcher.control.replies import ReplyEncoder
 from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.node.agent import Agent
 from slurm_robust.launcher.paths import RunPaths
@@ -183,3 +184,24 @@ def test_a_final_save_longer_than_the_hang_limit_is_not_a_hang(run):
     result = finish(parts)
     assert result.status == "completed"
     assert [e for e in events(cfg) if e["event"] == "incident"] == []
+
+
+def test_agents_name_the_plan_they_hold_and_get_short_replies(run, monkeypatch):
+    # Real agents: after the first full plan, a report names it and the controller answers
+    # "unchanged" until the plan changes; the run is the same as with full plans.
+    sent: list[bytes] = []
+    real_encode = ReplyEncoder.encode
+
+    def spy(self, plan, held=None):
+        out = real_encode(self, plan, held)
+        sent.append(out)
+        return out
+
+    monkeypatch.setattr(ReplyEncoder, "encode", spy)
+    cfg, parts = run(steps=10)
+    result = finish(parts)
+    assert result.status == "completed" and result.params_sha256 == "f" * 64
+    short = [s for s in sent if s.startswith(b'{"unchanged":true')]
+    full = [s for s in sent if b'"plan":{"role"' in s]
+    assert short and full, (len(short), len(full))
+    assert len(short) > len(full)  # most reports found their agent's plan as it was

@@ -7,9 +7,12 @@ import json
 import threading
 import time
 
+import pytest
+
 from slurm_robust.launcher.auth import client_handshake
 from slurm_robust.launcher.control.controller import Controller
 from slurm_robust.launcher.enums import Phase
+from slurm_robust.launcher.messages import Reply
 from slurm_robust.launcher.protocol import Channel
 
 HEARTBEAT_TIMEOUT_S = 1.0
@@ -17,30 +20,40 @@ STALL_S = 3.0
 
 
 def _agent_loop(ctl: Controller, index: int, stop: threading.Event,
-                errors: list[BaseException]) -> None:
+                errors: list[BaseException], named: bool) -> None:
     try:
         info = json.loads(ctl.paths.controller.read_text())
         chan = Channel.connect(info["host"], info["port"], 30.0)
         client_handshake(chan, ctl.secret)
-        gen = -1
+        gen, held = -1, None
         while not stop.is_set():
-            reply = chan.request({
-                "op": "report", "key": ctl.ident.step_key, "agent": index,
-                "node": f"n{index + 1}", "pid": 100 + index, "gen": gen,
-                "time": time.time(), "exits": [], "progress": [], "states": {},
-                "stacks": {}})
-            gen = reply["plan"].get("gen", gen) if reply["plan"] else gen
+            report = {"op": "report", "key": ctl.ident.step_key, "agent": index,
+                      "node": f"n{index + 1}", "pid": 100 + index, "gen": gen,
+                      "time": time.time(), "exits": [], "progress": [], "states": {},
+                      "stacks": {}}
+            if named and held is not None:
+                report["plan_id"] = held[0]
+            reply = Reply.from_json(chan.request(report))
+            if reply.unchanged:
+                assert held is not None and reply.plan_id == held[0], (reply, held)
+                plan = held[1]
+            else:
+                plan = reply.plan
+                held = (reply.plan_id, plan) if plan is not None else None
+            gen = plan.gen if plan is not None and plan.gen is not None else gen
             time.sleep(0.1)
         chan.close()
     except BaseException as exc:  # noqa: BLE001 - reported by the test
         errors.append(exc)
 
 
-def test_a_stalled_controller_declares_no_agent_lost(start_controller, monkeypatch):
+@pytest.mark.parametrize("named", [False, True], ids=["full-plans", "unchanged-replies"])
+def test_a_stalled_controller_declares_no_agent_lost(start_controller, monkeypatch, named):
+    # named: the agents name the plan they hold, so most answers are "unchanged".
     ctl = start_controller(HEARTBEAT_TIMEOUT_S)
     stop, errors = threading.Event(), []
-    agents = [threading.Thread(target=_agent_loop, args=(ctl, i, stop, errors), daemon=True)
-              for i in range(2)]
+    agents = [threading.Thread(target=_agent_loop, args=(ctl, i, stop, errors, named),
+                               daemon=True) for i in range(2)]
     for t in agents:
         t.start()
     try:

@@ -26,6 +26,8 @@ def test_scale_bench_runs_and_decides_the_injected_failure():
     assert fail["fanout_s"]["n"] == 8
     assert set(out["targets"]) == set(scale.TARGETS)
     assert out["harness"]["cpu_cores"] > 0
+    # Most replies are "unchanged" (about 60 bytes): a full plan at 8 x 8 is about 500.
+    assert 0 < out["harness"]["reply_bytes_mean"] < 300
 
 
 def test_percentiles_are_nearest_rank():
