@@ -66,3 +66,38 @@ def node_table(incidents: pd.DataFrame, verdicts: pd.DataFrame, health: pd.DataF
 def repeat_offenders(table: pd.DataFrame) -> list[str]:
     """Names of the repeat offenders in a :func:`node_table`."""
     return [str(n) for n in table.index[table["repeat_offender"]]]
+
+
+#: How many of the most-blamed nodes the concentration table looks at.
+CONCENTRATION_TOP = (1, 3, 10)
+
+
+def blame_concentration(incidents: pd.DataFrame,
+                        top: tuple[int, ...] = CONCENTRATION_TOP) -> pd.DataFrame:
+    """The fleet view of blame: what share of the incidents that named a node the ``k``
+    most-blamed nodes account for, for each ``k`` in ``top`` (up to the nodes named).
+
+    Columns: ``top_nodes`` (k), ``nodes`` (their names, most blamed first),
+    ``runs_blaming`` (distinct runs, i.e. jobs, that blamed one of them: the node
+    ledger's lemon rule counts distinct jobs too), ``incidents`` (distinct incidents
+    naming at least one of them) and ``share`` of all incidents naming any node. A few
+    nodes with a large share are the lemons to look at (``slurm-robust node lemons``).
+    """
+    cols = ["top_nodes", "nodes", "runs_blaming", "incidents", "share"]
+    blamed = incidents[["run_id", "incident", "nodes"]].explode("nodes").dropna(subset=["nodes"])
+    blamed = blamed.astype(object).drop_duplicates()
+    if blamed.empty:
+        return pd.DataFrame(columns=cols)
+    blamed["key"] = list(zip(blamed["run_id"], blamed["incident"], strict=True))
+    total = blamed["key"].nunique()
+    per_node = blamed.groupby("nodes")["key"].nunique()
+    order = sorted(per_node.index, key=lambda n: (-per_node[n], str(n)))
+    rows = []
+    for k in sorted({min(k, len(order)) for k in top if k >= 1}):
+        names = order[:k]
+        hit = blamed[blamed["nodes"].isin(names)]
+        n = hit["key"].nunique()
+        rows.append({"top_nodes": k, "nodes": ",".join(map(str, names)),
+                     "runs_blaming": int(hit["run_id"].nunique()), "incidents": int(n),
+                     "share": round(n / total, 4)})
+    return pd.DataFrame(rows, columns=cols)

@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from slurm_robust.analysis.nan import nan_by_resolution
+from slurm_robust.analysis.nodes import blame_concentration
 from slurm_robust.analysis.pipeline import Analysis
 from slurm_robust.analysis.plots import draw_all
 from slurm_robust.records import write_json_atomic
@@ -88,6 +89,10 @@ def sections(an: Analysis) -> list[tuple[str, str, pd.DataFrame | None]]:
                                         if c in an.incidents.columns]]),
         ("Nodes", "Repeat offender: named by >= 2 separate faults by one source.",
          an.nodes.reset_index()),
+        ("Blame concentration", "Share of the incidents that named a node accounted for by "
+         "the most-blamed nodes; runs_blaming counts distinct runs (jobs), as the node "
+         "ledger's lemon rule does (slurm-robust node lemons).",
+         blame_concentration(an.incidents)),
     ]
     if an.findings is not None and len(an.findings):
         out.append(("In-job monitor findings", "What each node's monitor saw while the job "

@@ -35,6 +35,8 @@ from typing import TextIO
 
 from slurm_robust.errors import SlurmRobustError
 from slurm_robust.health.drain import DEEP_FAILED_PREFIX, PENDING_PREFIX, PREFIX
+from slurm_robust.health.ledger_writer import record_safely
+from slurm_robust.health.node_ledger import EventKind, NodeEvent
 from slurm_robust.health.suite import run_suite
 from slurm_robust.records import append_records, make_record
 from slurm_robust.site_config import SiteConfig, load_site_config
@@ -108,7 +110,28 @@ def _record(site: SiteConfig, outcome: DeepCheckOutcome) -> DeepCheckOutcome:
     except OSError as exc:  # bookkeeping only; the Slurm state is the outcome
         print(f"slurm_robust health_check: could not record the outcome: {exc}",
               file=sys.stderr)
+    record_safely(ledger_events(outcome), site,
+                  warn=lambda text: print(f"slurm_robust health_check: {text}",
+                                          file=sys.stderr))
     return outcome
+
+
+def ledger_events(outcome: DeepCheckOutcome) -> list[NodeEvent]:
+    """The node-ledger rows of one outcome: the deep check's verdict, then the return to
+    service or the drain it led to (none for a node left alone)."""
+    if outcome.action == "left":
+        return []
+    evidence = {"reason": outcome.reason, "run_id": outcome.run_id,
+                "previous_reason": outcome.previous_reason, "host": outcome.host}
+    kind = EventKind.DEEP_CHECK_PASSED if outcome.passed else EventKind.DEEP_CHECK_FAILED
+    out = [NodeEvent(outcome.node, kind, "health_check", evidence=evidence)]
+    if outcome.action == "resumed":
+        out.append(NodeEvent(outcome.node, EventKind.RETURNED, "health_check",
+                             evidence=evidence))
+    elif outcome.action == "drained":
+        out.append(NodeEvent(outcome.node, EventKind.DRAIN, "health_check",
+                             evidence=evidence))
+    return out
 
 
 def main(environ: Mapping[str, str], err: TextIO = sys.stderr,

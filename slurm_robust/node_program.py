@@ -27,6 +27,8 @@ from slurm_robust.health.breaker import BreakerUnavailable, Claim, DrainBreaker,
 from slurm_robust.health.checks.host import RESOURCE_CHECKS
 from slurm_robust.health.drain import drain_for_failure
 from slurm_robust.health.journal import read_journal
+from slurm_robust.health.ledger_writer import record_safely
+from slurm_robust.health.node_ledger import EventKind, NodeEvent
 from slurm_robust.health.suite import job_identity, run_suite
 from slurm_robust.reserve.config import reserve_config
 from slurm_robust.reserve.history import (
@@ -64,7 +66,8 @@ def main(stage: str, environ: Mapping[str, str], out: TextIO = sys.stdout,
         result = run_suite(stage, node, job, job_uid=uid, job_gpus=gpus)
     except SlurmRobustError as exc:
         # A broken site config fails closed: the node must not take jobs unchecked.
-        return _drain_and_fail(stage, node, f"slurm_robust: {stage} error: {exc}", err)
+        return _drain_and_fail(stage, node, f"slurm_robust: {stage} error: {exc}", err,
+                               job=job)
     print(json.dumps({"stage": stage, "node": node, "job": job, "passed": result.passed,
                       "run_id": result.run_id, "reason": result.reason,
                       "check_errors": [r.reason for r in result.errors]}), file=out)
@@ -73,7 +76,11 @@ def main(stage: str, environ: Mapping[str, str], out: TextIO = sys.stdout,
     # A shortfall of disk, memory or /dev/shm alone is drained, but never as a repeat
     # offender: other users can cause one (the checks warn when they can tell).
     resource_only = all(f.check in RESOURCE_CHECKS for f in result.failures)
-    return _drain_and_fail(stage, node, result.reason, err, repeatable=not resource_only)
+    failed = [NodeEvent(node, EventKind.CHECK_FAILED, stage, job_id=job, check=f.check,
+                        evidence={"reason": f.reason, "run_id": result.run_id})
+              for f in result.failures]
+    return _drain_and_fail(stage, node, result.reason, err, repeatable=not resource_only,
+                           job=job, events=failed)
 
 
 def _ensure_verdict_spool(uid: int, err: TextIO) -> None:
@@ -105,7 +112,18 @@ def repeat_offender(node: str, reason: str, now: float | None = None) -> str | N
 
 
 def _drain_and_fail(stage: str, node: str, reason: str, err: TextIO,
-                    repeatable: bool = True) -> int:
+                    repeatable: bool = True, job: str | None = None,
+                    events: list[NodeEvent] | None = None) -> int:
+    """Drain (the breaker permitting) and fail; then record what was done in the node
+    ledger, which never changes the outcome (health/ledger_writer.py)."""
+    events = list(events or [])
+    code = _drain_decision(stage, node, reason, err, repeatable, job, events)
+    record_safely(events, warn=lambda text: print(f"slurm_robust {stage}: {text}", file=err))
+    return code
+
+
+def _drain_decision(stage: str, node: str, reason: str, err: TextIO, repeatable: bool,
+                    job: str | None, events: list[NodeEvent]) -> int:
     try:
         if repeatable:
             reason = repeat_offender(node, reason) or reason
@@ -117,10 +135,15 @@ def _drain_and_fail(stage: str, node: str, reason: str, err: TextIO,
         # Tripped: the failure is recorded as "would drain" and the node keeps running
         # (a prolog that failed here would make Slurm drain it with "Prolog error").
         print(f"slurm_robust {stage}: not drained: {claim.why}", file=err)
+        events.append(NodeEvent(node, EventKind.WOULD_DRAIN, stage, job_id=job,
+                                evidence={"reason": reason, "why": claim.why}))
         return EXIT_OK
     try:
         decision = drain_for_failure(node, reason)
         print(f"slurm_robust {stage}: {decision.action}: {decision.why}", file=err)
+        if decision.action == "drain":
+            events.append(NodeEvent(node, EventKind.DRAIN, stage, job_id=job,
+                                    evidence={"reason": decision.reason}))
     except SlurmRobustError as exc:
         # Still fail: Slurm drains the node itself ("Prolog error"), just without our reason.
         print(f"slurm_robust {stage}: could not set the drain reason: {exc}", file=err)

@@ -42,6 +42,8 @@ class SiteConfig:
             checks, ...}}`` (see slurm_robust.launcher.node.monitor; {}: the defaults).
         breaker: the drain circuit breaker, ``{max_drains, window_s, dir}`` (see
             slurm_robust.health.breaker; {}: off).
+        ledger: the node ledger and the lemon rule, ``{dir, lemon_blames,
+            lemon_window_days, ...}`` (see slurm_robust.health.node_ledger; {}: defaults).
     """
 
     state_dir: str = "/var/lib/slurm_robust/{node}"
@@ -54,6 +56,7 @@ class SiteConfig:
     reserve: dict[str, Any] = field(default_factory=dict)
     monitor: dict[str, Any] = field(default_factory=dict)
     breaker: dict[str, Any] = field(default_factory=dict)
+    ledger: dict[str, Any] = field(default_factory=dict)
 
     def node_path(self, template: str, node: str) -> Path:
         """Expand ``{node}`` in a path template; refuses node names that could escape it."""
@@ -103,6 +106,7 @@ def _check_type(key: str, value: Any, source: str) -> None:
         "state_dir": (str,), "shm_root": (str,), "local_root": (str,), "verdict_log": (str,),
         "injection_enabled": (bool,), "gpus_per_node": (int, type(None)),
         "checks": (dict,), "reserve": (dict,), "monitor": (dict,), "breaker": (dict,),
+        "ledger": (dict,),
     }
     ok = isinstance(value, expected[key])
     if key == "gpus_per_node" and isinstance(value, bool):

@@ -30,6 +30,10 @@ import pytest
 from slurm_robust.cluster import netns
 from slurm_robust.cluster.config import CLUSTER_DIR_ENV, REPO_ROOT, ClusterConfig
 from slurm_robust.cluster.manager import MiniCluster, choose_network
+from slurm_robust.health import ledger_writer
+from slurm_robust.health.ledger_writer import record_safely
+from slurm_robust.health.node_ledger import EventKind, LedgerConfig, NodeEvent
+from slurm_robust.site_config import load_site_config
 from slurm_robust.slurm import Slurm
 from tests.cluster_smoke import diagnosis, smoke
 from tests.timing import CLUSTER_SETUP_PROPERTY, TimingSummary
@@ -117,6 +121,29 @@ def session_cluster_config() -> ClusterConfig:
 
 
 @pytest.fixture(autouse=True)
+def _node_ledger_in_tmp(request: pytest.FixtureRequest,
+                        monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Unit tests run the prolog, deep-check and verdict paths as root with site configs
+    that leave the node ledger at its default (/var/lib/slurm_robust/ledger): it goes to
+    the test's tmp directory instead, never into the machine's."""
+    if "minicluster" in request.fixturenames:
+        yield
+        return
+    real = ledger_writer.site_ledger_config
+    tmp = request.getfixturevalue("tmp_path_factory").mktemp("ledger")
+
+    def in_tmp(site: Any = None) -> LedgerConfig:
+        cfg = real(site)
+        if cfg.dir == LedgerConfig().dir:
+            cfg = replace(cfg, dir=str(tmp / "ledger"), lemons_file=cfg.lemons_file
+                          or str(tmp / "lemons.json"))
+        return cfg
+
+    monkeypatch.setattr(ledger_writer, "site_ledger_config", in_tmp)
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _our_drains_resumed(request: pytest.FixtureRequest) -> Iterator[None]:
     """Each cluster test starts with every node slurm_robust drained back in service.
 
@@ -155,6 +182,15 @@ def restore_layout(cluster: RunningCluster) -> None:
                         ("standby", cluster.cfg.spare_nodes)):
         if sorted(cluster.slurm.partition_nodes(part)) != sorted(nodes):
             cluster.slurm.set_partition_nodes(part, list(nodes))
+    pardon_all(cluster)
+
+
+def pardon_all(cluster: RunningCluster) -> None:
+    """Every node starts a test with a clean lemon record: tests blame nodes by design,
+    and three tests blaming one node would make it a lemon that later submissions skip."""
+    site = load_site_config(cluster.cfg.robust_conf)
+    names = [n.name for n in cluster.slurm.nodes()]
+    record_safely([NodeEvent(n, EventKind.PARDON, "test suite") for n in names], site)
 
 
 # This worker's cluster set-up time until a test's report carries it.

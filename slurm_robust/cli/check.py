@@ -9,6 +9,7 @@ import socket
 
 from slurm_robust.health import run_suite
 from slurm_robust.health.breaker import breaker_config
+from slurm_robust.health.node_ledger import ledger_config
 from slurm_robust.launcher.node.monitor import MonitorSettings
 from slurm_robust.reserve.config import reserve_config
 from slurm_robust.site_config import SiteConfig, load_site_config
@@ -38,13 +39,14 @@ def default_node() -> str:
 
 def validate_site_config(site: SiteConfig) -> None:
     """Check the sections that other programs read later: ``reserve`` (reserve commands,
-    EpilogSlurmctld), ``monitor`` (every job's agents, at start) and ``breaker`` (every
-    drain). A typo there must
+    EpilogSlurmctld), ``monitor`` (every job's agents, at start), ``breaker`` (every
+    drain) and ``ledger`` (every recorded node event). A typo there must
     fail here, on the admin's terminal, and not in the first robust job; ``checks`` is
     checked by the suite itself. Raises UsageError naming the key and the valid ones."""
     reserve_config(site)
     MonitorSettings.from_site(site.monitor)
     breaker_config(site.breaker)
+    ledger_config(site.ledger)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,4 +1,12 @@
-"""``slurm-robust node resume NODE``: deep-check a drained node ON the node, then resume it.
+"""``slurm-robust node resume|history|lemons|pardon``: a node's service and its record.
+
+``history NODE`` prints the node ledger's events of NODE (verdicts, check failures, drains,
+deep checks, returns to service), ``lemons`` the lemon score of every node with events in
+the window, ``pardon NODE`` clears a repaired node's record for the score. The ledger is
+root-only (health/node_ledger.py): these three need its owner (root); users see the
+lemons' names in the published lemons file instead.
+
+``resume NODE``: deep-check a drained node ON the node, then resume it.
 
 The deep suite runs on NODE itself, through Slurm: the node is marked ``slurm_robust:
 pending deep check: resume requested by USER`` and its own slurmd runs slurm_robust's
@@ -15,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from slurm_robust.cli.node_ledger import LEDGER_ACTIONS, add_ledger_arguments, run_ledger
 from slurm_robust.errors import SlurmRobustError
 from slurm_robust.health.drain import PREFIX, SLURM_REASONS
 from slurm_robust.reserve.history import REPEAT_MARK
@@ -26,7 +35,11 @@ from slurm_robust.reserve.remote_check import (
 )
 from slurm_robust.slurm import Slurm, check_node_name
 
-HELP = "deep-check a drained node on the node itself and resume it only if it passes"
+HELP = ("a node's service and record: deep-check and resume it, its history in the node "
+        "ledger, lemon scores")
+RESUME_HELP = "deep-check a drained node on the node itself and resume it only if it passes"
+
+RESUME_DOC = (__doc__ or "")[(__doc__ or "").index("``resume NODE``"):]
 
 
 class ResumeRefusedError(SlurmRobustError):
@@ -36,7 +49,9 @@ class ResumeRefusedError(SlurmRobustError):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     sub.required = True
-    p = sub.add_parser("resume", help=HELP, description=(__doc__ or "").replace("``", "`"))
+    add_ledger_arguments(sub)
+    p = sub.add_parser("resume", help=RESUME_HELP,
+                      description=RESUME_DOC.replace("``", "`"))
     p.add_argument("node", help="Slurm node name")
     p.add_argument("--force", action="store_true",
                    help="resume an admin's drain (a reason slurm_robust did not write) or "
@@ -48,6 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action in LEDGER_ACTIONS:
+        return run_ledger(args)
     return resume(check_node_name(args.node), force=args.force, as_json=args.json,
                   timeout_s=args.timeout)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from slurm_robust.errors import UsageError
 from slurm_robust.health.breaker import site_breaker
+from slurm_robust.health.ledger_writer import SiteLedger
 from slurm_robust.reserve.config import reserve_config
 from slurm_robust.reserve.layout import reset, slurm_conf_path
 from slurm_robust.reserve.reconcile import reconcile, status
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     # Deep runs happen on each node, through its own slurmd (reserve/remote_check.py).
     gate = SlurmNodeGate(site, slurm)
     if args.reserve_action == "status":
-        out = status(slurm, gate, cfg)
+        out = status(slurm, gate, cfg, ledger=SiteLedger(site))
         _print(out, args.json, _status_text)
         return 0
     if args.reserve_action == "reset":
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         _print({"outcomes": outcomes}, args.json, lambda r: _outcomes_text(r["outcomes"]))
         return 0 if all(o.get("ok") for o in outcomes) else 1
     rep = reconcile(slurm, gate, cfg, dry_run=args.dry_run,
-                    breaker=site_breaker(site.breaker)).as_dict()
+                    breaker=site_breaker(site.breaker), ledger=SiteLedger(site)).as_dict()
     _print(rep, args.json, _reconcile_text)
     return 0 if all(o.get("ok") for o in rep["outcomes"]) else 1
 
@@ -102,6 +103,8 @@ def _status_text(s: dict[str, Any]) -> str:
     for m in s["members"]:
         age = "never" if m["deep_pass_age_h"] is None else f"{m['deep_pass_age_h']} h ago"
         why = "spare" if m["spare"] else ("drained: " + m["reason"] if m["drained"] else
+                                          "lemon (slurm-robust node lemons)"
+                                          if m.get("lemon") else
                                           "busy" if not m["idle"] else "deep pass stale")
         lines.append(f"  {m['node']:<12} {why:<40} deep pass {age}")
     return "\n".join(lines)

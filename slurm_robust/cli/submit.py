@@ -32,6 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="time limit: minutes or [D-]HH:MM[:SS] (default 60)")
     parser.add_argument("--job-name", "-J", default="slurm-robust",
                         help="Slurm job name (default slurm-robust)")
+    parser.add_argument("--exclude", "-x", default=None,
+                        help="nodes never to run on (a Slurm hostlist); the node ledger's "
+                             "lemons are added to it")
+    parser.add_argument("--allow-lemons", action="store_true",
+                        help="do not exclude the lemons (nodes blamed by several distinct "
+                             "jobs: `slurm-robust node lemons`)")
     parser.add_argument("--wait", action="store_true",
                         help="wait for the run to end and print its summary")
     add_robust_options(parser)
@@ -43,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     _check_partition_fits(args.partition, cfg.nodes, cfg.spares)
     slurm = SlurmOptions(partition=args.partition, time_min=parse_time_minutes(args.time),
                          gpus_per_node=args.gpus_per_node, cpus_per_task=args.cpus_per_task,
-                         job_name=args.job_name)
+                         job_name=args.job_name, exclude=args.exclude,
+                         allow_lemons=args.allow_lemons)
     job = submit_run(cfg, slurm)
     out = {"job_id": str(job.job_id), "run_dir": cfg.run_dir, "nodes": cfg.nodes,
            "spares": cfg.spares}

@@ -149,6 +149,9 @@ def render_robust_conf(cfg: ClusterConfig) -> str:
         # Two spares for a 4-node partition: more than the binomial P99 asks for at this
         # size, so that handoff and reconcile can be rehearsed.
         "reserve": {"partition": "standby", "target": 2},
+        # The node ledger in the log directory (root:SlurmUser, setgid): root's node
+        # programs and EpilogSlurmctld (SlurmUser) share it; one host, so WAL works.
+        "ledger": {"dir": f"{cfg.log_dir}/ledger", "lemons_file": f"{cfg.log_dir}/lemons.json"},
     }, indent=2) + "\n"
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from slurm_robust.errors import SlurmRobustError
 from slurm_robust.health import decide_drain
 from slurm_robust.health.breaker import BreakerUnavailable, DrainBreaker
+from slurm_robust.health.node_ledger import EventKind, NodeEvent
 from slurm_robust.records import append_records, make_record
 from slurm_robust.reserve.config import SHARED_FILE_MODE
 from slurm_robust.reserve.gate import DeepRun, HealthGate
@@ -44,11 +45,14 @@ class Executor:
         op: ``reconcile`` or ``handoff``, recorded with every outcome.
         dry_run: log what would be done, change nothing.
         breaker: the drain circuit breaker (health/breaker.py) asked before each drain.
+        record: takes the node-ledger events of each apply (drains, held-back drains,
+            deep checks); it must never raise (health.ledger_writer.record_safely).
     """
 
     def __init__(self, slurm: Slurm, gate: HealthGate, log_path: Path, op: str,
                  dry_run: bool = False, clock: Callable[[], float] = time.time,
-                 breaker: DrainBreaker | None = None) -> None:
+                 breaker: DrainBreaker | None = None,
+                 record: Callable[[list[NodeEvent]], Any] | None = None) -> None:
         self.slurm = slurm
         self.gate = gate
         self.log_path = log_path
@@ -57,9 +61,12 @@ class Executor:
         self.clock = clock
         #: The drain circuit breaker every drain asks first (None: off or no site config).
         self.breaker = breaker
+        self.record = record
+        self._events: list[NodeEvent] = []
 
     def apply(self, actions: Sequence[Action]) -> list[dict[str, Any]]:
         outcomes: list[dict[str, Any]] = []
+        self._events = []
         for action in actions:
             if isinstance(action, Drain):
                 outcomes.append(self._drain(action))
@@ -74,7 +81,14 @@ class Executor:
             append_records(self.log_path, [make_record(ACTION_SCHEMA, ACTION_VERSION, o,
                                                        now=o["time"]) for o in outcomes],
                            mode=SHARED_FILE_MODE)
+        if self._events and self.record is not None and not self.dry_run:
+            self.record(self._events)
         return outcomes
+
+    def _event(self, kind: EventKind, node: str, job_id: str | None = None,
+               **evidence: Any) -> None:
+        self._events.append(NodeEvent(node, kind, f"reserve {self.op}", self.clock(), job_id,
+                                      evidence=evidence))
 
     def _outcome(self, action: Action, ok: bool, error: str = "",
                  **extra: Any) -> dict[str, Any]:
@@ -109,9 +123,13 @@ class Executor:
                     log.warning("reserve %s: drain circuit breaker not asked: %s", self.op, exc)
                 else:
                     if not claim.granted:
+                        self._event(EventKind.WOULD_DRAIN, action.node, action.job_id,
+                                    reason=decision.reason, why=claim.why)
                         return self._outcome(action, ok=True, skipped=claim.why)
             if not self.dry_run:
                 self.slurm.drain(action.node, decision.reason)
+                self._event(EventKind.DRAIN, action.node, action.job_id,
+                            reason=decision.reason, why=action.why)
         except SlurmRobustError as exc:
             return self._outcome(action, ok=False, error=str(exc))
         return self._outcome(action, ok=True)
@@ -126,6 +144,8 @@ class Executor:
         if not run.ran:
             return self._outcome(action, ok=False, error=run.reason, passed=None)
         extra: dict[str, Any] = {"passed": run.passed, "reason": run.reason}
+        self._event(EventKind.DEEP_CHECK_PASSED if run.passed else EventKind.DEEP_CHECK_FAILED,
+                    action.node, reason=run.reason, why=action.why)
         if not run.passed:
             # A failed deep check drains the node: drained nodes never enter the reserve.
             reason = run.reason if run.reason.startswith(OUR_PREFIX) else \

@@ -13,7 +13,9 @@ StartTime (detached, once Slurm has finished requeueing it) so it starts at once
 ``reserve reconcile`` refills the reserve afterwards.
 
 Every applied or refused verdict is logged to ``SiteConfig.verdict_log`` as a
-``slurm_robust.verdict_action`` record (docs/SCHEMAS.md).
+``slurm_robust.verdict_action`` record (docs/SCHEMAS.md), and every validated verdict is
+a ``blame`` in the node ledger (health/node_ledger.py), whose lemons are never handed
+over as spares.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from typing import Any
 
 from slurm_robust.errors import SlurmRobustError, UsageError
 from slurm_robust.health.breaker import DrainBreaker, site_breaker
+from slurm_robust.health.ledger_writer import SiteLedger
+from slurm_robust.health.node_ledger import EventKind, NodeEvent
 from slurm_robust.records import append_records, make_record
 from slurm_robust.reserve.allocation import GivenNodes, sacct_nodes
 from slurm_robust.reserve.config import (
@@ -132,6 +136,7 @@ def _respare(end: JobEnd, site: SiteConfig, cfg: ReserveConfig,
     """A job end without verdicts, of a job that was handed spares: replace those that
     failed a check (their prolog), bounded; record each step in the verdict log."""
     slurm = slurm_factory()
+    lemons = SiteLedger(site).lemons()
     with reserve_lock(cfg.lock_file, cfg.lock_timeout_s):
         ledger = load_ledger(cfg.ledger_dir, end.job_id)
         job = slurm.job(end.job_id)
@@ -139,7 +144,7 @@ def _respare(end: JobEnd, site: SiteConfig, cfg: ReserveConfig,
         partition = end.partition or (job.partition.split(",")[0] if job else "")
         requeued = is_requeued(job, now)
         done = replace_failed_spares(end.job_id, partition, job, requeued, ledger, cfg,
-                                     slurm, gate_factory(slurm), now, clock)
+                                     slurm, gate_factory(slurm), now, clock, lemons)
         if done is None:
             return None
         save_ledger(cfg.ledger_dir, ledger)
@@ -176,11 +181,14 @@ def handle_job_end(end: JobEnd, site: SiteConfig, slurm_factory: Callable[[], Sl
     _log_refusals(site, end, batch, clock())
     if not batch.verdicts:
         return report
+    nodes = SiteLedger(site)
+    # Read before the lock: the reserve lock is never held waiting on the ledger's.
+    lemons = nodes.lemons()
     try:
         slurm = slurm_factory()
         with reserve_lock(cfg.lock_file, cfg.lock_timeout_s):
             applied = _apply(end, batch.verdicts, given, cfg, slurm, gate_factory(slurm),
-                             report, clock, _breaker(site))
+                             report, clock, _breaker(site), lemons, nodes)
     except SlurmRobustError:
         # Nothing applied for sure: put the file back so the next end of the job retries.
         restore_verdicts(batch)
@@ -189,20 +197,33 @@ def handle_job_end(end: JobEnd, site: SiteConfig, slurm_factory: Callable[[], Sl
     if report.requeued:
         _log_downs(site, end, down_unreachable(slurm, [v.node for v in applied], probe),
                    clock())
+    # Last: bookkeeping never delays what the requeued job waits for.
+    nodes.record(blame_events(end, applied, clock()))
     return report
+
+
+def blame_events(end: JobEnd, verdicts: list[Verdict], now: float) -> list[NodeEvent]:
+    """The node-ledger ``blame`` of each verdict acted on (validated: a node the job was
+    given; a node Slurm marked DOWN under it counts too). The job-written text is bounded
+    again by the ledger."""
+    return [NodeEvent(v.node, EventKind.BLAME, "epilog_slurmctld", now, end.job_id, v.cls,
+                      {"reason": v.reason, "incident": v.incident, "user": end.user,
+                       "evidence": v.evidence}) for v in verdicts]
 
 
 def _apply(end: JobEnd, verdicts: list[Verdict], given: GivenNodes, cfg: ReserveConfig,
            slurm: Slurm, gate: HealthGate, report: HandoffReport,
-           clock: Callable[[], float], breaker: DrainBreaker | None = None) -> list[Verdict]:
+           clock: Callable[[], float], breaker: DrainBreaker | None = None,
+           lemons: frozenset[str] = frozenset(),
+           nodes: SiteLedger | None = None) -> list[Verdict]:
     """Apply the verdicts (plus nodes Slurm marked DOWN under the job); returns all the
-    verdicts acted on, for the log."""
+    verdicts acted on, for the log. ``lemons`` are never handed over as spares."""
     job = slurm.job(end.job_id)
     now = clock()
     report.requeued = is_requeued(job, now)
     partition = end.partition or (job.partition.split(",")[0] if job else "")
     verdicts = verdicts + down_under_job(slurm, end.job_id, given, verdicts)
-    snap = take_snapshot(slurm, gate, cfg, now, [partition] if partition else [])
+    snap = take_snapshot(slurm, gate, cfg, now, [partition] if partition else [], lemons)
     snap = _with_nodes(snap, slurm, [v.node for v in verdicts])
     repeats = _repeat_reasons(slurm, cfg, verdicts, now)
     ledger = load_ledger(cfg.ledger_dir, end.job_id)
@@ -211,7 +232,9 @@ def _apply(end: JobEnd, verdicts: list[Verdict], given: GivenNodes, cfg: Reserve
     plan = plan_handoff(end.job_id, partition, report.requeued, verdicts, snap, cfg, repeats,
                         ledger, cap)
     report.outcomes = Executor(slurm, gate, cfg.log_file, "handoff", clock=clock,
-                               breaker=breaker).apply(plan.actions)
+                               breaker=breaker,
+                               record=nodes.record if nodes is not None else None
+                               ).apply(plan.actions)
     report.drained = [o["node"] for o in report.outcomes
                       if o["action"] == "drain" and o["ok"] and "skipped" not in o]
     report.handed_over = [o["node"] for o in report.outcomes
@@ -272,7 +295,7 @@ def _with_nodes(snap: Snapshot, slurm: Slurm, names: list[str]) -> Snapshot:
     views = dict(snap.nodes)
     for n in slurm.nodes(missing):
         views[n.name] = NodeView(n.name, n.idle, n.drained, n.usable, n.reason, None)
-    return Snapshot(snap.now, views, snap.partitions)
+    return Snapshot(snap.now, views, snap.partitions, snap.lemons)
 
 
 def _repeat_reasons(slurm: Slurm, cfg: ReserveConfig, verdicts: list[Verdict],

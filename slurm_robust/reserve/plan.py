@@ -6,9 +6,11 @@ snapshot: :mod:`.executor` applies the actions and logs them. Node lifecycle in 
     train (idle, fresh deep pass) --fill--> STANDBY --handoff--> PROMOTED (job's partition)
     STANDBY --surplus / drained / stale--> train (home partition)
 
-A spare is a member of the reserve partition that is idle, not drained, and passed the
-deep suite within ``freshness_h``. Drained nodes never enter; a member that becomes
-drained, goes down or whose pass goes stale (and cannot be re-checked) is returned home.
+A spare is a member of the reserve partition that is idle, not drained, passed the
+deep suite within ``freshness_h``, and is not a lemon (health/lemons.py: blamed by too
+many distinct jobs). Drained nodes and lemons never enter; a member that becomes drained,
+goes down, becomes a lemon, or whose pass goes stale (and cannot be re-checked) is
+returned home.
 """
 
 from __future__ import annotations
@@ -38,11 +40,12 @@ class NodeView:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Nodes and partition membership at one instant."""
+    """Nodes and partition membership at one instant, and the lemons (never spares)."""
 
     now: float
     nodes: Mapping[str, NodeView]
     partitions: Mapping[str, tuple[str, ...]]
+    lemons: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,7 @@ def is_spare(view: NodeView, now: float, cfg: ReserveConfig) -> bool:
 def spares(snap: Snapshot, cfg: ReserveConfig) -> list[str]:
     """Reserve members that are spares now, freshest first (handed over first)."""
     members = [snap.nodes[n] for n in snap.partitions.get(cfg.partition, ()) if n in snap.nodes]
-    ok = [v for v in members if is_spare(v, snap.now, cfg)]
+    ok = [v for v in members if is_spare(v, snap.now, cfg) and v.name not in snap.lemons]
     return [v.name for v in sorted(ok, key=lambda v: (-(v.last_deep_pass or 0.0), v.name))]
 
 
@@ -114,7 +117,8 @@ def _fill_candidates(snap: Snapshot, cfg: ReserveConfig) -> list[NodeView]:
     for part in cfg.train_partitions:
         names.update(snap.partitions.get(part, ()))
     views = [snap.nodes[n] for n in sorted(names - members) if n in snap.nodes]
-    idle = [v for v in views if v.idle and v.usable and not v.drained]
+    idle = [v for v in views if v.idle and v.usable and not v.drained
+            and v.name not in snap.lemons]
     # Fresh nodes first (no check needed), newest pass first; then stale ones by name.
     return sorted(idle, key=lambda v: (not is_fresh(v, snap.now, cfg),
                                        -(v.last_deep_pass or 0.0), v.name))
@@ -168,6 +172,7 @@ def plan_reconcile(snap: Snapshot, cfg: ReserveConfig, target: int,
                                                 and not view.drained):
             continue  # busy members stay; a job may be running there
         why = "drained" if view.drained else ("not usable" if not view.usable
+                                              else "a lemon" if name in snap.lemons
                                               else "deep pass stale or failed")
         actions.append(Move(name, (cfg.partition,), home, f"not a spare: {why}"))
     for name in current[target:] if need < 0 else ():

@@ -16,6 +16,7 @@ from typing import Any
 
 from slurm_robust.errors import SlurmRobustError
 from slurm_robust.health.breaker import DrainBreaker
+from slurm_robust.health.ledger_writer import SiteLedger
 from slurm_robust.reserve.config import HOUR_S, ReserveConfig
 from slurm_robust.reserve.executor import Executor
 from slurm_robust.reserve.gate import HealthGate
@@ -44,15 +45,17 @@ _SACCT_TIME = "%Y-%m-%dT%H:%M:%S"
 
 
 def take_snapshot(slurm: Slurm, gate: HealthGate, cfg: ReserveConfig,
-                  now: float, extra_partitions: Iterable[str] = ()) -> Snapshot:
-    """Partition membership (reserve + train partitions) and those nodes' views."""
+                  now: float, extra_partitions: Iterable[str] = (),
+                  lemons: frozenset[str] = frozenset()) -> Snapshot:
+    """Partition membership (reserve + train partitions), those nodes' views, and the
+    node ledger's lemons (never admitted to the reserve)."""
     names = (cfg.partition, *cfg.train_partitions, *extra_partitions)
     parts = {p: tuple(slurm.partition_nodes(p)) for p in dict.fromkeys(names)}
     wanted = {n for members in parts.values() for n in members}
     views = {n.name: NodeView(n.name, n.idle, n.drained, n.usable, n.reason,
                               gate.last_deep_pass(n.name))
              for n in slurm.nodes(wanted)}
-    return Snapshot(now, views, parts)
+    return Snapshot(now, views, parts, lemons)
 
 
 def pool_size(snap: Snapshot, cfg: ReserveConfig) -> int:
@@ -122,8 +125,10 @@ class ReconcileReport:
 
 def reconcile(slurm: Slurm, gate: HealthGate, cfg: ReserveConfig, dry_run: bool = False,
               clock: Callable[[], float] = time.time,
-              breaker: DrainBreaker | None = None) -> ReconcileReport:
-    """Bring the reserve to its target; see the module docstring.
+              breaker: DrainBreaker | None = None,
+              ledger: SiteLedger | None = None) -> ReconcileReport:
+    """Bring the reserve to its target; see the module docstring. ``ledger``: the node
+    ledger, which names the lemons (kept out) and records the drains and deep checks.
 
     Raises:
         ReserveLockTimeout: another reserve operation held the lock too long.
@@ -132,11 +137,13 @@ def reconcile(slurm: Slurm, gate: HealthGate, cfg: ReserveConfig, dry_run: bool 
     with reserve_lock(cfg.lock_file, cfg.lock_timeout_s) as waited:
         if not dry_run:
             ensure_verdict_root(cfg.verdict_root)
-        snap = take_snapshot(slurm, gate, cfg, clock())
+        lemons = ledger.lemons() if ledger is not None else frozenset()
+        snap = take_snapshot(slurm, gate, cfg, clock(), lemons=lemons)
         sizing = compute_target(slurm, gate, cfg, snap)
         target = sizing["target"].size
         before = spares_of(snap, cfg)
-        executor = Executor(slurm, gate, cfg.log_file, "reconcile", dry_run, clock, breaker)
+        executor = Executor(slurm, gate, cfg.log_file, "reconcile", dry_run, clock, breaker,
+                            record=ledger.record if ledger is not None else None)
         checked: set[str] = set()
         outcomes: list[dict[str, Any]] = []
         keep = queued_need(slurm, cfg)
@@ -148,8 +155,9 @@ def reconcile(slurm: Slurm, gate: HealthGate, cfg: ReserveConfig, dry_run: bool 
             checked.update(a.node for a in actions if a.kind == "deep_check")
             if dry_run or all(a.kind != "deep_check" for a in actions):
                 break
-            snap = take_snapshot(slurm, gate, cfg, clock())
-        after = spares_of(take_snapshot(slurm, gate, cfg, clock()), cfg) if outcomes else before
+            snap = take_snapshot(slurm, gate, cfg, clock(), lemons=lemons)
+        after = spares_of(take_snapshot(slurm, gate, cfg, clock(), lemons=lemons), cfg) \
+            if outcomes else before
     return ReconcileReport(target, before, after, outcomes, round(waited, 3),
                            {k: v.as_dict() if hasattr(v, "as_dict") else v
                             for k, v in sizing.items()})
@@ -168,13 +176,16 @@ def queued_need(slurm: Slurm, cfg: ReserveConfig) -> int:
 
 def spares_of(snap: Snapshot, cfg: ReserveConfig) -> list[str]:
     return sorted(n for n in snap.partitions.get(cfg.partition, ())
-                  if n in snap.nodes and is_spare(snap.nodes[n], snap.now, cfg))
+                  if n in snap.nodes and n not in snap.lemons
+                  and is_spare(snap.nodes[n], snap.now, cfg))
 
 
 def status(slurm: Slurm, gate: HealthGate, cfg: ReserveConfig,
-           clock: Callable[[], float] = time.time) -> dict[str, Any]:
+           clock: Callable[[], float] = time.time,
+           ledger: SiteLedger | None = None) -> dict[str, Any]:
     """The reserve now: members, which are spares and why not, the target and its basis."""
-    snap = take_snapshot(slurm, gate, cfg, clock())
+    snap = take_snapshot(slurm, gate, cfg, clock(),
+                         lemons=ledger.lemons() if ledger is not None else frozenset())
     sizing = compute_target(slurm, gate, cfg, snap)
     members = []
     for name in snap.partitions.get(cfg.partition, ()):
@@ -182,7 +193,9 @@ def status(slurm: Slurm, gate: HealthGate, cfg: ReserveConfig,
         if v is None:
             continue
         age = None if v.last_deep_pass is None else round((snap.now - v.last_deep_pass) / 3600, 2)
-        members.append({"node": name, "spare": is_spare(v, snap.now, cfg), "idle": v.idle,
+        lemon = name in snap.lemons
+        members.append({"node": name, "spare": is_spare(v, snap.now, cfg) and not lemon,
+                        "lemon": lemon, "idle": v.idle,
                         "drained": v.drained, "usable": v.usable, "reason": v.reason,
                         "deep_pass_age_h": age, "fresh": is_fresh(v, snap.now, cfg)})
     spare_count = sum(1 for m in members if m["spare"])

@@ -56,7 +56,8 @@ class Respare:
 def replace_failed_spares(job_id: str, partition: str, job: Job | None, requeued: bool,
                           ledger: JobLedger, cfg: ReserveConfig, slurm: Slurm,
                           gate: HealthGate, now: float,
-                          clock: Callable[[], float]) -> Respare | None:
+                          clock: Callable[[], float],
+                          lemons: frozenset[str] = frozenset()) -> Respare | None:
     """Find the job's handed-over spares that failed a check and replace them (call under
     the reserve lock; updates ``ledger``). None when no spare of this job failed."""
     watched = [n for n in (*ledger.handed_over, *ledger.replacements)
@@ -72,7 +73,7 @@ def replace_failed_spares(job_id: str, partition: str, job: Job | None, requeued
         return out
     room = max(cfg.spare_retries - len(ledger.replacements), 0)
     want = min(len(failed), room)
-    snap = take_snapshot(slurm, gate, cfg, now, [partition])
+    snap = take_snapshot(slurm, gate, cfg, now, [partition], lemons)
     moves = [Move(name, (cfg.partition,), partition,
                   f"replaces spare(s) {', '.join(failed)} that failed a check for job "
                   f"{job_id} (try {len(ledger.replacements) + i + 1} of {cfg.spare_retries})")

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from slurm_robust.errors import SlurmRobustError
 from slurm_robust.health.breaker import site_breaker
+from slurm_robust.health.ledger_writer import SiteLedger
 from slurm_robust.records import make_record
 from slurm_robust.reserve.config import reserve_config
 from slurm_robust.reserve.gate import LocalSuiteGate
@@ -35,7 +36,7 @@ def one_pass(config: str | None) -> dict[str, object]:
     slurm = Slurm(policy=RetryPolicy(timeout_s=cfg.call_timeout_s))
     try:
         rep = reconcile(slurm, LocalSuiteGate(site, slurm.node_address), cfg,
-                        breaker=site_breaker(site.breaker))
+                        breaker=site_breaker(site.breaker), ledger=SiteLedger(site))
     except SlurmRobustError as exc:
         return {"ok": False, "error": str(exc)[:500]}
     return {"ok": all(o.get("ok") for o in rep.outcomes), "target": rep.target,

@@ -33,6 +33,7 @@ from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.errors import LauncherError, RunStopped
 from slurm_robust.launcher.node.agent import run_agent
 from slurm_robust.launcher.paths import COMMENT_PREFIX, RunPaths, site_config_path
+from slurm_robust.launcher.submit.lemons import exclude_for_submit
 from slurm_robust.launcher.worker_signals import WARNING_SIGNAL
 from slurm_robust.records import (
     EVENT_SCHEMA,
@@ -59,6 +60,8 @@ class SlurmOptions:
     job_name: str = "slurm-robust"
     account: str | None = None
     exclude: str | None = None
+    #: Submit onto lemons too (health/lemons.py); by default they join ``exclude``.
+    allow_lemons: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -82,6 +85,9 @@ def submit_run(cfg: RunConfig, slurm: SlurmOptions) -> Any:
         cfg = dataclasses.replace(cfg, site_config=site_config_path())
     write_json_atomic(paths.config, cfg.to_dict(), mode=0o600)
     ex = submitit.SlurmExecutor(folder=str(paths.submitit), max_num_timeout=3)
+    exclude = exclude_for_submit(slurm.exclude, slurm.allow_lemons, cfg.site_config,
+                                 warn=lambda text: print(f"slurm-robust: {text}",
+                                                         file=sys.stderr))
     params: dict[str, Any] = {
         "nodes": cfg.total_nodes, "ntasks_per_node": 1, "time": slurm.time_min,
         "job_name": slurm.job_name, "comment": f"{COMMENT_PREFIX}{cfg.run_dir}",
@@ -95,7 +101,7 @@ def submit_run(cfg: RunConfig, slurm: SlurmOptions) -> Any:
     }
     for key, value in (("partition", slurm.partition), ("gpus_per_node", slurm.gpus_per_node),
                        ("cpus_per_task", slurm.cpus_per_task), ("account", slurm.account),
-                       ("exclude", slurm.exclude)):
+                       ("exclude", exclude)):
         if value is not None:
             params[key] = value
     if slurm.mem_gb is not None:
@@ -109,7 +115,7 @@ def submit_run(cfg: RunConfig, slurm: SlurmOptions) -> Any:
 
 # --------------------------------------------------------------------- Python executor
 _SLURM_KEYS = {"nodes", "partition", "time", "gpus_per_node", "cpus_per_task", "mem_gb",
-               "job_name", "account", "exclude", "additional_parameters"}
+               "job_name", "account", "exclude", "allow_lemons", "additional_parameters"}
 _ROBUST_KEYS = {f.name for f in dataclasses.fields(RunConfig)} - {"command", "run_dir", "nodes"}
 
 
@@ -118,8 +124,8 @@ class RobustExecutor:
 
     Parameters are submitit's (``nodes``, ``partition``, ``time`` in minutes,
     ``gpus_per_node``, ``cpus_per_task``, ``mem_gb``, ``job_name``, ``account``,
-    ``exclude``, ``additional_parameters``) plus every RunConfig option (``spares``,
-    ``hang_floor_s``, ``max_restarts``, ``local_every``, ``durable_every``, ...).
+    ``exclude``, ``allow_lemons``, ``additional_parameters``) plus every RunConfig option
+    (``spares``, ``hang_floor_s``, ``max_restarts``, ``local_every``, ``durable_every``, ...).
     Unknown keys raise UsageError listing the valid ones.
     """
 
@@ -155,6 +161,7 @@ class RobustExecutor:
                              cpus_per_task=p.get("cpus_per_task"), mem_gb=p.get("mem_gb"),
                              job_name=p.get("job_name", "slurm-robust"),
                              account=p.get("account"), exclude=p.get("exclude"),
+                             allow_lemons=bool(p.get("allow_lemons", False)),
                              extra=dict(p.get("additional_parameters") or {}))
         return RobustJob(submit_run(cfg, slurm), str(run_dir))
 

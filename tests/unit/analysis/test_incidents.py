@@ -159,3 +159,20 @@ def test_fleet_reserve_uses_the_reserve_sizing_rule():
     view = fleet_view(records, events)
     assert view.failure_prob_window == pytest.approx(0.0012, rel=1e-3)
     assert view.reserve_size == 4
+
+
+def test_blame_concentration_counts_incidents_and_distinct_runs_of_the_top_nodes() -> None:
+    import pandas as pd
+
+    from slurm_robust.analysis.nodes import blame_concentration
+
+    inc = pd.DataFrame({"run_id": ["a", "a", "b", "c", "d", "e"],
+                        "incident": [1, 2, 1, 1, 1, 1],
+                        "nodes": [["n1"], ["n1", "n2"], ["n1"], ["n3"], [], ["n2"]]})
+    table = blame_concentration(inc, top=(1, 2, 10))
+    assert table.to_dict("records") == [
+        {"top_nodes": 1, "nodes": "n1", "runs_blaming": 2, "incidents": 3, "share": 0.6},
+        {"top_nodes": 2, "nodes": "n1,n2", "runs_blaming": 3, "incidents": 4, "share": 0.8},
+        {"top_nodes": 3, "nodes": "n1,n2,n3", "runs_blaming": 4, "incidents": 5,
+         "share": 1.0}]
+    assert blame_concentration(inc.iloc[4:5]).empty

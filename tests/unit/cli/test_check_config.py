@@ -24,6 +24,7 @@ def _check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: dict[str, obj
 @pytest.mark.parametrize(("section", "message"), [
     ({"reserve": {"partiton": "standby"}}, "site config reserve: unknown key(s) ['partiton']"),
     ({"monitor": {"gpu": {"interval": 10}}}, "site config monitor.gpu: unknown key(s)"),
+    ({"ledger": {"lemon_blame": 3}}, "site config ledger: unknown key(s) ['lemon_blame']"),
 ])
 def test_a_typo_in_a_later_section_fails_the_check(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],

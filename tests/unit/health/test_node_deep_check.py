@@ -131,3 +131,28 @@ def test_node_state_reason_reads_scontrol(line: str, expected: tuple[str, str]) 
             return line + "\n"
 
     assert OneLine().node_state_reason("node3") == expected
+
+
+def test_deep_check_outcomes_go_to_the_node_ledger(tmp_path: Path) -> None:
+    """A pass is a deep_check_passed and a return to service, a failure a
+    deep_check_failed and a drain: two failures make the node a lemon by default."""
+    from slurm_robust.health.lemons import lemons
+    from slurm_robust.health.node_ledger import EventKind, LedgerConfig, NodeLedger
+
+    site = SiteConfig(state_dir=str(tmp_path / "{node}"), injection_enabled=True,
+                      checks=LIGHT, ledger={"dir": str(tmp_path / "ledger"),
+                                            "lemons_file": str(tmp_path / "lemons.json")})
+    deep_check_and_return("node3", "node3", FakeSlurm([PENDING]), site)  # type: ignore[arg-type]
+    path = inject_path(site.state_path("node3"))
+    path.write_text('{"shm_free_bytes": 0}')
+    for _ in range(2):
+        deep_check_and_return("node3", "node3", FakeSlurm([PENDING]),  # type: ignore[arg-type]
+                              site)
+    deep_check_and_return("node3", "node3", FakeSlurm([("idle", "")]),  # type: ignore[arg-type]
+                          site)  # not pending: left, nothing recorded
+    led = NodeLedger(LedgerConfig(dir=str(tmp_path / "ledger")))
+    assert [(e.kind, e.source) for e in led.history("node3")] == [
+        (EventKind.DEEP_CHECK_PASSED, "health_check"), (EventKind.RETURNED, "health_check"),
+        (EventKind.DEEP_CHECK_FAILED, "health_check"), (EventKind.DRAIN, "health_check"),
+        (EventKind.DEEP_CHECK_FAILED, "health_check"), (EventKind.DRAIN, "health_check")]
+    assert lemons(led) == ["node3"]

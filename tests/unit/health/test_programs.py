@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from slurm_robust.cli.main import main as cli_main
+from slurm_robust.health.node_ledger import EventKind, LedgerConfig, NodeEvent, NodeLedger
 
 REPO = Path(__file__).resolve().parents[3]
 SINFO_JSON = {"nodes": [{"name": "node2", "state": "allocated", "state_flags": [],
@@ -34,6 +36,8 @@ def node_env(tmp_path: Path) -> dict[str, str]:
     conf = tmp_path / "site.json"
     conf.write_text(json.dumps({"state_dir": str(tmp_path / "{node}"),
                                 "injection_enabled": True,
+                                "ledger": {"dir": str(tmp_path / "ledger"),
+                                           "lemons_file": str(tmp_path / "lemons.json")},
                                 "checks": {"deep_collective": {"enabled": False}}}))
     return {"PATH": f"{fake}:{os.environ['PATH']}", "SLURM_ROBUST_CONFIG": str(conf),
             "SLURMD_NODENAME": "node2", "SLURM_JOB_ID": "4242", "SLURM_JOB_UID": "1001",
@@ -71,6 +75,65 @@ def test_failing_prolog_drains_with_the_check_reason(node_env: dict[str, str]) -
     assert any(json.loads(line)["status"] == "fail" for line in journal)
 
 
+def _ledger(node_env: dict[str, str]) -> NodeLedger:
+    tmp = Path(node_env["SLURM_ROBUST_CONFIG"]).parent
+    return NodeLedger(LedgerConfig(dir=str(tmp / "ledger")))
+
+
+def _fail_prolog(node_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    state = Path(node_env["SLURM_ROBUST_CONFIG"]).parent / "node2"
+    state.mkdir()
+    (state / "inject.json").write_text(json.dumps({"xid_events": [{"gpu": 3, "xid": 79}]}))
+    return run_program("prolog", node_env)
+
+
+def test_failing_prolog_records_the_check_and_the_drain_in_the_node_ledger(
+        node_env: dict[str, str]) -> None:
+    proc = _fail_prolog(node_env)
+    assert proc.returncode == 1
+    events = _ledger(node_env).history("node2")
+    assert [(e.kind, e.source, e.job_id) for e in events] == [
+        (EventKind.CHECK_FAILED, "prolog", "4242"), (EventKind.DRAIN, "prolog", "4242")]
+    assert events[0].check == "gpu_xid"
+    assert "Xid 79" in events[1].evidence["reason"]
+
+
+def test_a_locked_node_ledger_delays_the_drain_by_its_busy_timeout_at_most(
+        node_env: dict[str, str]) -> None:
+    """Another writer holds the database's write lock for the whole run: the prolog
+    still drains and fails the job, warns on one line, and waits no longer than the
+    busy timeout (0.2 s here) for the lock."""
+    conf = Path(node_env["SLURM_ROBUST_CONFIG"])
+    site = json.loads(conf.read_text())
+    site["ledger"]["busy_timeout_s"] = 0.2
+    conf.write_text(json.dumps(site))
+    ledger = _ledger(node_env)
+    ledger.record([NodeEvent("node1", EventKind.DRAIN, "test")])  # creates the database
+    holder = sqlite3.connect(ledger.path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        proc = _fail_prolog(node_env)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert proc.returncode == 1
+    assert calls(node_env)[-1].startswith("scontrol update nodename=node2 state=drain")
+    assert "node ledger not updated" in proc.stderr and "locked" in proc.stderr
+    assert ledger.history("node2") == []
+
+
+def test_a_broken_node_ledger_does_not_stop_the_drain(node_env: dict[str, str]) -> None:
+    """A corrupt database file (not SQLite at all): the drain happens, one warning."""
+    ledger = _ledger(node_env)
+    ledger.dir.mkdir(mode=0o700)
+    ledger.path.write_bytes(b"this is not a database" * 100)
+    ledger.path.chmod(0o600)
+    proc = _fail_prolog(node_env)
+    assert proc.returncode == 1
+    assert calls(node_env)[-1].startswith("scontrol update nodename=node2 state=drain")
+    assert "node ledger not updated" in proc.stderr
+
+
 def test_failing_epilog_drains_with_the_deep_check_reason(node_env: dict[str, str]) -> None:
     state = Path(node_env["SLURM_ROBUST_CONFIG"]).parent / "node2"
     state.mkdir()
@@ -84,7 +147,9 @@ def test_failing_epilog_drains_with_the_deep_check_reason(node_env: dict[str, st
 
 
 def test_broken_site_config_fails_closed(node_env: dict[str, str]) -> None:
-    Path(node_env["SLURM_ROBUST_CONFIG"]).write_text(json.dumps({"checks": {"gpu_xyd": {}}}))
+    conf = Path(node_env["SLURM_ROBUST_CONFIG"])
+    conf.write_text(json.dumps({"checks": {"gpu_xyd": {}},
+                                "ledger": json.loads(conf.read_text())["ledger"]}))
     proc = run_program("prolog", node_env)
     assert proc.returncode == 1
     assert "unknown check(s) ['gpu_xyd']" in calls(node_env)[-1]
