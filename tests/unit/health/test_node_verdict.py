@@ -45,9 +45,13 @@ def test_a_failed_check_is_critical_with_its_next_steps_and_is_written(tmp_path:
     assert read_document("n1", site)["run_id"] == result.run_id
 
 
-def test_a_healthy_node_without_gpus_is_info_and_exits_zero(tmp_path: Path) -> None:
+def test_a_node_without_failures_exits_zero_at_its_worst_check_level(tmp_path: Path) -> None:
+    # This machine's own readings (a loaded machine may warn); no GPU: at least INFO.
     doc = run_suite("prolog", "n1", config=site_at(tmp_path), probes=Probes({})).verdict
-    assert doc is not None and (doc["severity"], doc["exit_code"]) == ("INFO", 0)
+    assert doc is not None and doc["exit_code"] == 0
+    levels = {c["severity"] for c in doc["checks"]}
+    assert "CRITICAL" not in levels and "INFO" in levels
+    assert doc["severity"] == ("WARNING" if "WARNING" in levels else "INFO")
     assert doc["actions"] == []
 
 
