@@ -150,10 +150,21 @@ _OVERFLOW_STEP = re.compile(r"OVERFLOW! Rank \d+ Skipping step|Gradient overflow
                             r"step", re.I)
 #: Overflow skips in one log tail that make a divergence rather than routine scaling.
 OVERFLOW_RUN = 5
+_SCALE_TO = re.compile(r"loss scale to (?P<scale>[0-9.]+(e[-+]?\d+)?)", re.I)
+#: A loss scale below this has collapsed: every gradient underflows.
+COLLAPSED_SCALE = 1e-4
 
 
 def _overflow_run(line: str, log: str) -> bool:
-    return len(_OVERFLOW_STEP.findall(log)) >= OVERFLOW_RUN
+    """A run of overflow skips, or a loss scale driven below any useful value (a dynamic
+    scaler starts at 2**16 and a healthy one stays well above 1)."""
+    if len(_OVERFLOW_STEP.findall(log)) >= OVERFLOW_RUN:
+        return True
+    scale = _SCALE_TO.search(line)
+    try:
+        return scale is not None and float(scale["scale"]) < COLLAPSED_SCALE
+    except ValueError:
+        return False
 
 
 def _cpu_stall_line(line: str, log: str) -> bool:
@@ -188,12 +199,21 @@ LOG_RULES: tuple[Rule, ...] = (
         accept=_cpu_stall_line),
     Rule("node_fail", F.NODE_LOST, _rx(
         r"Node failure on|\bNODE_FAIL\b|DUE TO NODE FAILURE|node_fail\b|\bNot responding\b|"
-        r"Kill task failed|marked dead|missed too many heartbeats"), strength=_K),
+        r"Kill task failed|marked dead|missed too many heartbeats|"
+        r"Node unexpectedly rebooted"), strength=_K),
+    # slurmstepd's own line when the job ran past its time limit (src/slurmd/slurmstepd/
+    # req.c): the limit asked for was too short, not a fault of any node. Under the
+    # launcher the limit is met by its warning signal first; this is the job that had none.
+    Rule("slurm_time_limit", F.BAD_CONFIG, _rx(
+        r"\bCANCELLED AT \S+ DUE TO TIME LIMIT\b"), side=Side.USER, strength=_K),
     Rule("block_io", F.DISK_FAULT, _rx(
         r"blk_update_request: .*error|Buffer I/O error|I/O error, dev |failed command: "
         r"(READ|WRITE)|EXT4-fs error|XFS \(\S+\): .*(I/O error|Corruption)|"
         r"Remounting filesystem read-only|critical medium error|Medium Error|"
-        r"nvme\d+\S*: .*(timeout|I/O)|ata\d+(\.\d+)?: (exception|failed|error)"), strength=_K),
+        r"nvme\d+\S*: .*(timeout|I/O)|ata\d+(\.\d+)?: (exception|failed|error)|"
+        # smartctl's verdicts on a failing drive
+        r"SMART overall-health self-assessment test result: FAILED|"
+        r"Currently unreadable \(pending\) sectors|FAILING_NOW"), strength=_K),
     Rule("hung_task", F.JOB_HANG, _HUNG_TASK, side=Side.UNKNOWN, strength=_K,
          accept=_hung_task_line),
     # "device-side assert triggered", not PyTorch's generic hint under every CUDA error
@@ -229,7 +249,8 @@ LOG_RULES: tuple[Rule, ...] = (
         r"insufficient shared memory|out of shared memory|shared memory \(shm\)|"
         r"shared memory limit|/dev/shm|--shm-size|shm size|unable to write to file </torch_|"
         r"unable to (open|mmap) shared memory|\bSemLock\b|sem_open|"
-        r"joblib will operate in serial mode")),
+        r"joblib will operate in serial mode|creating shared memory segment|"
+        r"shm\.h:\d+[^\n]*posix_fallocate")),
     # A registry refusing the job's image (credentials, a wrong name): the job's setting.
     Rule("container_auth", F.BAD_CONFIG, _rx(
         r"returned error code: 40[13]|401 Unauthorized|403 Forbidden|manifest unknown|"
@@ -244,7 +265,8 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("container_start", F.CONTAINER_RUNTIME, _rx(
         r"OCI runtime|nvidia-container-cli|container_linux\.go|"
         r"docker: Error response from daemon|\benroot\b|\bpyxis\b|"
-        r"FATAL: +container creation failed"), side=Side.UNKNOWN),
+        r"FATAL: +container creation failed|could not select device driver \"?nvidia"),
+        side=Side.UNKNOWN),
     # Full: a node or shared volume (infrastructure), or the job's own cache filling a
     # small default location (user); the log rarely says which, host_disk_free does.
     Rule("disk_full", F.DISK_FULL, _rx(
@@ -266,6 +288,11 @@ LOG_RULES: tuple[Rule, ...] = (
         r"/gpfs|/nfs)|botocore|boto3|\bS3Error|s3fs|NoSuchKey|SlowDown|\bHDFS\b|webhdfs|"
         r"LustreError|gcsfs|google\.cloud\.storage|azure\.storage|"
         r"/content/drive/|BlockMissingException|Could not obtain block")),
+    # An object store's refusal (botocore's ClientError, the GCS JSON API's object URLs):
+    # a 403 is the job's credentials, a 503 the store's load or the job's own write rate.
+    Rule("object_store", F.REMOTE_STORAGE, _rx(
+        r"when calling the \w+ operation|googleapis\.com/(upload/)?storage/"),
+        side=Side.UNKNOWN),
     Rule("ib_io", F.NETWORK, _rx(r"(Input/output error|Errno 5\b)[^\n]*infiniband|"
                                  r"infiniband[^\n]*(Input/output error|Errno 5\b)")),
     Rule("io_error", F.DISK_FAULT, _rx(r"Input/output error|Errno 5\b|\bEIO\b")),
@@ -273,7 +300,8 @@ LOG_RULES: tuple[Rule, ...] = (
     # NCCL's own verdict on the caller (ncclInvalidUsage: "invalid usage of NCCL
     # library"), e.g. two ranks on one GPU or mismatched arguments: the job, not the fabric.
     Rule("nccl_invalid_usage", F.BAD_CONFIG, _rx(
-        r"ncclInvalidUsage|invalid usage of NCCL library|NCCL error[^\n]*invalid usage"),
+        r"ncclInvalidUsage|invalid usage of NCCL library|NCCL error[^\n]*invalid usage|"
+        r"no algorithm/protocol available"),
         side=Side.USER),
     Rule("fabric", F.NETWORK, _rx(
         r"NET/IB|NET/Socket|NCCL WARN NET|ibv_poll_cq|IBV_WC_\w+|completion[^\n]*status=\d+|"
@@ -289,7 +317,9 @@ LOG_RULES: tuple[Rule, ...] = (
         r"huggingface\.co|HfHubHTTPError|Max retries exceeded with url|HTTPSConnectionPool|"
         r"requests\.exceptions|urllib3\.exceptions|api\.wandb\.ai|wandb: ERROR|"
         r"Temporary failure in name resolution|\bHTTPError\b|raise_for_status|"
-        r"\bRateLimitError\b|Error code: 429\b|rate_limit_exceeded"),
+        r"\bRateLimitError\b|Error code: 429\b|rate_limit_exceeded|\bCommError\b|"
+        r"LocalEntryNotFoundError|check your (internet )?connection|"
+        r"Couldn't reach https?://"),
         side=Side.UNKNOWN),
     # A rendezvous on a loopback address across nodes: the hostname resolves to 127.x.
     Rule("loopback", F.BAD_CONFIG, _rx(
@@ -566,9 +596,11 @@ def last_exception(log_tail: str) -> tuple[str, str, str] | None:
             if frame:
                 where = f"{frame['file'].rsplit('/', 1)[-1]}:{frame['line']}"
                 break
-        # A bare exception line counts only for the builtin user exceptions (a quoted
-        # "SomethingError: ..." in a message is not a raised exception).
-        if not where and "Traceback" not in log_tail and match["name"] not in _USER_EXC:
+        # A bare exception line counts for the builtin user exceptions, or as the tail's
+        # last line (what a process printed as it died); elsewhere a quoted
+        # "SomethingError: ..." in a message is not a raised exception.
+        if not where and "Traceback" not in log_tail and match["name"] not in _USER_EXC \
+                and any(rest.strip() for rest in lines[i + 1:]):
             continue
         return match["name"], match["msg"] or "", where
     return None

@@ -130,3 +130,20 @@ def test_a_run_of_loss_scale_overflows_is_a_divergence_a_few_are_routine():
     # The fatal message itself needs no run.
     assert classify_failure(1, None, "Exception: Current loss scale already at minimum - "
                                      "cannot decrease scale anymore. Exiting run.").cls == "nan"
+
+
+def test_a_bare_exception_line_counts_when_the_process_died_printing_it():
+    # A library error with no traceback in the tail (the traceback went to another
+    # stream): as the last line it is what the process died of.
+    last = "RuntimeError: mat1 and mat2 shapes cannot be multiplied (1x18 and 512x1024)"
+    c = classify_failure(1, None, "epoch 0\n" + last)
+    assert c.cls == "user_exception" and c.line == last and c.side == "unknown"
+    # The same words quoted inside a message, with output after them, are no raise.
+    quoted = "warning: retrying after RuntimeError: shapes differ\nstep 12 loss 0.4\nstep 13"
+    assert classify_failure(1, None, quoted).cls == "worker_signal"
+
+
+def test_a_collapsed_loss_scale_is_a_divergence_one_halving_is_not():
+    line = "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to {}"
+    assert classify_failure(1, None, line.format("1.020640762992391e-202")).cls == "nan"
+    assert classify_failure(1, None, line.format("32768.0")).cls != "nan"
