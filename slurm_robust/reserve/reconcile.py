@@ -1,9 +1,11 @@
 """Reconcile and status: keep the reserve partition at its target size.
 
 ``reconcile`` takes the reserve lock, snapshots nodes and partitions, plans with the pure
-:func:`~slurm_robust.reserve.plan.plan_reconcile`, runs the deep checks the plan asks for,
-re-plans on a fresh snapshot, and applies the moves. It is idempotent: a second run finds
-nothing to do; two runs at once serialise on the lock and the second finds nothing to do.
+:func:`~slurm_robust.reserve.plan.plan_reconcile` and applies the moves and drains; the
+deep checks the plan asks for run with the lock released (each waits minutes for the
+node's own slurmd, and a job-end handoff must not wait behind them), then it takes the lock
+again and re-plans on a fresh snapshot. It is idempotent: a second run finds nothing to
+do; two runs at once serialise on the lock and the second finds nothing to do.
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ from slurm_robust.reserve.history import (
     failure_times,
 )
 from slurm_robust.reserve.lock import reserve_lock
-from slurm_robust.reserve.plan import NodeView, Snapshot, is_fresh, is_spare, plan_reconcile
+from slurm_robust.reserve.plan import (
+    DeepCheck,
+    NodeView,
+    Snapshot,
+    is_fresh,
+    is_spare,
+    plan_reconcile,
+)
 from slurm_robust.reserve.sizing import (
     FailureEstimate,
     Target,
@@ -134,31 +143,43 @@ def reconcile(slurm: Slurm, gate: HealthGate, cfg: ReserveConfig, dry_run: bool 
         ReserveLockTimeout: another reserve operation held the lock too long.
         SlurmCommandError: Slurm could not be read (nothing was changed then).
     """
-    with reserve_lock(cfg.lock_file, cfg.lock_timeout_s) as waited:
-        if not dry_run:
-            ensure_verdict_root(cfg.verdict_root)
-        lemons = ledger.lemons() if ledger is not None else frozenset()
-        snap = take_snapshot(slurm, gate, cfg, clock(), lemons=lemons)
-        sizing = compute_target(slurm, gate, cfg, snap)
-        target = sizing["target"].size
-        before = spares_of(snap, cfg)
-        executor = Executor(slurm, gate, cfg.log_file, "reconcile", dry_run, clock, breaker,
-                            record=ledger.record if ledger is not None else None)
-        checked: set[str] = set()
-        outcomes: list[dict[str, Any]] = []
-        keep = queued_need(slurm, cfg)
-        for _ in range(MAX_ROUNDS):
-            actions = plan_reconcile(snap, cfg, target, frozenset(checked), keep)
-            if not actions:
-                break
-            outcomes += executor.apply(actions)
-            checked.update(a.node for a in actions if a.kind == "deep_check")
-            if dry_run or all(a.kind != "deep_check" for a in actions):
-                break
+    lemons = ledger.lemons() if ledger is not None else frozenset()
+    executor = Executor(slurm, gate, cfg.log_file, "reconcile", dry_run, clock, breaker,
+                        record=ledger.record if ledger is not None else None)
+    checked: set[str] = set()
+    outcomes: list[dict[str, Any]] = []
+    waited_total = 0.0
+    plan_once: tuple[dict[str, Any], int, list[str], int] | None = None
+    for _ in range(MAX_ROUNDS):
+        with reserve_lock(cfg.lock_file, cfg.lock_timeout_s) as waited:
+            waited_total += waited
             snap = take_snapshot(slurm, gate, cfg, clock(), lemons=lemons)
-        after = spares_of(take_snapshot(slurm, gate, cfg, clock(), lemons=lemons), cfg) \
-            if outcomes else before
-    return ReconcileReport(target, before, after, outcomes, round(waited, 3),
+            if plan_once is None:
+                if not dry_run:
+                    ensure_verdict_root(cfg.verdict_root)
+                sizing = compute_target(slurm, gate, cfg, snap)
+                plan_once = (sizing, sizing["target"].size, spares_of(snap, cfg),
+                             queued_need(slurm, cfg))
+            sizing, target, before, keep = plan_once
+            actions = plan_reconcile(snap, cfg, target, frozenset(checked), keep)
+            checks = [a for a in actions if isinstance(a, DeepCheck)]
+            outcomes += executor.apply([a for a in actions if not isinstance(a, DeepCheck)])
+        if not checks:
+            break
+        # A remote deep check waits for the node's own slurmd (up to two
+        # HealthCheckIntervals and the suite): outside the lock, so a job-end handoff is
+        # never kept waiting for it. The nodes checked are no spares (their pass is stale),
+        # so the handoff cannot take them meanwhile; the next round re-plans under the lock
+        # from a fresh snapshot.
+        outcomes += executor.apply(checks)
+        checked.update(a.node for a in checks)
+        if dry_run:
+            break
+    assert plan_once is not None  # the first round always plans
+    sizing, target, before, _keep = plan_once
+    after = spares_of(take_snapshot(slurm, gate, cfg, clock(), lemons=lemons), cfg) \
+        if outcomes else before
+    return ReconcileReport(target, before, after, outcomes, round(waited_total, 3),
                            {k: v.as_dict() if hasattr(v, "as_dict") else v
                             for k, v in sizing.items()})
 
