@@ -19,6 +19,7 @@ import pandas as pd
 
 from slurm_robust.analysis import ettr
 from slurm_robust.analysis import incidents as inc_mod
+from slurm_robust.analysis.allocations import allocation_table, boundary_summary
 from slurm_robust.analysis.fleet import FleetView, fleet_view
 from slurm_robust.analysis.frames import LoadIssues
 from slurm_robust.analysis.loaders import RunLog, load_health, load_run_dirs, load_verdicts
@@ -62,6 +63,7 @@ class Analysis:
     since: float | None = None
     until: float | None = None
     findings: pd.DataFrame | None = None  # the in-job monitor's, with before_incident
+    allocations: pd.DataFrame | None = None  # each Slurm allocation (allocations.py)
 
     def headline(self) -> dict[str, Any]:
         """The figures a person looks at first, JSON-ready (NaN becomes null)."""
@@ -87,6 +89,8 @@ class Analysis:
             "mean_time_to_recover_s": _mean(inc["time_to_recover"]),
             "lost_time_h": float(inc["lost_time_s"].sum() / 3600),
             "repeat_offenders": repeat_offenders(self.nodes),
+            **({"allocations": boundary_summary(self.allocations)}
+               if self.allocations is not None else {}),
             "unread": self.issues.as_dict(),
         }
         if self.fleet is not None:
@@ -189,7 +193,14 @@ def analyse(inputs: Inputs, since: float | None = None, until: float | None = No
                     since=since, until=until,
                     findings=findings_before_incidents(
                         log.findings[_in_window(log.findings["time"], since, until)],
-                        incidents))
+                        incidents),
+                    allocations=_allocations_in(allocation_table(log), since, until))
+
+
+def _allocations_in(table: pd.DataFrame, since: float | None,
+                    until: float | None) -> pd.DataFrame:
+    """Allocations that started within the window."""
+    return table[_in_window(table["started_at"].astype(np.float64), since, until)]
 
 
 #: A finding names the incident on its node that followed within this long.

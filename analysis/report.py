@@ -78,6 +78,12 @@ def sections(an: Analysis) -> list[tuple[str, str, pd.DataFrame | None]]:
          "steps that were kept (steps redone after a rollback are not productive).", summary),
         ("ETTR per run", "A run whose script reports no steps has no ETTR (its "
          "productive time is unknown): it reads \"no step reports\".", _per_run(an)),
+        ("Allocations", "Each Slurm allocation of a run (attempt): a run longer than its "
+         "time limit, preempted or requeued is a chain of them. ended_by: the class of the "
+         "incident that requeued it (requeue: none was logged), or the run's end; "
+         "boundary_s: its last step record to the next allocation's first (queue wait "
+         "included); steps_redone: its last step minus the next one's restored step.",
+         an.allocations),
         ("Incidents by category", "", an.by_category),
         ("Incidents by class", "ByteRobust Table 1 taxonomy; times in seconds.", an.by_class),
         ("Incidents by resolution", "in_place restart, spare node, requeue, stop.", an.by_rung),
