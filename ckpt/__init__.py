@@ -22,10 +22,12 @@ Contract for training code (one ``CheckpointManager`` per rank)::
                                                    data_position=data_pos + 1))
     mgr.close()
 
-- ``snapshot(step, state)`` returns at once (it waits only when the buffer it needs is
-  still in use by the pipeline of the snapshot two steps back). The state tensors are
-  copied by a background thread (CPU) or an async copy on a side CUDA stream into pinned
-  pages (GPU), into one of two preallocated buffers in node shared memory.
+- ``snapshot(step, state)`` returns at once (it waits only while the previous snapshot's
+  peer exchange is unfinished, or the buffer it needs still serves an older snapshot's
+  disk write). The state tensors are copied by a background thread (CPU) or an async
+  copy on a side CUDA stream into pinned pages (GPU), into one of three preallocated
+  buffers in node shared memory (two without a peer backup): with three, and the wait
+  for the previous backup, a step common to all ranks survives the loss of any one node.
 - ``wait()`` returns when the copy has read every live tensor; call it before anything
   mutates a state tensor (the optimizer step). Forward and backward may run meanwhile.
   Model buffers mutated by forward (BatchNorm statistics) are cloned by
@@ -48,7 +50,7 @@ be initialised when world_size > 1); every rank must call ``snapshot`` for the s
 On-disk and shared-memory layout (every path carries job id and node name, so deleting
 a node's paths is a faithful node loss)::
 
-    <shm_root>/<job>/<node>/rank<r>/slot<k>.data|.meta       own snapshots (k = 0, 1)
+    <shm_root>/<job>/<node>/rank<r>/slot<k>.data|.meta       own snapshots (k = 0..2)
     <shm_root>/<job>/<node>/rank<r>/backup<k>.data|.meta     the peer's snapshot
     <local_root>/<node>/<job>/rank<r>/step<s>.data|.meta     node-local disk tier
     <durable_root>/<job>/step<s>/rank<r>.data|.meta          durable tier
@@ -67,8 +69,9 @@ copies there (slurm_robust.secure_fs). A durable root that does not exist yet is
 memory files outlive a crashed worker (tmpfs); :func:`purge_job_memory` removes them and
 belongs to whoever owns the node's lifetime for the job (the agent, or the epilog).
 
-Host memory per rank: ``2 x state`` for its own snapshots plus ``peer_slots x`` one
-peer's state for the backup (``CheckpointManager.host_bytes()`` reports it).
+Host memory per rank: ``3 x state`` for its own snapshots (``2 x`` without a peer
+backup) plus ``peer_slots x`` one peer's state for the backup
+(``CheckpointManager.host_bytes()`` reports it).
 """
 
 from __future__ import annotations

@@ -20,6 +20,15 @@ log = logging.getLogger("slurm_robust.ckpt")
 TIERS: tuple[str, ...] = ("memory", "peer", "local", "durable")
 
 CHECKSUMS: tuple[str, ...] = ("crc32", "sum64")
+#: Own snapshot slots of a rank whose snapshots are backed up on a peer (two without a
+#: peer). With three, and each snapshot waiting for the previous one's peer exchange,
+#: a step common to every rank survives the loss of any one node: every survivor still
+#: holds the two steps before the one it is writing, and the lost rank's holder has
+#: received the older of them (ranks are kept in step by the training's collectives).
+#: With two, a backup running one step late leaves survivors holding only steps the
+#: lost rank's holder never received: no common step, a restore from disk or scratch.
+OWN_SLOTS_WITH_PEER = 3
+OWN_SLOTS = 2
 #: The environment variable that carries a worker's checkpoint settings (JSON), set by
 #: the launcher's agent, read by slurm_robust.train.
 CKPT_ENV = "SLURM_ROBUST_CKPT"
@@ -43,9 +52,10 @@ class CheckpointConfig:
         keep_local: local-tier steps kept per rank (older ones are deleted).
         keep_durable: durable-tier steps kept (older ones are deleted).
         peer_backup: send each snapshot to a peer rank on another node.
-        peer_slots: buffers for the peer's backup. 1 keeps host memory at 2x own state
-            plus one backup, but a node lost while its backup is in flight leaves no
-            valid backup (restore falls to disk); 2 removes that window.
+        peer_slots: buffers for the peer's backup. 1 keeps host memory at the own
+            snapshots (3x state with a peer) plus one backup, but a node lost while its
+            backup is in flight leaves no valid backup (restore falls to disk); 2 removes
+            that window.
         chunk_bytes: size of one peer-transfer message.
         checksum: "sum64" (default: wrapping sum of 64-bit words, about 20-28 GB/s here;
             detects bit flips and torn copies, not swapped words) or "crc32" (zlib, about

@@ -24,7 +24,13 @@ from slurm_robust.ckpt.blob import (
     read_meta,
     write_file_atomic,
 )
-from slurm_robust.ckpt.config import CheckpointConfig, CkptPaths, job_dir_name
+from slurm_robust.ckpt.config import (
+    OWN_SLOTS,
+    OWN_SLOTS_WITH_PEER,
+    CheckpointConfig,
+    CkptPaths,
+    job_dir_name,
+)
 from slurm_robust.ckpt.errors import CheckpointError, PeerBackupError
 from slurm_robust.ckpt.layout import ParallelLayout, backup_sources, pick_peers
 from slurm_robust.ckpt.plan import RestoreResult
@@ -42,6 +48,7 @@ class CheckpointStats:
     snapshots: int = 0
     blocking_s: float = 0.0
     slot_wait_s: float = 0.0
+    peer_wait_s: float = 0.0  # a snapshot waiting for the previous one's peer exchange
     copy_s: float = 0.0
     checksum_s: float = 0.0
     peer_s: float = 0.0
@@ -103,13 +110,18 @@ class CheckpointManager:
         self.rank_nodes = [node]
         if world_size > 1:
             self._init_groups(group, node, rank_nodes)
-        self._slots: list[SlotBuffer | None] = [None, None]
+        self._n_slots = OWN_SLOTS_WITH_PEER if self._transport is not None else OWN_SLOTS
+        self._slots: list[SlotBuffer | None] = [None] * self._n_slots
         self._backups: list[SlotBuffer | None] = [None] * config.peer_slots
         self._signature: list[tuple[str, tuple[int, ...], int]] | None = None
         self._specs_json: list[list[Any]] = []
         self._next_slot = 0
         self._next_backup = 0
-        self._busy = [0, 0]
+        self._busy = [0] * self._n_slots
+        #: The step of the newest snapshot started, and the newest whose peer exchange
+        #: finished (None: none yet): a snapshot waits until the one before it is backed up.
+        self._last_step: int | None = None
+        self._peer_done: int | None = None
         self._cv = threading.Condition()
         self._copied = threading.Event()
         self._copied.set()
@@ -165,9 +177,11 @@ class CheckpointManager:
     def snapshot(self, step: int, state: dict[str, Any]) -> None:
         """Start a snapshot of ``state`` taken after ``step``; returns without copying.
 
-        Call ``wait()`` before anything mutates the state's tensors. Blocks only when
-        the buffer it needs still serves the snapshot two steps back (its peer send or
-        disk write has not finished).
+        Call ``wait()`` before anything mutates the state's tensors. Blocks only while
+        the previous snapshot's peer exchange has not finished (so no survivor of a lost
+        node runs ahead of what the lost rank's holder received, see
+        ``OWN_SLOTS_WITH_PEER``), or while the buffer it needs still serves an older
+        snapshot's disk write.
         """
         t0 = time.perf_counter()
         self._check_open()
@@ -178,6 +192,7 @@ class CheckpointManager:
         except ValueError as exc:
             raise CheckpointError(f"cannot snapshot step {step}: {exc}") from exc
         self._ensure_slots(tensors)
+        self._wait_previous_backup()
         k = self._next_slot
         self._acquire_slot(k)
         slot = self._slots[k]
@@ -196,7 +211,8 @@ class CheckpointManager:
         self._copied.clear()
         self._pending_event = event
         self._queues["copy"].put(job)
-        self._next_slot = 1 - k
+        self._next_slot = (k + 1) % self._n_slots
+        self._last_step = int(step)
         self.stats.snapshots += 1
         self.stats.blocking_s += time.perf_counter() - t0
 
@@ -262,7 +278,7 @@ class CheckpointManager:
             for buf in [*self._slots, *self._backups]:
                 if buf is not None:
                     buf.release()
-            self._slots = [None, None]
+            self._slots = [None] * self._n_slots
             self._backups = [None] * self.config.peer_slots
 
     def __enter__(self) -> CheckpointManager:
@@ -298,7 +314,7 @@ class CheckpointManager:
         self._specs_json = [[s.dtype, list(s.shape), s.offset, s.nbytes] for s in specs]
         self.stats.state_bytes = nbytes
         pin = self.config.pin_memory and any(t.is_cuda for t in tensors)
-        for k in range(2):
+        for k in range(self._n_slots):
             old = self._slots[k]
             if old is not None:
                 old.release()
@@ -311,12 +327,12 @@ class CheckpointManager:
         # Write first into the slot holding the older (or no) complete snapshot, so the
         # newest memory copy survives a crash during the first snapshot.
         steps = []
-        for k in range(2):
+        for k in range(self._n_slots):
             try:
                 steps.append(read_meta(self.paths.slot(k))[0]["step"])
             except Exception:  # absent or damaged: the best slot to overwrite
                 steps.append(-1)
-        self._next_slot = 0 if steps[0] <= steps[1] else 1
+        self._next_slot = min(range(self._n_slots), key=lambda k: (steps[k], k))
 
     def _acquire_slot(self, k: int) -> None:
         t0 = time.perf_counter()
@@ -325,6 +341,19 @@ class CheckpointManager:
                 self._cv.wait(1.0)
             self._busy[k] += 1
         self.stats.slot_wait_s += time.perf_counter() - t0
+
+    def _wait_previous_backup(self) -> None:
+        """Block until the previous snapshot's peer exchange finished (OWN_SLOTS_WITH_PEER
+        says why); at once without a peer, before the first snapshot, or on an error."""
+        if self._transport is None or self._last_step is None:
+            return
+        t0 = time.perf_counter()
+        with self._cv:
+            while self._error is None and (self._peer_done is None
+                                           or self._peer_done < self._last_step):
+                self._cv.wait(1.0)
+        self.stats.peer_wait_s += time.perf_counter() - t0
+        self._raise_background_error()
 
     def _release_slot(self, k: int) -> None:
         with self._cv:
@@ -415,6 +444,8 @@ class CheckpointManager:
         self._next_backup = (j + 1) % len(self._backups)
         self.stats.peer_s += time.perf_counter() - t0
         self.stats.peer_sends += 1
+        with self._cv:  # the worker's release of the slot wakes the waiting snapshot
+            self._peer_done = step if self._peer_done is None else max(self._peer_done, step)
 
     def _backup(self, j: int, nbytes: int) -> torch.Tensor:
         buf = self._backups[j]

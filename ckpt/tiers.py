@@ -20,7 +20,13 @@ from slurm_robust.ckpt.blob import (
     verify,
     write_file_atomic,
 )
-from slurm_robust.ckpt.config import CkptPaths, ensure_dir, private_dir_ok
+from slurm_robust.ckpt.config import (
+    OWN_SLOTS,
+    OWN_SLOTS_WITH_PEER,
+    CkptPaths,
+    ensure_dir,
+    private_dir_ok,
+)
 from slurm_robust.ckpt.plan import CopyInfo
 
 log = logging.getLogger("slurm_robust.ckpt")
@@ -140,7 +146,8 @@ def scan_copies(paths: CkptPaths, world_size: int, layout: dict[str, Any],
     # Only directory chains that are ours and private are looked into: a planted
     # directory or link (another user's) is logged and skipped like a missing tier.
     if private_dir_ok(paths.memory_dir, paths.memory_shared):
-        candidates += [("memory", paths.slot(k), me, True) for k in range(2)]
+        candidates += [("memory", paths.slot(k), me, True)
+                       for k in range(max(OWN_SLOTS, OWN_SLOTS_WITH_PEER))]
         candidates += [("peer", paths.backup(k), None, True) for k in range(backup_slots)]
     if paths.local_dir is not None and private_dir_ok(paths.local_dir, paths.local_shared):
         candidates += [("local", paths.local(step), me, False)
