@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     size.add_argument("--json", action="store_true", help="machine-readable output")
     for name, text in (("status", "members, spares, target and its basis"),
                        ("reconcile", "fill the reserve to its target, return surplus "
-                                     "(idempotent; serialised by a lock; borrows idle "
+                                     "(idempotent; moves under a lock, never twice; borrows idle "
                                      "train nodes only while the train partitions keep "
                                      "the nodes of the largest queued job)"),
                        ("reset", "put the reserve and train partitions back to their "

@@ -5,7 +5,8 @@
 deep checks the plan asks for run with the lock released (each waits minutes for the
 node's own slurmd, and a job-end handoff must not wait behind them), then it takes the lock
 again and re-plans on a fresh snapshot. It is idempotent: a second run finds nothing to
-do; two runs at once serialise on the lock and the second finds nothing to do.
+do; two runs at once never fill twice (each re-plans under the lock from a fresh
+snapshot, and a node one of them is checking is drained pending, so the other leaves it).
 """
 
 from __future__ import annotations

@@ -111,6 +111,10 @@ def test_two_reconciles_at_once_fill_once(reserve_site, minicluster):
     assert [p.returncode for p in procs] == [0, 0]
     moves = [o for out in outs for o in out["outcomes"] if o["action"] == "move"]
     print(json.dumps({"lock_wait_s": [out["lock_wait_s"] for out in outs]}))
-    assert len(moves) == 1  # the second waited for the lock and found the reserve full
-    assert len(s.partition_nodes(STANDBY)) == 1
-    assert sorted(out["spares_after"] for out in outs) == [s.partition_nodes(STANDBY)] * 2
+    # The lock is held only to plan and move: the second run either found the first's
+    # candidate pending its check (drained) and left it, or checked another and found
+    # the reserve full when it re-planned under the lock. Never two fills.
+    assert len(moves) == 1
+    final = s.partition_nodes(STANDBY)
+    assert len(final) == 1
+    assert all(set(out["spares_after"]) <= set(final) for out in outs), outs
