@@ -141,6 +141,17 @@ def read_records(path: str | os.PathLike[str], schema: str | None = None) -> Rea
     return result
 
 
+def read_json_bounded(path: str | os.PathLike[str], max_bytes: int) -> Any:
+    """The JSON value in ``path``, reading at most ``max_bytes`` (a file another program
+    wrote may be anything). Raises OSError (missing, unreadable) or ValueError (larger
+    than ``max_bytes``, not JSON)."""
+    with open(path, "rb") as fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"{path} is larger than {max_bytes} bytes")
+    return json.loads(data)
+
+
 def write_json_atomic(path: str | os.PathLike[str], obj: Any, mode: int = 0o644,
                       owner: int | None = None) -> None:
     """Write a JSON document atomically (see :func:`write_bytes_atomic`)."""

@@ -22,7 +22,6 @@ mode 0644, rewritten atomically when the set changes.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 
 from slurm_robust.errors import UsageError
 from slurm_robust.health.node_ledger import LedgerConfig, NodeLedger
-from slurm_robust.records import write_json_atomic
+from slurm_robust.records import read_json_bounded, write_json_atomic
 from slurm_robust.slurm import check_node_name
 
 LEMONS_SCHEMA = "slurm_robust.lemons"
@@ -109,11 +108,7 @@ def read_published(path: Path) -> list[str]:
     """The published lemons (what ``submit`` excludes). Raises OSError (missing,
     unreadable) or ValueError (not a lemons file, or a name that is not a node name:
     a planted file must not smuggle options into sbatch)."""
-    with open(path, "rb") as f:
-        data = f.read(LEMONS_FILE_MAX_BYTES + 1)
-    if len(data) > LEMONS_FILE_MAX_BYTES:
-        raise ValueError(f"{path} is larger than {LEMONS_FILE_MAX_BYTES} bytes")
-    obj = json.loads(data)
+    obj = read_json_bounded(path, LEMONS_FILE_MAX_BYTES)
     if not isinstance(obj, dict) or obj.get("schema") != LEMONS_SCHEMA \
             or not isinstance(obj.get("lemons"), list):
         raise ValueError(f"{path} is not a {LEMONS_SCHEMA} file")

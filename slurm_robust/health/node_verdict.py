@@ -17,15 +17,15 @@ check`` and the deep check all write it through the suite, and the exporter read
 
 from __future__ import annotations
 
-import json
 import logging
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from slurm_robust.health.framework import CheckResult, Status
-from slurm_robust.records import make_record, write_json_atomic
-from slurm_robust.site_config import SiteConfig, load_site_config
+from slurm_robust.health.journal import journal_path
+from slurm_robust.records import make_record, read_json_bounded, write_json_atomic
+from slurm_robust.site_config import SiteConfig
 
 log = logging.getLogger("slurm_robust.health")
 
@@ -128,8 +128,8 @@ def document(node: str, job: str | None, stage: str, suite: str, run_id: str,
 
 
 def document_path(node: str, config: SiteConfig | None = None) -> Path:
-    cfg = config if config is not None else load_site_config()
-    return cfg.state_path(node) / "health" / f"{node}.verdict.json"
+    """Beside the node's health journal."""
+    return journal_path(node, config).with_name(f"{node}.verdict.json")
 
 
 def write_document(path: Path, doc: dict[str, Any]) -> None:
@@ -142,16 +142,13 @@ def read_document(node: str, config: SiteConfig | None = None) -> dict[str, Any]
     (not ours, too large, not a v1 document: logged)."""
     path = document_path(node, config)
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_DOCUMENT_BYTES + 1)
+        doc = read_json_bounded(path, MAX_DOCUMENT_BYTES)
     except FileNotFoundError:
         return None
     except OSError as exc:
         log.warning("verdict document %s not read: %s", path, exc)
         return None
-    try:
-        doc = json.loads(data) if len(data) <= MAX_DOCUMENT_BYTES else None
-    except ValueError:
+    except ValueError:  # too large, or not JSON
         doc = None
     if not isinstance(doc, dict) or doc.get("schema") != VERDICT_SCHEMA \
             or doc.get("v") != VERDICT_VERSION or doc.get("severity") not in set(Severity):
