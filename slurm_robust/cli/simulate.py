@@ -41,6 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the launcher's restart budget (default: its own default)")
     parser.add_argument("--refill-spares", action="store_true",
                         help="refill in-job spares from the reserve (the paper's standby pool)")
+    parser.add_argument("--hang-rule", choices=("phases", "single"), default="phases",
+                        help="phases: the job declares its phases, hangs are detected by "
+                             "the learned steps limit (default); single: a plain script's "
+                             "max(floor, factor x median) rule")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--sweep", action="store_true",
                         help="also run the what-if sweeps (spares, requeue delay, rungs)")
@@ -99,6 +103,7 @@ def build_config(args: argparse.Namespace) -> Any:
         spares=_int_or(args.spares, {"auto": None, "unlimited": UNLIMITED}, "--spares"),
         reserve=_int_or(args.reserve, {"auto": None}, "--reserve"), pool=args.pool,
         seed=args.seed, refill_spares=args.refill_spares, limits=limits,
+        hang_phases=args.hang_rule == "phases",
         run_dir=str(Path(args.out) / "run") if args.out else None)
 
 

@@ -1,7 +1,11 @@
 """Detection and localisation times decided by this project's own detectors.
 
-- Hangs: :func:`slurm_robust.launcher.control.policy.hang_timeout` with the launcher's default
-  floor and factor, over the simulated step times.
+- Hangs: the launcher's limit for steady steps. A job that declares its phases (the
+  training API's sections, the Lightning and Hugging Face callbacks) gets the learned
+  steps limit of :mod:`slurm_robust.launcher.control.phases` (max(3 s, 5 x p95 step));
+  one that does not, the single rule
+  (:func:`slurm_robust.launcher.control.policy.hang_timeout` with the launcher's default
+  floor and factor). A simulated step never varies, so its p95 is the step time.
 - Fail-slow: the real :class:`~slurm_robust.stacks.failslow.FailSlowMonitor` is fed one
   busy time per machine per round (the slow machine's ranks ``slow_factor`` times
   slower) until its vote names a group; detection is the first round, localisation the
@@ -14,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 
 from slurm_robust.launcher.config import RunConfig
+from slurm_robust.launcher.control.phases import STEPS, limit_of
 from slurm_robust.launcher.control.policy import WINDOW, hang_timeout
 from slurm_robust.layout import ParallelLayout
 from slurm_robust.stacks.failslow import FailSlowMonitor, FailSlowOptions
@@ -28,7 +33,11 @@ def launch_default(name: str) -> object:
     return next(f.default for f in fields(RunConfig) if f.name == name)
 
 
-def hang_detection_s(step_s: float) -> float:
+def hang_detection_s(step_s: float, phases: bool = True) -> float:
+    """Seconds from a stopped step to the hang being declared (``phases``: the job
+    declares its phases, see the module docstring)."""
+    if phases:
+        return limit_of(STEPS, {STEPS: [step_s] * WINDOW}, {}, 0.0)
     floor = float(launch_default("hang_floor_s"))  # type: ignore[arg-type]
     factor = float(launch_default("hang_factor"))  # type: ignore[arg-type]
     return hang_timeout([step_s] * WINDOW, floor, factor)

@@ -43,6 +43,8 @@ class SimConfig:
         (this project's launcher cannot grow a running allocation; see SIMULATOR.md).
     wait_for_nodes: False assumes a requeued job always finds free machines at once.
     trace: replay these incidents instead of drawing them (tests, recorded traces).
+    hang_phases: the job declares its phases, so hangs are detected by the learned
+        steps limit; False: the single rule of a plain script (simulate/detectors.py).
     """
 
     machines: int
@@ -59,6 +61,7 @@ class SimConfig:
     wait_for_nodes: bool = True
     run_dir: str | None = None
     trace: tuple[TraceIncident, ...] | None = None
+    hang_phases: bool = True
 
 
 @dataclass
@@ -97,7 +100,8 @@ def simulate(cfg: SimConfig) -> SimResult:
     robust = cfg.machines + max(spares, 0)
     reserve = Reserve(env, fleet, robust, cfg.reserve, machine_fail_prob(cfg.mix), count)
     job = Job(env, fleet, reserve, trace, cfg.machines, spares, cfg.times.step, cfg.limits,
-              cfg.refill_spares, sink, count, cfg.wait_for_nodes, cfg.mix.switch_machines)
+              cfg.refill_spares, sink, count, cfg.wait_for_nodes, cfg.mix.switch_machines,
+              cfg.hang_phases)
     pool = max(8, math.ceil(0.02 * cfg.machines)) if cfg.pool is None else cfg.pool
     for _ in range(reserve.target() + pool):
         fleet.add(Place.POOL, 0.0)
@@ -118,7 +122,8 @@ def simulate(cfg: SimConfig) -> SimResult:
         "days": cfg.days, "seed": cfg.seed, "spares": "unlimited" if spares == UNLIMITED
         else spares, "reserve_target_initial": reserve.occupancy[0][1],
         "reserve_target_final": reserve.target(), "pool": pool,
-        "refill_spares": cfg.refill_spares, "spares_used": job.spares_used,
+        "refill_spares": cfg.refill_spares,
+        "hang_rule": "phases" if cfg.hang_phases else "single", "spares_used": job.spares_used,
         "handed_over": reserve.handed_over, "handoff_shortfall": reserve.shortfall,
         "machines_deep_checked": fleet.checks, "machines_repaired": fleet.repairs,
         "trace_incidents": len(trace), "failure_mix": cfg.mix.source,

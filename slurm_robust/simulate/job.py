@@ -71,10 +71,11 @@ class Job:
                  trace: list[TraceIncident], machines: int, spares: int, step_s: float,
                  limits: LadderLimits, refill: bool, sink: EventSink,
                  count: Callable[[], None], wait_for_nodes: bool = True,
-                 switch_machines: int = 32) -> None:
+                 switch_machines: int = 32, hang_phases: bool = True) -> None:
         self.env, self.fleet, self.reserve = env, fleet, reserve
         self.trace = trace
         self.step = step_s
+        self.hang_s = hang_detection_s(step_s, hang_phases)
         self.limits = limits
         self.refill = refill
         self.sink = sink
@@ -213,7 +214,7 @@ class Job:
                                              inc.slow_factor, self.step)
             named = list(voted) or named
         else:
-            det = hang_detection_s(self.step) if fc.detect == HANG_TIMEOUT else inc.detect
+            det = self.hang_s if fc.detect == HANG_TIMEOUT else inc.detect
             loc = inc.localise
         yield self._wait(det)
         detected = self.env.now

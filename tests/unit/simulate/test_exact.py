@@ -125,3 +125,26 @@ def test_switch_failure_blames_its_block_and_waits_for_machines() -> None:
     assert short.recovered - short.localized == pytest.approx(900.0 + 800.0)
     ample = simulate(config(trace, machines=64, spares=2, pool=64)).job.incidents[0]
     assert ample.queue_wait_s == 0.0
+
+
+def test_a_hang_is_declared_at_the_launchers_limit_for_the_chosen_rule() -> None:
+    from dataclasses import replace
+
+    from slurm_robust.simulate.config import FailureClass
+    from slurm_robust.simulate.detectors import hang_detection_s
+    from slurm_robust.simulate.dists import fixed
+
+    # 10 s steps: declared phases learn max(3 s, 5 x 10 s); the single rule of a plain
+    # script is max(20 s floor, 10 x 10 s).
+    assert hang_detection_s(10.0) == pytest.approx(50.0)
+    assert hang_detection_s(10.0, phases=False) == pytest.approx(100.0)
+    assert hang_detection_s(0.5) == pytest.approx(3.0)
+    assert hang_detection_s(0.5, phases=False) == pytest.approx(20.0)
+    drawn = FailureClass("hang", "job_hang", 1.0, fixed(1.0), fixed(60.0))
+    hang = replace(drawn, detect="hang_timeout")  # what the Table 1 mix says for hangs
+    trace = [replace(incident(1000.0, drawn, slot=5), fclass=hang)]
+    cfg = config(trace, spares=2)
+    phases = simulate(cfg).job.incidents[0]
+    single = simulate(replace(cfg, hang_phases=False)).job.incidents[0]
+    assert phases.detected - phases.fault == pytest.approx(50.0)
+    assert single.detected - single.fault == pytest.approx(100.0)
