@@ -82,6 +82,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--min-step-time", type=float, default=0.0,
                    help="pad each step to at least this many seconds (slows rehearsals)")
+    p.add_argument("--first-step-time", type=float, default=0.0, metavar="S",
+                   help="the first step of each start takes S seconds more (a stand-in "
+                        "for a compilation or a data warm-up)")
     p.add_argument("--section", action="append", default=[], metavar="NAME:EVERY:SECONDS",
                    help="after every EVERY-th step, spend SECONDS in `run.section(NAME)` "
                         "(a stand-in for an evaluation or a save: hang detection gives "
@@ -201,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.user_error and step + 1 == args.user_error_at and \
                 args.user_error_rank in (None, run.rank):
             user_error(args.user_error, step + 1)
+        if step == start and args.first_step_time > 0:
+            time.sleep(args.first_step_time)  # the stand-in for a compilation
         # This rank's own work, timed for fail-slow detection; the all-reduce is not in
         # it (there a fast rank waits for a slow one).
         with run.busy():

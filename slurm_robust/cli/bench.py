@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, str] = {
     "classify": "slurm_robust.rehearsal.bench.classify",
     "metrics": "slurm_robust.rehearsal.bench.metrics",
     "ettr": "slurm_robust.rehearsal.bench.ettr",
+    "phases": "slurm_robust.rehearsal.bench.phases",
     "monitor": "slurm_robust.rehearsal.bench.monitor",
     "update": "slurm_robust.rehearsal.bench.update",
     "scale": "slurm_robust.rehearsal.bench.scale",

@@ -23,7 +23,6 @@ cap (``--minutes`` plus ``CAP_EXTRA_S``) when it has not finished by then.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import signal
 import statistics
@@ -46,8 +45,9 @@ CAP_EXTRA_S = 300.0
 
 
 def run_peer(args: argparse.Namespace, faults: list[str], lr: float,
-             schedule: Any) -> dict[str, Any]:
-    """One peer run under ``schedule(t0, minutes, every_s, faults)``; its figures."""
+             schedule: Any, steps: int, extra: list[str]) -> dict[str, Any]:
+    """One peer run of ``steps`` steps under ``schedule(t0, minutes, every_s, faults)``;
+    its figures. ``extra``: more arguments for the example (the bench's sections)."""
     cfg = ClusterConfig().with_saved_shape()
     slurm = Slurm(cfg.env())
     if not slurm.ping():
@@ -55,11 +55,10 @@ def run_peer(args: argparse.Namespace, faults: list[str], lr: float,
     run_dir = cfg.shared_dir / f"bench-ettr-torchrun-{int(time.time() * 1000)}"
     run_dir.mkdir(parents=True)
     progress, marker = run_dir / "progress.txt", str(run_dir / "ckpt")
-    steps = max(10, math.ceil(args.minutes * 60 / args.step_time))
     job = slurm.sbatch(["-N", str(args.nodes), "--ntasks-per-node=1", "-p", "train",
                         "--requeue", "-t", str(int(args.minutes * 3 + 10)),
                         "-J", "bench-ettr-torchrun", "-o", str(run_dir / "slurm-%j.out")],
-                       script=_script(args, steps, lr, progress, marker))
+                       script=_script(args, steps, lr, progress, marker, extra))
     injected: list[dict[str, Any]] = []
     try:
         started = wait_for(lambda: (j := slurm.job(job)) is not None and j.running
@@ -125,12 +124,12 @@ def figures(lines: list[tuple[int, float]], steps: int, started: float, ended_at
 
 
 def _script(args: argparse.Namespace, steps: int, lr: float, progress: Path,
-            marker: str) -> str:
+            marker: str, extra: list[str]) -> str:
     port = 41000 + os.getpid() % 1000  # clear of the launcher's and bench recovery's
     worker = [str(recovery.EXAMPLE), "--steps", str(steps), "--min-step-time",
               str(args.step_time), "--lr", str(lr), "--save-every", str(SAVE_EVERY),
               "--ckpt-dir", marker, "--progress-file", str(progress),
-              "--ckpt-format", "dcp_async"]
+              "--ckpt-format", "dcp_async", *extra]
     return recovery.torchrun_script(args.nodes, MAX_RESTARTS, port, "ettr", worker)
 
 

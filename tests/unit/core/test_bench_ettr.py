@@ -111,3 +111,36 @@ def test_kill_node_takes_the_cluster_root_it_is_given(tmp_path, monkeypatch):
     (tmp_path / "run" / "mc-slurmd-node2.pid").write_text(f"{os.getpid()}\n")
     with pytest.raises(InjectionError, match="is not a slurmd"):
         kill_node("7", "node2", str(tmp_path))
+
+
+def test_sections_are_checked_and_their_time_shortens_the_run():
+    assert bench_ettr.parse_sections(["eval:200:5", "save:500:3"]) == \
+        ["eval:200:5", "save:500:3"]
+    for bad in ("eval", "eval:0:5", "eval:two:5", ":200:5", "eval:200:5:1", "eval:200:x"):
+        with pytest.raises(UsageError, match="NAME:EVERY:SECONDS"):
+            bench_ettr.parse_sections([bad])
+    assert bench_ettr.planned_steps(30, 0.5, []) == 3600
+    # 5 s every 200 steps and 3 s every 500 add 0.031 s a step on average.
+    assert bench_ettr.planned_steps(30, 0.5, ["eval:200:5", "save:500:3"]) == 3390
+    assert bench_ettr.section_args(["eval:200:5"]) == ["--section", "eval:200:5"]
+
+
+def test_phase_figures_name_each_hang_limit(tmp_path):
+    import pandas as pd
+
+    from slurm_robust.launcher.control.state import RunState, save_state
+
+    state = RunState()
+    state.declares_phases = True
+    state.hang_limits = {"steps": 3.0, "eval": 30.0}
+    save_state(tmp_path / "state.json", state)
+    incidents = pd.DataFrame([
+        {"class": "job_hang", "time_to_detect": 3.4,
+         "evidence": {"hang_limit": {"phase": "steps", "limit_s": 3.0}}},
+        {"class": "node_lost", "time_to_detect": 4.0, "evidence": {}}])
+    got = bench_ettr.phase_figures(tmp_path, incidents)
+    assert got == {"declared": True, "limits_s": {"steps": 3.0, "eval": 30.0},
+                   "hangs": [{"hang_limit": {"phase": "steps", "limit_s": 3.0},
+                              "time_to_detect_s": 3.4}]}
+    plain = bench_ettr.phase_figures(tmp_path / "none", incidents.iloc[1:])
+    assert plain == {"declared": False, "limits_s": {}, "hangs": []}
