@@ -44,6 +44,9 @@ class SiteConfig:
             slurm_robust.health.breaker; {}: off).
         ledger: the node ledger and the lemon rule, ``{dir, lemon_blames,
             lemon_window_days, ...}`` (see slurm_robust.health.node_ledger; {}: defaults).
+        repair: the break-fix loop, ``{rounds, reboot, reboot_command,
+            reboot_timeout_s}`` (see slurm_robust.health.repair; {}: one deep check, no
+            reboot).
     """
 
     state_dir: str = "/var/lib/slurm_robust/{node}"
@@ -57,6 +60,7 @@ class SiteConfig:
     monitor: dict[str, Any] = field(default_factory=dict)
     breaker: dict[str, Any] = field(default_factory=dict)
     ledger: dict[str, Any] = field(default_factory=dict)
+    repair: dict[str, Any] = field(default_factory=dict)
 
     def node_path(self, template: str, node: str) -> Path:
         """Expand ``{node}`` in a path template; refuses node names that could escape it."""
@@ -106,7 +110,7 @@ def _check_type(key: str, value: Any, source: str) -> None:
         "state_dir": (str,), "shm_root": (str,), "local_root": (str,), "verdict_log": (str,),
         "injection_enabled": (bool,), "gpus_per_node": (int, type(None)),
         "checks": (dict,), "reserve": (dict,), "monitor": (dict,), "breaker": (dict,),
-        "ledger": (dict,),
+        "ledger": (dict,), "repair": (dict,),
     }
     ok = isinstance(value, expected[key])
     if key == "gpus_per_node" and isinstance(value, bool):

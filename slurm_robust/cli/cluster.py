@@ -22,11 +22,15 @@ HELP = "start, stop and inspect the embedded Slurm mini-cluster (real daemons on
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=["up", "down", "status", "env", "wipe", "packages"],
+    parser.add_argument("action", choices=["up", "down", "status", "env", "wipe", "packages",
+                                           "reboot"],
                         help="up: start (idempotent); down: stop what up started; "
                              "packages: apt-get install the Debian packages it needs; "
                              "status: daemons and nodes; env: shell exports; "
-                             "wipe: delete the cluster directory (after down)")
+                             "wipe: delete the cluster directory (after down); "
+                             "reboot: restart one node's slurmd (--node), the "
+                             "mini-cluster's reboot")
+    parser.add_argument("--node", help="reboot: the node to reboot")
     parser.add_argument("--dir", help="cluster directory (default .minicluster/ in the "
                                       "checkout, or $SLURM_ROBUST_CLUSTER_DIR)")
     parser.add_argument("--no-install", action="store_true",
@@ -81,6 +85,13 @@ def run(args: argparse.Namespace) -> int:
         if notice:
             print(notice, file=sys.stderr)
     mc = MiniCluster(cfg)
+    if (args.node is not None) != (args.action == "reboot"):
+        raise UsageError("`cluster reboot` takes --node NODE; no other action does")
+    if args.action == "reboot":
+        pid = mc.reboot_node(args.node)
+        print(json.dumps({"node": args.node, "slurmd_pid": pid}) if args.json
+              else f"{args.node}: slurmd restarted (pid {pid})")
+        return 0
     if args.action == "env":
         for key, value in cfg.env().items():
             print(f"export {key}={shlex.quote(value)}")

@@ -230,6 +230,21 @@ class MiniCluster:
                 return d
         raise ClusterError(f"no daemon named {name!r}")
 
+    def reboot_node(self, node: str) -> int:
+        """The mini-cluster's reboot of ``node``: its slurmd stopped and started again,
+        as a rebooted machine's would be (its nodes share one kernel, so nothing else
+        restarts). Slurm sees the node register anew and keeps its drain and reason.
+        Returns the new slurmd's pid. The break-fix loop's reboot command here
+        (health/repair.py; ``slurm-robust cluster reboot --node NODE``)."""
+        if node not in self.cfg.nodes:
+            raise ClusterError(f"no node {node!r} in this mini-cluster "
+                               f"({', '.join(self.cfg.nodes)})")
+        daemon = self.daemon(f"slurmd-{node}")
+        pid = daemon.pid(self.cfg.root)
+        if pid is not None and stop_pids([pid], self.cfg.root):
+            raise ClusterError(f"slurmd of {node} (pid {pid}) would not stop")
+        return start_daemon(daemon, self.cfg.root, self.cfg.env())
+
     def running(self) -> dict[str, int | None]:
         return {d.name: d.pid(self.cfg.root) for d in self.daemons()}
 

@@ -152,6 +152,11 @@ def render_robust_conf(cfg: ClusterConfig) -> str:
         # The node ledger in the log directory (root:SlurmUser, setgid): root's node
         # programs and EpilogSlurmctld (SlurmUser) share it; one host, so WAL works.
         "ledger": {"dir": f"{cfg.log_dir}/ledger", "lemons_file": f"{cfg.log_dir}/lemons.json"},
+        # The break-fix loop as a site starts it (one deep check, no reboot); its reboot
+        # here is a restart of the node's slurmd (the nodes share one kernel).
+        "repair": {"rounds": 1, "reboot": "never",
+                   "reboot_command": [cfg.python, "-m", "slurm_robust.cli.main", "cluster",
+                                      "reboot", "--dir", str(cfg.root), "--node", "{node}"]},
     }, indent=2) + "\n"
 
 

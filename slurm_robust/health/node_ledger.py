@@ -68,6 +68,8 @@ class EventKind(StrEnum):
     WOULD_DRAIN: the drain circuit breaker held a drain back; the node kept running.
     DEEP_CHECK_PASSED / DEEP_CHECK_FAILED: the deep suite on a pending node.
     RETURNED: the node was resumed after a passed deep check (back in service).
+    REPAIR: a step of the break-fix loop (health/repair.py): a reboot issued, or the
+        next round started after a failed one (the round and step in the evidence).
     PARDON: an admin cleared the node's record for the lemon score (after a repair).
     """
 
@@ -78,6 +80,7 @@ class EventKind(StrEnum):
     DEEP_CHECK_PASSED = "deep_check_passed"
     DEEP_CHECK_FAILED = "deep_check_failed"
     RETURNED = "returned"
+    REPAIR = "repair"
     PARDON = "pardon"
 
 

@@ -36,6 +36,7 @@ from slurm_robust.errors import SlurmRobustError
 from slurm_robust.health import read_journal
 from slurm_robust.health.breaker import BreakerUnavailable, site_breaker
 from slurm_robust.health.node_verdict import read_document
+from slurm_robust.health.repair import loop_state
 from slurm_robust.metric_labels import label_value
 from slurm_robust.records import read_records
 from slurm_robust.reserve.config import reserve_config
@@ -70,6 +71,9 @@ class ExporterView:
     breaker_error: bool = False
     #: Each node's newest verdict document's severity (health/node_verdict.py).
     severities: dict[str, str] = field(default_factory=dict)
+    #: Nodes in the break-fix loop: node -> (phase, round), from their drain reasons
+    #: (health/repair.py loop_state).
+    repair: dict[str, tuple[str, int]] = field(default_factory=dict)
 
 
 def reason_class(record: dict[str, Any]) -> str:
@@ -186,6 +190,13 @@ class ReserveCollector(Collector):
         for node, sev in sorted(v.severities.items()):
             g.add_metric([node, sev], 1.0)
         yield g
+        g = GaugeMetricFamily("slurm_robust_node_repair_round", "The round of the break-fix "
+                              "loop a drained node is in, labelled with its phase (check, "
+                              "rebooting, human: handed to a person after the last round)",
+                              labels=["node", "phase"])
+        for node, (phase, rnd) in sorted(v.repair.items()):
+            g.add_metric([node, phase], float(rnd))
+        yield g
         c = CounterMetricFamily("slurm_robust_verdicts", "Job verdicts handled by "
                                 "EpilogSlurmctld, by action", labels=["action"])
         for action, n in sorted(v.verdicts.items()):
@@ -233,7 +244,12 @@ def cluster_refresh(site_path: str | None = None) -> Callable[[], ExporterView]:
         try:
             st = reserve_status(slurm, LocalSuiteGate(site, slurm.node_address), cfg)
             view.target, view.spares, view.members = st["target"], st["spares"], st["members"]
-            nodes = {n.name for n in slurm.nodes()}
+            listed = slurm.nodes()
+            nodes = {n.name for n in listed}
+            for n in listed:
+                loop = loop_state(n.reason or "")
+                if loop is not None:
+                    view.repair[n.name] = (loop["phase"], int(loop["round"]))
         except Exception as exc:  # noqa: BLE001 - one failed refresh must not kill the server
             log.warning("reserve state not read: %s", exc)
             view.reserve_error = True

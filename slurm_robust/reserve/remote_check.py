@@ -24,6 +24,7 @@ from typing import Any
 from slurm_robust import health
 from slurm_robust.errors import SlurmRobustError
 from slurm_robust.health.drain import DEEP_FAILED_PREFIX, PENDING_PREFIX
+from slurm_robust.health.repair import RESERVE_REQUEST
 from slurm_robust.reserve.gate import DeepRun
 from slurm_robust.site_config import SiteConfig
 from slurm_robust.slurm import Slurm, SlurmCommandError, run_slurm_command
@@ -154,7 +155,7 @@ class SlurmNodeGate:
 
     def run_deep(self, node: str) -> DeepRun:
         try:
-            res = check_on_node(self.slurm, node, "reserve: deep pass stale", self.timeout_s)
+            res = check_on_node(self.slurm, node, RESERVE_REQUEST, self.timeout_s)
         except DeepCheckRequestError as exc:
             return DeepRun(node, False, False, str(exc))
         if not res.done:

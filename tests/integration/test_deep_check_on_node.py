@@ -5,21 +5,31 @@ node's own slurmd running slurm_robust's HealthCheckProgram, not by the calling 
 with node3's deep suite forced to fail by a probe injection on node3 only, the calling
 host passes the same suite, yet `node resume node3` refuses, and the outcome record shows
 node3's slurmd ran it. A pending node that passes returns to service by itself.
+
+The break-fix loop (health/repair.py) with two rounds and a reboot every round: a blamed
+node that passes goes through the mini-cluster's reboot (its slurmd restarted) and comes
+back by itself; one whose deep suite keeps failing is rebooted twice and handed to a
+human.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from cluster_helpers import wait_until
 
+from slurm_robust.cluster.manager import MiniCluster
+from slurm_robust.cluster.templates import render_robust_conf
 from slurm_robust.health import read_journal
 from slurm_robust.health.journal import journal_path
+from slurm_robust.health.repair import load_record
 from slurm_robust.node_deep_check import OUTCOME_FILE
 from slurm_robust.records import read_records
 from slurm_robust.rehearsal.inject.probes import clear_injections, inject_probe
@@ -50,15 +60,14 @@ def outcomes(site: Any, node: str) -> list[dict[str, Any]]:
     return read_records(site.state_path(node) / OUTCOME_FILE, "slurm_robust.deep_check").records
 
 
-@pytest.fixture()
-def idle_node(minicluster: Any, site: Any, request: Any) -> Iterator[str]:
-    """The node named by the test's parameter, idle and ours; put back in service after.
+@contextlib.contextmanager
+def held_idle(minicluster: Any, site: Any, node: str) -> Iterator[str]:
+    """``node`` idle and ours for the test; put back in service after.
 
     Its health journal is set aside and put back after, without this test's runs: a
     deliberately failed deep check here must not make the node a repeat offender in a
     later test.
     """
-    node = request.param
     slurm = minicluster.slurm
     wait_until(f"{node} idle", lambda: slurm.node(node).idle, 90)
     journal = journal_path(node, site)
@@ -76,6 +85,13 @@ def idle_node(minicluster: Any, site: Any, request: Any) -> Iterator[str]:
             saved.rename(journal)
         else:
             journal.unlink(missing_ok=True)
+
+
+@pytest.fixture()
+def idle_node(minicluster: Any, site: Any, request: Any) -> Iterator[str]:
+    """The node named by the test's parameter, held idle (see held_idle)."""
+    with held_idle(minicluster, site, request.param) as node:
+        yield node
 
 
 @pytest.mark.parametrize("idle_node", ["node3"], indirect=True)
@@ -134,3 +150,73 @@ def test_resume_is_refused_to_an_unprivileged_user(minicluster: Any, site: Any,
         out.stdout + out.stderr
     n = slurm.node(node)
     assert n.drained and n.reason == "slurm_robust: gpu_xid: Xid 79 on GPU 3"
+
+
+@pytest.fixture()
+def repair_loop(minicluster: Any) -> Iterator[dict[str, Any]]:
+    """Two rounds, a reboot every round, the mini-cluster's reboot command."""
+    conf = minicluster.cfg.robust_conf
+    saved = conf.read_text()
+    raw = json.loads(saved)
+    command = json.loads(render_robust_conf(minicluster.cfg))["repair"]["reboot_command"]
+    raw["repair"] = {"rounds": 2, "reboot": "always", "reboot_command": command,
+                     "reboot_timeout_s": 120}
+    conf.write_text(json.dumps(raw))
+    try:
+        yield raw["repair"]
+    finally:
+        conf.write_text(saved)
+
+
+def slurmd_pid(minicluster: Any, node: str) -> int | None:
+    return MiniCluster(minicluster.cfg).daemon(f"slurmd-{node}").pid(minicluster.cfg.root)
+
+
+def test_break_fix_loop_reboots_and_returns_a_node_or_hands_it_to_a_human(
+        minicluster: Any, site: Any, repair_loop: dict[str, Any]) -> None:
+    slurm = minicluster.slurm
+    with held_idle(minicluster, site, "node3") as healthy, \
+            held_idle(minicluster, site, "node4") as broken:
+        inject_probe(site, broken, "shm_free_bytes", 0)  # read only by the deep suite
+        seen = {n: len(outcomes(site, n)) for n in (healthy, broken)}
+        started = time.time()
+        pids = {n: slurmd_pid(minicluster, n) for n in (healthy, broken)}
+        for n in (healthy, broken):  # what a job's blame leaves
+            slurm.drain(n, "slurm_robust: pending deep check: gpu_xid: Xid 79 from job 7")
+
+        # Deep check, reboot, re-validation: two HealthCheckProgram runs and a restart.
+        wait_until(f"{healthy} back in service", lambda: not slurm.node(healthy).drained,
+                   3 * RETURN_BOUND_S, interval_s=1.0)
+        new = outcomes(site, healthy)[seen[healthy]:]
+        assert [o["action"] for o in new] == ["rebooting", "resumed"], new
+        assert all(o["slurmd_node"] == healthy and o["passed"] for o in new), new
+        assert slurmd_pid(minicluster, healthy) not in (None, pids[healthy])
+        assert load_record(site.state_path(healthy), healthy) is None
+
+        # Two rounds of deep check, reboot, failed re-validation, then a human.
+        wait_until(f"{broken} handed to a human", lambda: slurm.node(broken).reason
+                   .startswith("slurm_robust: deep check failed:"), 5 * RETURN_BOUND_S,
+                   interval_s=1.0)
+        n = slurm.node(broken)
+        assert n.drained and n.reason.startswith(
+            "slurm_robust: deep check failed: deep_shm_free"), n.reason
+        assert n.reason.endswith("(2 repair rounds)"), n.reason
+        new = outcomes(site, broken)[seen[broken]:]
+        assert [o["action"] for o in new] == \
+            ["rebooting", "next_round", "rebooting", "drained"], new
+        record = load_record(site.state_path(broken), broken)
+        assert record is not None and record.round == 2 and record.phase.value == "human"
+        assert [(h["round"], h["step"]) for h in record.history] == [
+            (1, "deep_check"), (1, "reboot"), (1, "revalidate"),
+            (2, "deep_check"), (2, "reboot"), (2, "revalidate")]
+        out = cli(minicluster, "node", "status", broken, "--json")
+        assert out.returncode == 0, out.stderr
+        row = json.loads(out.stdout)["nodes"][0]
+        assert row["repair"] == {"phase": "human", "round": 2, "rounds": 2}, row
+        assert row["last_step"]["step"] == "revalidate" and not row["last_step"]["passed"]
+        # The ledger has every round for the human.
+        out = cli(minicluster, "node", "history", broken, "--json")
+        assert out.returncode == 0, out.stderr
+        kinds = [e["kind"] for e in json.loads(out.stdout)["events"]
+                 if e["time"] >= started]
+        assert kinds.count("repair") == 3 and kinds.count("deep_check_failed") == 4, kinds

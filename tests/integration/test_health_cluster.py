@@ -156,6 +156,42 @@ def test_failing_deep_check_in_epilog_drains_the_node(minicluster: Any, site: An
         restore(minicluster, site, "node3", jobs)
 
 
+def test_a_check_that_raises_is_unknown_and_changes_no_node(minicluster: Any,
+                                                             site: Any) -> None:
+    """A probe reading the deep shm check cannot parse makes it raise in the epilog: the
+    check is journaled ``error`` (UNKNOWN in the verdict document), the job completes and
+    the node stays in service; asked to resume, its deep check admits it (fail-open)."""
+    from slurm_robust.health.node_verdict import read_document
+
+    slurm, jobs = minicluster.slurm, []
+    assert not slurm.node("node3").drained, "node3 must start in service"
+    try:
+        wait_idle(minicluster, "node3")
+        inject_probe(site, "node3", "shm_free_bytes", "lots")  # not a number: it raises
+        job = slurm.sbatch(["-p", "train", "-w", "node3", "--exclusive", "-J", "health-error",
+                            "-o", "/dev/null"], script="#!/bin/sh\nsleep 1\n")
+        jobs.append(job)
+        done = wait_for("job done", lambda: (x := slurm.job(job)) and x.finished and x, 90)
+        assert done.state == "COMPLETED", done.state
+        wait_for("epilog journaled", lambda: any(
+            r["job"] == job and r["stage"] == "epilog" for r in read_journal("node3", site)),
+            60)
+        recs = [r for r in read_journal("node3", site) if r["job"] == job
+                and r["check"] == "deep_shm_free"]
+        assert [r["status"] for r in recs if r["stage"] == "epilog"] == ["error"], recs
+        node = slurm.node("node3")
+        assert not node.drained and not (node.reason or ""), node.reason
+        doc = read_document("node3", config=site)
+        checks = {c["check"]: c for c in doc["checks"]}
+        assert checks["deep_shm_free"]["severity"] == "UNKNOWN", checks["deep_shm_free"]
+        assert doc["severity"] in ("WARNING", "UNKNOWN"), doc["severity"]
+        # The deep check of a pending node: fail-open, the other checks decide.
+        slurm.drain("node3", "slurm_robust: pending deep check: resume requested by test")
+        wait_for("node3 resumed", lambda: not slurm.node("node3").drained, 90)
+    finally:
+        restore(minicluster, site, "node3", jobs)
+
+
 def test_resume_refuses_a_node_an_admin_drained(minicluster: Any, site: Any) -> None:
     slurm = minicluster.slurm
     assert not slurm.node("node4").drained

@@ -53,6 +53,7 @@ def view() -> ExporterView:
         {"op": "reconcile", "action": "drain", "ok": True, "node": "n3", "dry_run": True,
          "time": NOW}], v, NOW)
     v.severities.update({"n1": "CRITICAL", "n5": "PASS"})
+    v.repair.update({"n2": ("rebooting", 2), "n3": ("human", 3)})
     return v
 
 
@@ -82,6 +83,8 @@ def test_collector_reports_reserve_checks_drains_and_verdicts():
     assert got[("slurm_robust_verdicts_total", (("action", "refused"),))] == 1
     assert got[("slurm_robust_node_severity", (("node", "n1"), ("severity", "CRITICAL")))] == 1
     assert got[("slurm_robust_node_severity", (("node", "n5"), ("severity", "PASS")))] == 1
+    assert got[("slurm_robust_node_repair_round", (("node", "n2"), ("phase", "rebooting")))] == 2
+    assert got[("slurm_robust_node_repair_round", (("node", "n3"), ("phase", "human")))] == 3
 
 
 def test_a_failed_reserve_read_is_reported_not_raised():
