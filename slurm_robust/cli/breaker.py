@@ -41,8 +41,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.action == "reset":
             if not cfg.enabled:
-                raise UsageError("the drain circuit breaker is off (site config breaker."
-                                 "max_drains is null): nothing to reset")
+                raise UsageError("the drain circuit breaker is off (site config breaker "
+                                 "sets no limit): nothing to reset")
             forgotten = breaker.reset(getpass.getuser())
             out = {"reset": True, "forgotten": forgotten}
             print(json.dumps(out) if args.json else
@@ -55,11 +55,20 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(status, indent=2))
         return 0
     if not status["enabled"]:
-        print("drain circuit breaker: off (site config breaker.max_drains is null)")
+        print("drain circuit breaker: off (site config breaker sets no limit)")
         return 0
-    state = "TRIPPED" if status["tripped"] else "closed"
-    print(f"drain circuit breaker: {state}: {status['in_window']} of {status['max_drains']} "
-          f"drain(s) in the last {status['window_s']:g} s ({status['dir']})")
+    state = ("TRIPPED at " + ", ".join(status["limits_reached"])) if status["tripped"] \
+        else "closed"
+    limits = [f"{status['max_drains']} node(s)"] if status["max_drains"] else []
+    limits += [f"{status['max_share']:.1%} of the nodes"] if status["max_share"] else []
+    limits += [f"partition {k}: " + " / ".join(
+        x for x in ((f"{v['max_drains']}" if v["max_drains"] else ""),
+                    (f"{v['max_share']:.1%}" if v["max_share"] else "")) if x)
+        for k, v in status["partitions"].items()]
+    print(f"drain circuit breaker: {state}: {status['in_window']} drain(s) in the last "
+          f"{status['window_s']:g} s; limits {'; '.join(limits)} ({status['dir']})")
+    if status.get("note"):
+        print(f"  note: {status['note']}")
     for d in status["drains"]:
         print(f"  drained  {_when(d['time'])}  {d['node']}  [{d.get('source')}] "
               f"{d.get('reason', '')}")

@@ -55,8 +55,10 @@ def run_peer(args: argparse.Namespace, faults: list[str], lr: float,
     run_dir = cfg.shared_dir / f"bench-ettr-torchrun-{int(time.time() * 1000)}"
     run_dir.mkdir(parents=True)
     progress, marker = run_dir / "progress.txt", str(run_dir / "ckpt")
+    # Whole nodes, as a real job gets them; with --arm both it also keeps the peer's
+    # kill-node off the robust run's nodes (the mini-cluster otherwise shares them).
     job = slurm.sbatch(["-N", str(args.nodes), "--ntasks-per-node=1", "-p", "train",
-                        "--requeue", "-t", str(int(args.minutes * 3 + 10)),
+                        "--exclusive", "--requeue", "-t", str(int(args.minutes * 3 + 10)),
                         "-J", "bench-ettr-torchrun", "-o", str(run_dir / "slurm-%j.out")],
                        script=_script(args, steps, lr, progress, marker, extra))
     injected: list[dict[str, Any]] = []

@@ -161,3 +161,97 @@ def test_the_reserve_asks_before_each_drain(tmp_path):
                     for n in ("n1", "n2")])
     assert slurm.drained == ["n1"]
     assert "skipped" not in out[0] and "breaker tripped" in out[1]["skipped"]
+
+
+# --- per-partition and share limits, the webhook ----------------------------------------
+
+GPU = {f"g{i}" for i in range(10)}
+CPU = {f"c{i}" for i in range(90)}
+TOPOLOGY = {"gpu": GPU, "cpu": CPU, "all": GPU | CPU}
+
+
+def _limits(tmp_path, topology=lambda: TOPOLOGY, **raw) -> DrainBreaker:
+    return DrainBreaker(breaker_config({"dir": str(tmp_path / "breaker"), **raw}), topology)
+
+
+def test_a_partition_at_its_limit_holds_its_own_nodes_back_only(tmp_path):
+    b = _limits(tmp_path, max_drains=50, partitions={"gpu": {"max_drains": 2}})
+    assert b.claim("g1", "r", "prolog", T0).granted
+    assert b.claim("g2", "r", "prolog", T0 + 1).granted
+    held = b.claim("g3", "r", "prolog", T0 + 2)
+    assert not held.granted and "partition gpu" in held.why and held.max_drains == 2
+    assert b.claim("c1", "r", "prolog", T0 + 3).granted  # the CPU nodes still drain
+    st = b.status(T0 + 4)
+    assert st["tripped"] and st["would_drain"][-1]["limit"] == "partition gpu"
+    assert st["drains"][0]["partitions"] == ["all", "gpu"]
+
+
+def test_share_limits_follow_the_partition_sizes(tmp_path):
+    # 20 % of the 10 GPU nodes is 2; 2 % of all 100 nodes is 2; a share never allows 0.
+    b = _limits(tmp_path, max_share=0.02, partitions={"gpu": {"max_share": 0.2}})
+    assert b.claim("g1", "r", "prolog", T0).granted
+    assert b.claim("c1", "r", "prolog", T0 + 1).granted
+    held = b.claim("c2", "r", "prolog", T0 + 2)
+    assert not held.granted and "the cluster" in held.why and held.max_drains == 2
+    tiny = _limits(tmp_path / "t", max_share=0.001)
+    assert tiny.claim("c1", "r", "prolog", T0).granted
+    assert not tiny.claim("c2", "r", "prolog", T0 + 1).granted
+
+
+def test_an_unreadable_topology_keeps_the_absolute_limit_and_says_so(tmp_path):
+    def broken():
+        raise OSError("scontrol: timed out")
+
+    b = _limits(tmp_path, topology=broken, max_drains=1, max_share=0.5)
+    first = b.claim("c1", "r", "prolog", T0)
+    assert first.granted and "partitions not read" in first.why
+    assert not b.claim("c2", "r", "prolog", T0 + 1).granted
+
+
+def test_the_webhook_is_posted_once_per_trip(tmp_path):
+    import http.server
+    import threading
+
+    got = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - the http.server API
+            got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/hook"
+        b = _limits(tmp_path, max_drains=1, webhook=url)
+        assert b.claim("c1", "r", "prolog", T0).granted
+        for i, node in enumerate(["c2", "c3", "c4"]):  # one trip: one post
+            assert not b.claim(node, "slurm_robust: gpu_xid", "epilog", T0 + 1 + i).granted
+        assert b.reset("admin", T0 + 10) == 1
+        assert b.claim("c5", "r", "prolog", T0 + 11).granted
+        assert not b.claim("c6", "r", "prolog", T0 + 12).granted  # a second trip
+    finally:
+        server.shutdown()
+    assert [(g["event"], g["node"], g["limit"], g["max"]) for g in got] == [
+        ("drain_breaker_tripped", "c2", "the cluster", 1),
+        ("drain_breaker_tripped", "c6", "the cluster", 1)]
+    # A hook that cannot be reached is logged; the decision stands.
+    dead = _limits(tmp_path / "d", max_drains=1, webhook="http://127.0.0.1:9/none")
+    assert dead.claim("c1", "r", "prolog", T0).granted
+    assert not dead.claim("c2", "r", "prolog", T0 + 1).granted
+
+
+def test_limit_keys_are_validated():
+    for raw, words in (({"max_share": 0}, "max_share"), ({"max_share": 1.5}, "max_share"),
+                       ({"partitions": {"gpu": {"max_drains": 0}}}, "partitions.gpu"),
+                       ({"partitions": {"gpu": {"max": 2}}}, "partitions.gpu"),
+                       ({"partitions": []}, "partitions"),
+                       ({"webhook": "ftp://x"}, "webhook"), ({"webhook": 3}, "webhook")):
+        with pytest.raises(UsageError, match=words):
+            breaker_config(raw)
+    assert breaker_config({"partitions": {"gpu": {"max_share": 0.1}}}).enabled
+    assert not breaker_config({"window_s": 60}).enabled
