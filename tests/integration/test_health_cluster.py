@@ -204,8 +204,14 @@ def test_resume_refuses_a_node_an_admin_drained(minicluster: Any, site: Any) -> 
         slurm.resume("node4")
 
 
+@pytest.mark.parametrize("limits", [
+    {"max_drains": 2},
+    # Half the train partition's four nodes, the cluster's own limit far away: the
+    # partition's nodes read through the real `scontrol show partition`.
+    {"max_drains": 100, "partitions": {"train": {"max_share": 0.5}}}],
+    ids=["cluster", "partition-share"])
 def test_a_check_failing_everywhere_drains_only_the_breaker_limit(
-        minicluster: Any, site: Any) -> None:
+        minicluster: Any, site: Any, limits: dict[str, Any]) -> None:
     """One bad check on every node at once (a probe injected on all four train nodes,
     four jobs started together): the breaker grants two drains, the other two prologs
     are recorded as "would drain" and their jobs run and complete on those nodes."""
@@ -215,7 +221,10 @@ def test_a_check_failing_everywhere_drains_only_the_breaker_limit(
     saved = conf.read_text()
     breaker_dir = minicluster.cfg.root / f"breaker-{int(time.time() * 1000)}"
     raw = json.loads(saved)
-    raw["breaker"] = {"max_drains": 2, "window_s": 3600, "dir": str(breaker_dir)}
+    raw["breaker"] = {**limits, "window_s": 3600, "dir": str(breaker_dir)}
+    train = len(minicluster.slurm.partition_nodes("train"))
+    if "partitions" in limits and train != 4:
+        pytest.skip(f"half of {train} train nodes is not two")
     try:
         for n in nodes:
             wait_idle(minicluster, n)
@@ -243,6 +252,8 @@ def test_a_check_failing_everywhere_drains_only_the_breaker_limit(
         assert out.returncode == 0, out.stderr
         status = json.loads(out.stdout)
         assert status["tripped"] and status["in_window"] == 2, status
+        assert status["limits_reached"] == (["partition train"] if "partitions" in limits
+                                            else ["the cluster"]), status
         assert sorted(d["node"] for d in status["drains"]) == sorted(drained)
         held = {w["node"] for w in status["would_drain"] if w.get("source") == "prolog"}
         assert held == set(nodes) - set(drained), status
