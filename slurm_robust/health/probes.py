@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from slurm_robust.health import netsys
+from slurm_robust.health import dcgm, netsys
 from slurm_robust.health.errors import NoNVMLError, NVMLHungError
 from slurm_robust.health.nvml import NvmlReader, read_kmsg
 
@@ -67,6 +67,9 @@ HOST_PROBES: dict[str, str] = {
     "lock_files": 'list of {"path": str, "pid": int|null, "alive": bool, "age_s": float}',
     "kernel_log": 'list of str: kernel-log records as /dev/kmsg gives them '
                   '("pri,seq,usec,flags;text"); the reader keeps its own cursor (seq)',
+    "dcgm_diag": 'null where dcgmi is not installed, else {"level": int, "rc": int, '
+                 '"tests": [{"name": str, "category": str, "status": "fail"|"warn"|"pass"|'
+                 '"skip", "info": str}]} from `dcgmi diag -r LEVEL -j` (health/dcgm.py)',
 }
 # Network readings from sysfs (slurm_robust.health.netsys); the same injection point.
 NETWORK_PROBES: dict[str, str] = {
@@ -364,6 +367,6 @@ _HOST_READERS: dict[str, Any] = {
     "disk_free_bytes": _disk_free, "shm_free_bytes": _shm_free,
     "mem_available_bytes": _mem_available, "processes": _processes, "mounts": _mounts,
     "disk_usage_by_uid": _disk_usage_by_uid, "mem_by_uid": _mem_by_uid,
-    "lock_files": _lock_files, "kernel_log": _kernel_log,
+    "lock_files": _lock_files, "kernel_log": _kernel_log, "dcgm_diag": dcgm.run_diag,
     "ib_ports": netsys.ib_ports, "net_ifaces": netsys.net_ifaces,
 }

@@ -6,7 +6,9 @@
   host_stale_lock (quick);
 - ``network``: net_ib_ports, net_eth_links (quick and deep);
 - ``deep``: deep_matmul, deep_membw, deep_collective (deep suite);
-- ``storage``: deep_disk_io, deep_shm_free, deep_mounts (deep suite).
+- ``storage``: deep_disk_io, deep_shm_free, deep_mounts (deep suite);
+- ``dcgm``: dcgm_diag, NVIDIA's diagnostic at the stage's level where dcgmi exists (deep
+  suite, last: its levels take seconds to a quarter of an hour).
 
 A site's own checks: a module using :func:`slurm_robust.health.check`, named in the site
 config as ``"checks": {"site_modules": ["mysite.checks"]}``.
@@ -21,6 +23,7 @@ from slurm_robust.health.checks import host  # noqa: F401
 from slurm_robust.health.checks import network  # noqa: F401
 from slurm_robust.health.checks import deep  # noqa: F401
 from slurm_robust.health.checks import storage  # noqa: F401
+from slurm_robust.health.checks import dcgm  # noqa: F401
 # isort: on
 
-MODULES = ("gpu", "host", "network", "deep", "storage")
+MODULES = ("gpu", "host", "network", "deep", "storage", "dcgm")
