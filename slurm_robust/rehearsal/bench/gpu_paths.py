@@ -10,6 +10,9 @@ validates what CPU-only CI can only reach through the probe injection point:
   every GPU check (and ``deep_collective``, an all-reduce over NCCL) runs for real;
 - ``nccl_init``: ``slurm_robust.train.init`` with the NCCL backend (one rank per GPU) and
   one all-reduce, as a wrapped training script would start;
+- ``dcgm``: ``dcgmi diag -r 1 -j`` read by slurm_robust.health.dcgm, where dcgmi is
+  installed (its JSON reader was written from public references only; this is its first
+  real output), the raw output kept so a layout it misreads can be fixed;
 - ``determinism``: the fixed reference computation (fixed weights, input and seed, one
   forward and backward step) run in fresh processes, digests compared bit for bit: the
   bitwise test for silent data corruption is only sound if a healthy GPU repeats itself.
@@ -220,9 +223,33 @@ def checksum_rates(gib: float = 2.0) -> dict[str, Any]:
     return {"ok": len(values) == 1, "GBps_by_threads": rates, "gib": gib}
 
 
+def dcgm_level1() -> dict[str, Any]:
+    """DCGM's level-1 diagnostic through the project's reader; ok where dcgmi is absent
+    (nothing to validate) or where every test was read with a status."""
+    import shutil
+
+    from slurm_robust.health.dcgm import parse_diag
+
+    exe = shutil.which("dcgmi")
+    if exe is None:
+        return {"ok": True, "skipped": "dcgmi not installed"}
+    try:
+        out = subprocess.run([exe, "diag", "-r", "1", "-j"], capture_output=True, text=True,
+                             timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"ok": False, "error": str(exc)}
+    try:
+        tests = parse_diag(out.stdout)
+    except ValueError as exc:
+        return {"ok": False, "error": str(exc), "rc": out.returncode,
+                "stdout": out.stdout[-4000:], "stderr": out.stderr[-1000:]}
+    return {"ok": bool(tests), "rc": out.returncode, "tests": tests,
+            "stdout": out.stdout[-4000:]}
+
+
 def run_all(gpus: int) -> dict[str, Any]:
     result = {"nvml": nvml_probes(), "suites": health_suites_in_child(gpus),
-              "checksum": checksum_rates(),
+              "checksum": checksum_rates(), "dcgm": dcgm_level1(),
               "nccl_init": nccl_init(gpus), "determinism": reference_determinism()}
     result["ok"] = all(v.get("ok") for v in result.values())
     return result
