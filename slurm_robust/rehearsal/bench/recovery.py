@@ -344,15 +344,23 @@ def ft_launcher_script(launcher: str, nodes: int, max_restarts: int, port: int,
 
 def _elastic_args(nodes: int, max_restarts: int, port: int, rdzv_prefix: str) -> list[str]:
     return [f"--nnodes={nodes}", "--nproc-per-node=1", f"--max-restarts={max_restarts}",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint=$RDZV_HOST:{port}",
             f"--rdzv-id={rdzv_prefix}$SLURM_JOB_ID"]
+
+
+#: The rendezvous host: the address Slurm reaches the allocation's first node at, as a
+#: multi-node torchrun job script finds its master (127.0.0.1 on the shared-network
+#: mini-cluster, the node's own address when each node has its network namespace).
+RDZV_HOST = ('RDZV_HOST=$(scontrol show node "$(scontrol show hostnames '
+             '"$SLURM_JOB_NODELIST" | head -n 1)" | tr " " "\\n" | '
+             "sed -n 's/^NodeAddr=//p')")
 
 
 def _agent_script(agent: list[str], export: str | None, worker: list[str]) -> str:
     """``srun`` of one elastic agent per node; ``$``-words are left for the shell."""
     cmd = " ".join(shlex.quote(a) if "$" not in a else a for a in agent) + " " + \
         " ".join(shlex.quote(w) for w in worker)
-    head = ["#!/bin/sh", *([export] if export else [])]
+    head = ["#!/bin/sh", *([export] if export else []), RDZV_HOST]
     return "\n".join([*head, f"srun --kill-on-bad-exit=0 {cmd}"]) + "\n"
 
 

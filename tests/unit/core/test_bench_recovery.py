@@ -30,7 +30,7 @@ def test_ft_launcher_script_runs_one_agent_per_node_like_the_torchrun_arm():
     ft_words, tr_words = _srun_words(ft), _srun_words(tr)
     assert ft_words[:3] == ["srun", "--kill-on-bad-exit=0", "/opt/ft venv/bin/ft_launcher"]
     assert ft_words[3:9] == ["--nnodes=3", "--nproc-per-node=1", "--max-restarts=3",
-                             "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:40250",
+                             "--rdzv-backend=c10d", "--rdzv-endpoint=$RDZV_HOST:40250",
                              "--rdzv-id=bench-ftl$SLURM_JOB_ID"]
     # torchrun's arm: the same options and worker after its module (its own port and id).
     after_module = tr_words[tr_words.index("torch.distributed.run") + 1:]
@@ -38,6 +38,9 @@ def test_ft_launcher_script_runs_one_agent_per_node_like_the_torchrun_arm():
     assert ft_words[9:] == after_module[6:] == WORKER
     # torchrun's store-per-round variable is for torchrun only (see ft_launcher_script).
     assert recovery.TORCHRUN_ENV in tr and "TORCH_DISABLE" not in ft
+    # The rendezvous host is the first node's address, found by the script (a namespaced
+    # node's 127.0.0.1 is its own).
+    assert recovery.RDZV_HOST in ft.splitlines() and recovery.RDZV_HOST in tr.splitlines()
 
 
 def test_ft_launcher_script_leaves_the_job_id_to_the_shell(tmp_path):
