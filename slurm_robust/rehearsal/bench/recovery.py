@@ -351,17 +351,24 @@ def _elastic_args(nodes: int, max_restarts: int, port: int, rdzv_prefix: str) ->
 #: The rendezvous host: the address Slurm reaches the allocation's first node at, as a
 #: multi-node torchrun job script finds its master (127.0.0.1 on the shared-network
 #: mini-cluster, the node's own address when each node has its network namespace).
-RDZV_HOST = ('RDZV_HOST=$(scontrol show node "$(scontrol show hostnames '
+RDZV_HOST = ('export RDZV_HOST=$(scontrol show node "$(scontrol show hostnames '
              '"$SLURM_JOB_NODELIST" | head -n 1)" | tr " " "\\n" | '
              "sed -n 's/^NodeAddr=//p')")
+#: Each agent's own address (``--local-addr``): torchrun hands rank 0's to the workers as
+#: MASTER_ADDR, and its default, the host name, is the host's address in every node's
+#: network namespace, where the workers' group could not form.
+LOCAL_ADDR = ('--local-addr="$(scontrol show node "$SLURMD_NODENAME" | tr " " "\\n" | '
+              "sed -n 's/^NodeAddr=//p')\"")
 
 
 def _agent_script(agent: list[str], export: str | None, worker: list[str]) -> str:
-    """``srun`` of one elastic agent per node; ``$``-words are left for the shell."""
-    cmd = " ".join(shlex.quote(a) if "$" not in a else a for a in agent) + " " + \
-        " ".join(shlex.quote(w) for w in worker)
+    """``srun`` of one elastic agent per node, each through ``sh -c`` to find its own
+    address; ``$``-words are left for the shells."""
+    inner = " ".join(a if "$" in a else shlex.quote(a) for a in agent) + " " + LOCAL_ADDR \
+        + " " + " ".join(shlex.quote(w) for w in worker)
     head = ["#!/bin/sh", *([export] if export else []), RDZV_HOST]
-    return "\n".join([*head, f"srun --kill-on-bad-exit=0 {cmd}"]) + "\n"
+    return "\n".join([*head, f"srun --kill-on-bad-exit=0 sh -c {shlex.quote('exec ' + inner)}"]) \
+        + "\n"
 
 
 def _robust_run(cfg: Any, args: argparse.Namespace, train: list[str]) -> dict[str, Any]:

@@ -19,8 +19,13 @@ WORKER = [str(recovery.EXAMPLE), "--steps", "40", "--ckpt-dir", "/shared/x y/ckp
 
 
 def _srun_words(script: str) -> list[str]:
+    """The agent's words: ``srun ... sh -c 'exec AGENT ...'`` unwrapped."""
     line = next(ln for ln in script.splitlines() if ln.startswith("srun "))
-    return shlex.split(line)
+    outer = shlex.split(line)
+    assert outer[2:4] == ["sh", "-c"] and outer[4].startswith("exec ")
+    agent, _, worker = outer[4].partition(" " + recovery.LOCAL_ADDR + " ")
+    assert worker, "each agent finds its own address"
+    return outer[:2] + shlex.split(agent)[1:] + shlex.split(worker)
 
 
 def test_ft_launcher_script_runs_one_agent_per_node_like_the_torchrun_arm():
@@ -47,9 +52,18 @@ def test_ft_launcher_script_leaves_the_job_id_to_the_shell(tmp_path):
     script = recovery.ft_launcher_script("/bin/echo", 2, 3, 40250, "p", ["w.py", "--a", "b c"])
     path = tmp_path / "job.sh"
     path.write_text(script.replace("srun --kill-on-bad-exit=0 ", ""))
-    out = subprocess.run(["sh", str(path)], env={"SLURM_JOB_ID": "77", "PATH": "/usr/bin:/bin"},
+    bin_dir = tmp_path / "bin"  # a scontrol that answers as Slurm does for one node
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(
+        '#!/bin/sh\ncase "$2" in hostnames) echo n1;; '
+        '*) echo "NodeName=$3 Arch=x86_64 NodeAddr=10.0.0.$3 NodeHostName=$3";; esac\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    out = subprocess.run(["sh", str(path)], env={"SLURM_JOB_ID": "77", "SLURMD_NODENAME": "7",
+                                                 "SLURM_JOB_NODELIST": "n1",
+                                                 "PATH": f"{bin_dir}:/usr/bin:/bin"},
                          capture_output=True, text=True, check=True).stdout
-    assert "--rdzv-id=p77 w.py --a b c" in out
+    assert "--rdzv-endpoint=10.0.0.n1:40250 --rdzv-id=p77 --local-addr=10.0.0.7 w.py --a b c" \
+        in out
 
 
 def test_ft_launcher_is_found_by_path_beside_the_interpreter_or_on_path(tmp_path, monkeypatch):
