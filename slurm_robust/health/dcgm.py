@@ -12,8 +12,9 @@ JSON object; its layout changed between DCGM releases, and both are read:
   {"status"}``, which then decides.
 
 A test's status is its summary's, else the worst of its results' (Fail > Warn > Pass >
-Skip). Only ``dcgmi`` on PATH is run, with a timeout; a node without it has no reading
-(None), which the check reports as skipped.
+Skip), in our words (``fail``, ``warn``, ``ok``, ``skip``). Only ``dcgmi`` on PATH is run,
+with a timeout; a node without it has no reading (None), which the check reports as
+skipped.
 """
 
 from __future__ import annotations
@@ -23,8 +24,13 @@ import shutil
 import subprocess
 from typing import Any
 
-#: Worst first.
-STATUSES = ("fail", "warn", "pass", "skip")
+from slurm_robust.vocabulary import HealthStatus
+
+#: Our statuses for DCGM's words, worst first (a DCGM "Pass" is our ``ok``).
+WORST_FIRST = (HealthStatus.FAIL, HealthStatus.WARN, HealthStatus.OK, HealthStatus.SKIP)
+#: DCGM's words as it prints them (matched without regard to case).
+_DCGM_WORDS = {"Fail": HealthStatus.FAIL, "Warn": HealthStatus.WARN, "Pass": HealthStatus.OK,
+               "Skip": HealthStatus.SKIP}
 _INFO_MAX = 300
 
 
@@ -55,24 +61,25 @@ def _test(test: dict[str, Any], category: str) -> dict[str, Any]:
     if isinstance(summary, dict) and summary.get("status"):
         status = _status(summary.get("status"))
     else:
-        statuses = [_status(r.get("status")) for r in results] or ["skip"]
-        status = min(statuses, key=STATUSES.index)
+        statuses = [_status(r.get("status")) for r in results] or [HealthStatus.SKIP]
+        status = min(statuses, key=WORST_FIRST.index)
     info = []
     for r in results:
-        if _status(r.get("status")) in ("fail", "warn"):
+        if _status(r.get("status")) in (HealthStatus.FAIL, HealthStatus.WARN):
             gpu = r.get("gpu_ids", r.get("gpu_id", r.get("entity_id")))
             words = _words(r.get("info")) or _words(r.get("warnings"))
             info.append(f"GPU {gpu}: {words}" if gpu not in (None, "") else words)
-    return {"name": str(test.get("name", "?")), "category": category, "status": status,
+    return {"name": str(test.get("name", "?")), "category": category, "status": status.value,
             "info": "; ".join(i for i in info if i)[:_INFO_MAX]}
 
 
-def _status(raw: Any) -> str:
+def _status(raw: Any) -> HealthStatus:
+    """DCGM's word as our status; a word it did not print before is a warning."""
     text = str(raw or "").strip().lower()
-    for status in STATUSES:
-        if text.startswith(status):
+    for word, status in _DCGM_WORDS.items():
+        if text.startswith(word.lower()):
             return status
-    return "skip" if text in ("", "not run", "skipped") else "warn"
+    return HealthStatus.SKIP if text in ("", "not run") else HealthStatus.WARN
 
 
 def _words(raw: Any) -> str:

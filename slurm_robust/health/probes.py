@@ -68,7 +68,7 @@ HOST_PROBES: dict[str, str] = {
     "kernel_log": 'list of str: kernel-log records as /dev/kmsg gives them '
                   '("pri,seq,usec,flags;text"); the reader keeps its own cursor (seq)',
     "dcgm_diag": 'null where dcgmi is not installed, else {"level": int, "rc": int, '
-                 '"tests": [{"name": str, "category": str, "status": "fail"|"warn"|"pass"|'
+                 '"tests": [{"name": str, "category": str, "status": "fail"|"warn"|"ok"|'
                  '"skip", "info": str}]} from `dcgmi diag -r LEVEL -j` (health/dcgm.py)',
 }
 # Network readings from sysfs (slurm_robust.health.netsys); the same injection point.

@@ -58,7 +58,7 @@ def test_both_layouts_are_read():
         "GPU 3: Error: DCGM_FR_FAULTY_MEMORY: 12 faulty memory pages detected"
     assert v3["Diagnostic"]["status"] == "warn"
     assert v3["Diagnostic"]["info"] == "GPU 1: Clocks are being throttled"
-    assert (v3["Denylist"]["status"], v3["Targeted Power"]["status"]) == ("pass", "skip")
+    assert (v3["Denylist"]["status"], v3["Targeted Power"]["status"]) == ("ok", "skip")
     v4 = {t["name"]: t for t in parse_diag(json.dumps(DCGM4))}
     assert v4["pcie"]["status"] == "fail"
     assert v4["pcie"]["info"] == "GPU 5: PCIe replay count 212 above 50"
@@ -90,7 +90,7 @@ def test_the_level_follows_the_stage_and_a_failed_test_fails_the_node(tmp_path):
     assert res.reason == "dcgm_diag: level 2: GPU Memory failed: GPU 3: 12 faulty memory pages"
     assert not result.admits
     res, _ = suite(tmp_path, "reserve", {"level": 1, "rc": 0, "tests": [
-        {"name": "Denylist", "category": "Deployment", "status": "pass", "info": ""}]})
+        {"name": "Denylist", "category": "Deployment", "status": "ok", "info": ""}]})
     assert res.status is Status.OK and res.evidence["level"] == 1
     res, _ = suite(tmp_path, "epilog", {"level": 1, "rc": 0, "tests": []})
     assert res.status is Status.SKIP  # no level for the epilog by default
