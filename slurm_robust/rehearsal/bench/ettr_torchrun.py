@@ -16,8 +16,9 @@ worker of the last rank (never the batch node's):
 
 ETTR as for the robust run: productive step time over wall time, start-up included. The
 productive time is the final step count times the median step duration (the padded
-``--step-time``); the wall time runs from the job's start to its last step, or to the
-cap (``--minutes`` plus ``CAP_EXTRA_S``) when it has not finished by then.
+``--step-time``) plus the declared sections' seconds per step (``--section``: the robust
+run counts them inside its steps); the wall time runs from the job's start to its last
+step, or to the cap (``--minutes`` plus ``CAP_EXTRA_S``) when it has not finished by then.
 """
 
 from __future__ import annotations
@@ -85,12 +86,21 @@ def run_peer(args: argparse.Namespace, faults: list[str], lr: float,
         if j is not None and not j.finished:
             slurm.cancel(job)
     return figures(recovery._steps(progress), steps, float(started), ended_at,
-                   injected, job, run_dir)
+                   injected, job, run_dir, section_s_per_step(extra))
+
+
+def section_s_per_step(extra: list[str]) -> float:
+    """The sections' seconds per step on average (``--section NAME:EVERY:SECONDS`` in
+    ``extra``): productive time, as the robust run counts it (inside its steps)."""
+    items = [extra[i + 1] for i, a in enumerate(extra[:-1]) if a == "--section"]
+    return sum(float(x.split(":")[2]) / int(x.split(":")[1]) for x in items)
 
 
 def figures(lines: list[tuple[int, float]], steps: int, started: float, ended_at: float,
-            injected: list[dict[str, Any]], job: str, run_dir: Path) -> dict[str, Any]:
-    """The peer's ETTR and per-fault figures from its progress lines ``(step, time)``."""
+            injected: list[dict[str, Any]], job: str, run_dir: Path,
+            section_s: float = 0.0) -> dict[str, Any]:
+    """The peer's ETTR and per-fault figures from its progress lines ``(step, time)``;
+    ``section_s``: the sections' productive seconds per step (section_s_per_step)."""
     done = max((s for s, _ in lines), default=0)
     durations = [b[1] - a[1] for a, b in zip(lines, lines[1:], strict=False)
                  if b[0] == a[0] + 1 and b[1] > a[1]]
@@ -120,7 +130,8 @@ def figures(lines: list[tuple[int, float]], steps: int, started: float, ended_at
     return {"job_id": job, "run_dir": str(run_dir), "completed": completed,
             "steps_done": done, "steps_planned": steps,
             "median_step_s": round(step_s, 3), "wall_s": round(wall, 1),
-            "ettr_cumulative": round(done * step_s / wall, 4) if wall > 0 else None,
+            "ettr_cumulative": round(done * (step_s + section_s) / wall, 4)
+            if wall > 0 else None,
             "stopped_at_cap": not completed,
             "faults": per_fault, "injected": injected}
 

@@ -144,3 +144,15 @@ def test_phase_figures_name_each_hang_limit(tmp_path):
                               "time_to_detect_s": 3.4}]}
     plain = bench_ettr.phase_figures(tmp_path / "none", incidents.iloc[1:])
     assert plain == {"declared": False, "limits_s": {}, "hangs": []}
+
+
+def test_torchrun_peer_counts_section_time_as_productive(tmp_path):
+    from slurm_robust.rehearsal.bench.ettr_torchrun import figures, section_s_per_step
+
+    per_step = section_s_per_step(["--steps", "9", "--section", "eval:200:5",
+                                   "--section", "save:500:3"])
+    assert per_step == pytest.approx(5 / 200 + 3 / 500)
+    lines = [(s, 10 + 0.5 * s) for s in range(1, 21)]
+    out = figures(lines, 20, started=10.0, ended_at=99.0, injected=[], job="7",
+                  run_dir=tmp_path, section_s=per_step)
+    assert out["ettr_cumulative"] == round(20 * (0.5 + per_step) / 10.0, 4)
