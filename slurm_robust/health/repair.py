@@ -40,10 +40,8 @@ Deciding is pure (:func:`after_suite`, :func:`before_suite`); node_deep_check ac
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import time
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -262,23 +260,6 @@ def boot_identity(pid: int | None = None, proc: Path = Path("/proc")) -> str:
             return f"{boot_id}:slurmd:{current}:{fields[19]}"
         current = int(fields[1])
     return f"{boot_id}:no-slurmd"
-
-
-def describe(record: RepairRecord | None, now: float | None = None) -> dict[str, Any]:
-    """The record for ``node status`` and the exporter (None: in no loop)."""
-    if record is None:
-        return {"phase": None}
-    t = time.time() if now is None else now
-    return {"phase": record.phase.value, "round": record.round,
-            "for_s": round(t - record.since, 1) if record.since else None,
-            "cause": record.cause, "last": record.history[-1] if record.history else None}
-
-
-def read_for_display(state_dir: Path, node: str) -> dict[str, Any]:
-    try:
-        return describe(load_record(state_dir, node))
-    except (OSError, json.JSONDecodeError):
-        return {"phase": None}
 
 
 _IN_LOOP = re.compile(re.escape(PENDING_PREFIX) + r" repair (\d+)/(\d+)( rebooting)?(:|$)")
