@@ -123,11 +123,15 @@ def parse_sections(items: list[str]) -> list[str]:
     return list(items)
 
 
+def section_s_per_step(sections: list[str]) -> float:
+    """The sections' seconds per step on average (checked ``NAME:EVERY:SECONDS`` values):
+    productive time, which the robust run counts inside its steps."""
+    return sum(float(item.split(":")[2]) / int(item.split(":")[1]) for item in sections)
+
+
 def planned_steps(minutes: float, step_time: float, sections: list[str]) -> int:
     """Steps that fill ``minutes`` without faults, the sections' time included."""
-    per_step = step_time + sum(float(item.split(":")[2]) / int(item.split(":")[1])
-                               for item in sections)
-    return max(10, math.ceil(minutes * 60 / per_step))
+    return max(10, math.ceil(minutes * 60 / (step_time + section_s_per_step(sections))))
 
 
 def section_args(sections: list[str]) -> list[str]:
@@ -317,7 +321,7 @@ def _peer_report(args: argparse.Namespace, faults: list[str]) -> dict[str, Any]:
 
     out = run_peer(args, faults, LONG_RUN_LR, schedule,
                    planned_steps(args.minutes, args.step_time, args.section),
-                   section_args(args.section))
+                   section_args(args.section), section_s_per_step(args.section))
     at_scale = args.minutes >= TARGET_MINUTES and args.fault_every <= TARGET_FAULT_EVERY_S
     return {"benchmark": "ettr", "arm": "torchrun_max_restarts_dcp_async_save",
             "config": {"minutes": args.minutes, "fault_every_s": args.fault_every,

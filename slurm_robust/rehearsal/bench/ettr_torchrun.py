@@ -46,9 +46,11 @@ CAP_EXTRA_S = 300.0
 
 
 def run_peer(args: argparse.Namespace, faults: list[str], lr: float,
-             schedule: Any, steps: int, extra: list[str]) -> dict[str, Any]:
+             schedule: Any, steps: int, extra: list[str],
+             section_s: float = 0.0) -> dict[str, Any]:
     """One peer run of ``steps`` steps under ``schedule(t0, minutes, every_s, faults)``;
-    its figures. ``extra``: more arguments for the example (the bench's sections)."""
+    its figures. ``extra``: more arguments for the example (the bench's sections);
+    ``section_s``: their seconds per step, counted as productive (see figures)."""
     cfg = ClusterConfig().with_saved_shape()
     slurm = Slurm(cfg.env())
     if not slurm.ping():
@@ -86,21 +88,14 @@ def run_peer(args: argparse.Namespace, faults: list[str], lr: float,
         if j is not None and not j.finished:
             slurm.cancel(job)
     return figures(recovery._steps(progress), steps, float(started), ended_at,
-                   injected, job, run_dir, section_s_per_step(extra))
-
-
-def section_s_per_step(extra: list[str]) -> float:
-    """The sections' seconds per step on average (``--section NAME:EVERY:SECONDS`` in
-    ``extra``): productive time, as the robust run counts it (inside its steps)."""
-    items = [extra[i + 1] for i, a in enumerate(extra[:-1]) if a == "--section"]
-    return sum(float(x.split(":")[2]) / int(x.split(":")[1]) for x in items)
+                   injected, job, run_dir, section_s)
 
 
 def figures(lines: list[tuple[int, float]], steps: int, started: float, ended_at: float,
             injected: list[dict[str, Any]], job: str, run_dir: Path,
             section_s: float = 0.0) -> dict[str, Any]:
     """The peer's ETTR and per-fault figures from its progress lines ``(step, time)``;
-    ``section_s``: the sections' productive seconds per step (section_s_per_step)."""
+    ``section_s``: the sections' productive seconds per step (ettr.section_s_per_step)."""
     done = max((s for s, _ in lines), default=0)
     durations = [b[1] - a[1] for a, b in zip(lines, lines[1:], strict=False)
                  if b[0] == a[0] + 1 and b[1] > a[1]]

@@ -147,10 +147,9 @@ def test_phase_figures_name_each_hang_limit(tmp_path):
 
 
 def test_torchrun_peer_counts_section_time_as_productive(tmp_path):
-    from slurm_robust.rehearsal.bench.ettr_torchrun import figures, section_s_per_step
+    from slurm_robust.rehearsal.bench.ettr_torchrun import figures
 
-    per_step = section_s_per_step(["--steps", "9", "--section", "eval:200:5",
-                                   "--section", "save:500:3"])
+    per_step = bench_ettr.section_s_per_step(["eval:200:5", "save:500:3"])
     assert per_step == pytest.approx(5 / 200 + 3 / 500)
     lines = [(s, 10 + 0.5 * s) for s in range(1, 21)]
     out = figures(lines, 20, started=10.0, ended_at=99.0, injected=[], job="7",
