@@ -72,7 +72,6 @@ from slurm_robust.records import (
     read_records,
     write_bytes_atomic,
 )
-from slurm_robust.slurm.hostlist import expand_hostlist
 
 BREAKER_SCHEMA = "slurm_robust.breaker"
 BREAKER_VERSION = 1
@@ -427,20 +426,12 @@ class DrainBreaker:
 
 
 def slurm_topology() -> dict[str, set[str]]:
-    """Every partition's nodes, from one ``scontrol show partition -o`` call."""
+    """Every partition's nodes (Slurm.partition_members), with one attempt and a bound."""
     from slurm_robust.slurm import Slurm
-    from slurm_robust.slurm.records import parse_scontrol_oneliner
     from slurm_robust.slurm.runner import RetryPolicy
 
-    raw = Slurm(policy=RetryPolicy(attempts=1, timeout_s=TOPOLOGY_TIMEOUT_S)).partitions_raw()
-    out: dict[str, set[str]] = {}
-    for line in raw.splitlines():
-        if line.strip():
-            part = parse_scontrol_oneliner(line)
-            nodes = part.get("Nodes", "")
-            out[part.get("PartitionName", "")] = set(
-                () if nodes in ("", "(null)") else expand_hostlist(nodes))
-    return out
+    return Slurm(policy=RetryPolicy(attempts=1, timeout_s=TOPOLOGY_TIMEOUT_S)
+                 ).partition_members()
 
 
 def site_breaker(raw: Any) -> DrainBreaker | None:

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from slurm_robust.errors import UsageError
+from slurm_robust.slurm.hostlist import expand_hostlist
 from slurm_robust.slurm.records import (
     SACCT_FIELDS,
     AcctJob,
@@ -201,6 +202,18 @@ class Slurm:
     def partitions_raw(self) -> str:
         """``scontrol show partition -o``: one line per partition."""
         return self._run(["scontrol", "show", "partition", "-o"])
+
+    def partition_members(self) -> dict[str, set[str]]:
+        """Every partition's nodes from one ``scontrol show partition -o`` call, the
+        hostlists expanded here (no ``scontrol show hostnames`` per partition)."""
+        out: dict[str, set[str]] = {}
+        for line in self.partitions_raw().splitlines():
+            if line.strip():
+                part = parse_scontrol_oneliner(line)
+                nodes = part.get("Nodes", "")
+                out[part.get("PartitionName", "")] = set(
+                    () if nodes in ("", "(null)") else expand_hostlist(nodes))
+        return out
 
     def partition_nodes(self, name: str) -> list[str]:
         nodes = self.partition(name).get("Nodes", "")
