@@ -177,9 +177,7 @@ def load_record(state_dir: Path, node: str) -> RepairRecord | None:
     (torn, another version, another node's) starts the loop afresh rather than block it."""
     try:
         raw = read_json_bounded(repair_path(state_dir), MAX_FILE_BYTES)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # missing, unreadable, too large, not JSON
         return None
     if not isinstance(raw, dict) or raw.get("schema") != REPAIR_SCHEMA or \
             raw.get("v") != REPAIR_VERSION or raw.get("node") != node:
