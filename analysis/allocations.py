@@ -3,10 +3,11 @@
 A run longer than its time limit, preempted, or requeued is a chain of allocations; the
 launcher numbers them (``attempt``, the job's requeue count) and starts each with an
 ``attempt_start`` record. The boundary between allocation k and k+1 is explained by the
-incidents logged in k+1 with the ``requeue`` rung (``time_limit``, ``node_lost``, ...);
-``requeue`` alone when none was logged (a requeue the launcher did not see coming, such as
-an admin's ``scontrol requeue``). The last allocation ends with the run's ``run_end``
-status, or ``running`` without one.
+incidents logged in k+1 with the ``requeue`` rung (``time_limit``, ``node_lost``, ...;
+``admin`` and ``preempted`` for requeues Slurm made without the launcher, which the next
+allocation records from accounting: launcher/control/external_requeue.py); ``requeue``
+alone when none was logged (event logs written before that record existed). The last
+allocation ends with the run's ``run_end`` status, or ``running`` without one.
 
 Columns: ``run_id``, ``attempt``, ``job_id``, ``started_at`` (its ``attempt_start``),
 ``nodes``, ``restored_step``, ``restore_tier``, ``to_first_step_s`` (start to its first

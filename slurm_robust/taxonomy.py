@@ -82,6 +82,7 @@ class FailureClass(StrEnum):
     LOSS_SPIKE = "loss_spike"
     ADMIN = "admin"
     TIME_LIMIT = "time_limit"
+    PREEMPTED = "preempted"
 
 
 @dataclass(frozen=True)
@@ -153,10 +154,16 @@ TABLE: tuple[TaxonomyRow, ...] = (
     TaxonomyRow(F.LOSS_SPIKE, _I, _UNK, Action.ROLLBACK, None,
                 "loss or grad norm far above the recent median"),
     TaxonomyRow(F.ADMIN, _M, _INF, Action.REATTEMPT, None,
-                "an administrator stopped or moved the job", Locus.OFF_NODE),
+                "an administrator (or the job's owner) stopped, moved or requeued the "
+                "job (`scontrol requeue`): it goes on from its newest step",
+                Locus.OFF_NODE),
     TaxonomyRow(F.TIME_LIMIT, _M, _INF, Action.REATTEMPT, None,
                 "the allocation's time limit is near (Slurm's warning signal): the job "
                 "requeues itself and goes on from its newest step", Locus.OFF_NODE),
+    TaxonomyRow(F.PREEMPTED, _M, _INF, Action.REATTEMPT, None,
+                "the scheduler preempted the job for higher-priority work "
+                "(PreemptMode=REQUEUE): it waits in the queue and goes on from its "
+                "newest step", Locus.OFF_NODE),
 )
 
 ROWS: dict[FailureClass, TaxonomyRow] = {row.cls: row for row in TABLE}

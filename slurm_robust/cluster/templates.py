@@ -68,6 +68,12 @@ def render_slurm_conf(cfg: ClusterConfig, programs: dict[str, Path]) -> str:
         # A failing prolog requeues the job without an admin hold; short scheduling
         # intervals let a requeued job start as soon as its BeginTime passes.
         "SchedulerParameters=nohold_on_prolog_fail,sched_interval=5,bf_interval=5",
+        # Preemption as sites run it: a job in a partition of a higher PriorityTier
+        # requeues the jobs it needs the nodes of. Every partition here is of one tier,
+        # so nothing is preempted until a test creates a higher one over the same nodes
+        # (tests/integration/test_preemption.py); GraceTime is set per partition there.
+        "PreemptType=preempt/partition_prio",
+        "PreemptMode=REQUEUE",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_CPU",
         "JobAcctGatherType=jobacct_gather/none",

@@ -355,6 +355,9 @@ class Report(Message):
     term: int = 0
     # When the agent got Slurm's time-limit warning signal (None: not yet).
     warned: float | None = None
+    # When the agent got SIGTERM: Slurm is ending the allocation (a requeue, a
+    # preemption, a cancel, the time limit's kill); None: not yet.
+    ending: float | None = None
     # The identity of the plan the agent holds (Reply.plan_id). Absent: it holds none, or
     # it does not know plan identities; either way the answer carries the full plan.
     plan_id: str | None = None
@@ -377,6 +380,8 @@ class Report(Message):
             del out["term"]
         if out["warned"] is None:
             del out["warned"]
+        if out["ending"] is None:
+            del out["ending"]
         if out["plan_id"] is None:
             del out["plan_id"]
         return out

@@ -25,6 +25,12 @@ from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import accounting, blame, env_change, phases
 from slurm_robust.launcher.control import actions as act
 from slurm_robust.launcher.control.events import EventLog, last_logged_step
+from slurm_robust.launcher.control.external_requeue import (
+    AllocationEnd,
+    PreviousEndProbe,
+    read_previous_end,
+    requeued_outside,
+)
 from slurm_robust.launcher.control.failover import StoodDown
 from slurm_robust.launcher.control.generation import (
     Failure,
@@ -92,6 +98,9 @@ class SlurmSide:
     #: The job's end time (Unix seconds; None: unlimited or unknown); None: no clock, the
     #: time limit is acted on at Slurm's signal only. Recovery sets the real one by default.
     end_time: Callable[[str], float | None] | None = None
+    #: How the job's previous allocation ended (sacct), read when this allocation
+    #: follows a requeue the launcher did not make (external_requeue.py).
+    previous_end: Callable[[str], AllocationEnd | None] = read_previous_end
 
 
 @dataclass
@@ -135,6 +144,14 @@ class Applier:
         self.slurm_actions: list[SlurmAction] = []
         self._requeue: PendingRequeue | None = None  # in flight
         self._fingerprinted = False  # once per controller (env_change.py)
+        #: A requeue the launcher did not make (an admin's, a preemption): its cause is
+        #: read from accounting in a thread from now on, and recorded at start_run.
+        self.outside_requeue: PreviousEndProbe | None = None
+        if requeued_outside(ident.restart_count, state.restart_count, state.open_incident,
+                            state.finished):
+            self.outside_requeue = PreviousEndProbe(ident.job_id, slurm.previous_end,
+                                                    ident.restart_count,
+                                                    int(state.restart_count or 0))
 
     # ------------------------------------------------------------------ plans, phase
     @property
@@ -201,7 +218,27 @@ class Applier:
             self.events.run_start(start.slot_nodes, start.spare_nodes, self.cfg.world_size,
                                   {"tp": 1, "pp": 1, "dp": self.cfg.world_size},
                                   self.cfg.to_dict())
+        elif self.outside_requeue is not None:
+            self._record_outside_requeue(self.outside_requeue, now)
+        st.restart_count, st.slurm_ending_at = self.ident.restart_count, None
         self.begin_generation(list(start.slots), now)
+
+    def _record_outside_requeue(self, probe: PreviousEndProbe, now: float) -> None:
+        """The boundary a requeue the launcher did not make left (external_requeue.py):
+        open until this allocation's first step, like the launcher's own requeues."""
+        self.outside_requeue = None
+        st = self.state
+        logged = last_logged_step(self.paths.events)
+        last = max((s for s in (st.last_step, logged) if s is not None), default=None)
+        incident = probe.incident(self.next_incident_id(), last, now, st.slurm_ending_at)
+        incident.rung = Rung.REQUEUE
+        st.open_incident = incident
+        for listener in self.listeners:  # the live metrics count it as it opens
+            listener.on_incident(incident)
+        log.warning("incident %s: this allocation follows a requeue by Slurm (%s): %s "
+                    "from step %s", incident.incident,
+                    incident.evidence["requeue"]["slurm_state"] or "cause unknown",
+                    incident.cls, last)
 
     def note_given(self, nodes: Sequence[str]) -> None:
         """Nodes whose agents came up in this allocation (state.json keeps them all)."""

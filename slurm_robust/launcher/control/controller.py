@@ -444,6 +444,8 @@ class Controller:
         view.stacks.update(report.stacks)
         if report.warned is not None:
             self.recovery.on_time_limit(view, report.warned)
+        if report.ending is not None:
+            self.recovery.on_ending(view, report.ending)
         self.recovery.on_report(view, view.gen, report.progress, report.exits, now,
                                 diagnoses=report.diagnoses)
         if report.findings or report.sample is not None:  # in-job monitor

@@ -66,6 +66,7 @@ from slurm_robust.launcher.control.outcome import RunOutcome
 from slurm_robust.launcher.control.policy import assign_slots
 from slurm_robust.launcher.control.shortfall import Capacity, job_capacity, reserve_partition
 from slurm_robust.launcher.control.slurm_actions import SlurmAction
+from slurm_robust.launcher.control.slurm_ending import SlurmEnding
 from slurm_robust.launcher.control.state import RunState, load_state
 from slurm_robust.launcher.control.time_limit import TimeLimitWatch, job_end_time
 from slurm_robust.launcher.enums import (
@@ -158,6 +159,8 @@ class Recovery:
                                     (lambda: side.end_time(ident.job_id)))
         self.detect = Detectors(self.app, self.hot, self.nans, self.watch, self.diagnoses,
                                 self.limit)
+        #: Slurm ending the allocation (an agent's SIGTERM): no decisions meanwhile.
+        self.ending = SlurmEnding()
 
     # ------------------------------------------------------------------ read side
     @property
@@ -294,6 +297,13 @@ class Recovery:
         """An agent got Slurm's warning before the time limit (its report says when)."""
         self.limit.note(member.node, warned_at)
 
+    def on_ending(self, member: Member, at: float) -> None:
+        """An agent got SIGTERM: Slurm is ending the allocation (slurm_ending.py). The
+        first one is kept in state.json for the next allocation's record of it."""
+        if self.ending.note(member.node, at) and self.phase is not Phase.DONE:
+            self.state.slurm_ending_at = at
+            self.app.persist()
+
     def on_findings(self, member: Member, findings: Sequence[Finding],
                     sample: NodeSample | None, now: float) -> None:
         """The in-job monitor: an agent's monitor findings and implicit sample."""
@@ -361,8 +371,8 @@ class Recovery:
             self.app.poll_requeue()
             return
         gen = self.gen
-        if gen is None:
-            return
+        if gen is None or self.ending.holds(now):
+            return  # Slurm is ending the allocation: its workers' deaths are no failure
         if phase in (Phase.RUNNING, Phase.DUMPING):
             # While DIAGNOSING (its own handler) the others wait: exits of the stopped
             # generation are not new incidents.

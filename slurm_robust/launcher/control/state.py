@@ -47,6 +47,13 @@ class RunState:
     # the same again at the next warning means an allocation that made no step.
     time_limit_step: int | None = None
     time_limits: int = 0
+    # Slurm's requeue count (SLURM_RESTART_COUNT) of the allocation whose controller last
+    # wrote this state: a higher one with no incident open is a requeue the launcher did
+    # not make (external_requeue.py). None: a state from before the count was kept.
+    restart_count: int | None = None
+    # When an agent of the last allocation got SIGTERM (slurm_ending.py): Slurm ending
+    # it; the next allocation's record of a requeue it did not expect starts there.
+    slurm_ending_at: float | None = None
     open_incident: Incident | None = None
     incidents: int = 0
     finished: str | None = None

@@ -143,8 +143,10 @@ class Agent:
         self.controllers: list[Controller] = []
         #: The newest controller term seen (controller.json, plans); older plans are void.
         self.term = 0
-        #: When Slurm's time-limit warning arrived (listen_for_time_limit); reported.
+        #: When Slurm's time-limit warning arrived (listen_for_slurm_signals); reported.
         self.warned: float | None = None
+        #: When SIGTERM arrived (listen_for_slurm_signals): Slurm is ending the allocation.
+        self.ending: float | None = None
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
@@ -298,10 +300,10 @@ class Agent:
                       stacks=dict(self.stacks_done), time=time.time(),
                       findings=list(self.findings), sample=sample,
                       diagnoses=list(self.diagnoses_done.values()),
-                      term=self.term, warned=self.warned,
+                      term=self.term, warned=self.warned, ending=self.ending,
                       plan_id=self.held[0] if self.held else None)
 
-    def listen_for_time_limit(self) -> None:
+    def listen_for_slurm_signals(self) -> None:
         """Note Slurm's warning before the time limit (WARNING_SIGNAL); the next report
         carries it to the controller, which requeues the job with its newest step. (With
         submitit's USR2, its handler requeued from task 0 and ended that agent, and the
@@ -310,8 +312,18 @@ class Agent:
             if self.warned is None:
                 self.warned = time.time()
 
+        # SIGTERM is Slurm ending the allocation (a requeue by an admin or by the
+        # controller, a preemption, a cancel, the limit's kill): the workers got it too
+        # and die of it, and the controller must take none of that for a failure. The
+        # agent stays (as under submitit's handler, which ignored it) to say so; Slurm's
+        # SIGKILL after KillWait or GraceTime ends it.
+        def on_terminate(signum: int, frame: object) -> None:
+            if self.ending is None:
+                self.ending = time.time()
+
         try:
             signal.signal(WARNING_SIGNAL, on_warning)
+            signal.signal(signal.SIGTERM, on_terminate)
         except ValueError:  # not the main thread (an embedding caller): nobody to warn
             log.warning("agent %s: not the main thread; the time-limit warning is not "
                         "handled", self.ident.index)
@@ -555,7 +567,7 @@ def run_agent(cfg: RunConfig) -> AgentSummary:
         controller = Controller(cfg, ident)
         controller.start()
     agent = Agent(cfg, ident)
-    agent.listen_for_time_limit()
+    agent.listen_for_slurm_signals()
     if controller is not None:
         agent.controllers.append(controller)
         agent.local_controller = controller.alive

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
-from slurm_robust.errors import UsageError
-from slurm_robust.launcher.control.state import load_state
+from slurm_robust.errors import SlurmRobustError, UsageError
+from slurm_robust.launcher.control.external_requeue import read_previous_end
+from slurm_robust.launcher.control.state import RunState, load_state
 from slurm_robust.launcher.messages import Incident
 from slurm_robust.launcher.paths import RunPaths, run_dir_from_comment
 from slurm_robust.records import EVENT_SCHEMA, VERDICT_SCHEMA, read_records
@@ -142,7 +143,9 @@ def run_status(target: str) -> StatusReport:
         "verdicts": [{"node": v["node"], "class": v["class"], "reason": v["reason"]}
                      for v in verdicts],
         "events": len(events), "malformed_lines": read.malformed,
-        "pending": None if ends else _pending(state.open_incident),
+        "pending": None if ends else (_pending(state.open_incident) or
+                                      _requeued_by_slurm(events[-1].get("job_id"), state,
+                                                         last.get("step"))),
         "hang_limits": dict(state.hang_limits) if state.declares_phases else {},
     }
 
@@ -158,11 +161,49 @@ def _pending(incident: Incident | None) -> str | None:
                                                          incident.detected_at))
         return (f"requeued: the time limit was near ({when}); the next allocation goes "
                 f"on from step {incident.last_step}")
+    outside = incident.evidence.get("requeue")
+    if incident.rung == "requeue" and isinstance(outside, dict) and outside.get("by") == "slurm":
+        return (f"requeued by Slurm: {_cause(outside.get('slurm_state'), incident.cls)}; "
+                f"the next allocation goes on from step {incident.last_step}")
     short = incident.evidence.get("shortfall")
     if not short or short.get("choice") != "requeue":
         return None
     return (f"pending: reserve shortfall (needs {short['needs']}, has {short['has']}) in "
             f"partition {short['partition']}")
+
+
+def _cause(slurm_state: str | None, cls: str) -> str:
+    """A requeue's cause as a user reads it."""
+    if slurm_state == "PREEMPTED":
+        return "preempted for higher-priority work"
+    if slurm_state == "NODE_FAIL":
+        return "a node failed"
+    if slurm_state is None:
+        return f"{cls} (accounting did not say why)"
+    return f"requeued by an administrator or the job's owner (Slurm: {slurm_state})"
+
+
+def _requeued_by_slurm(job_id: str | None, state: RunState, step: int | None) -> str | None:
+    """Why a job that Slurm requeued without the launcher (an admin's requeue, a
+    preemption) waits in the queue: its requeue count is above the one state.json was
+    written under and no allocation has started since (control/external_requeue.py).
+    None when it is not so, or Slurm cannot be asked (status also reads run directories
+    where no Slurm is reachable)."""
+    if not job_id or not str(job_id).isdigit() or state.restart_count is None or \
+            state.open_incident is not None:
+        return None
+    try:
+        job = Slurm().job(str(job_id))
+        if job is None or job.state != "PENDING" or job.restart_count <= state.restart_count:
+            return None
+        end = read_previous_end(str(job_id))
+    except (SlurmRobustError, OSError, ValueError):
+        return None
+    when = (time.strftime("%H:%M:%S", time.localtime(end.ended_at))
+            if end is not None and end.ended_at is not None else "?")
+    cause = _cause(end.state if end is not None else None, "requeued")
+    return (f"requeued by Slurm at {when}: {cause}; waiting in the queue ({job.state_reason}); "
+            f"the next allocation goes on from step {step}")
 
 
 def _incident_summary(e: dict[str, Any]) -> IncidentSummary:
