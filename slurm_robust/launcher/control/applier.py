@@ -232,6 +232,8 @@ class Applier:
         last = max((s for s in (st.last_step, logged) if s is not None), default=None)
         incident = probe.incident(self.next_incident_id(), last, now, st.slurm_ending_at)
         incident.rung = Rung.REQUEUE
+        if st.open_incident is not None:  # a restart in place Slurm's requeue cut short
+            accounting.cut_short(st.open_incident, incident, now)
         st.open_incident = incident
         for listener in self.listeners:  # the live metrics count it as it opens
             listener.on_incident(incident)

@@ -33,7 +33,7 @@ from datetime import datetime
 
 from slurm_robust.errors import SlurmRobustError
 from slurm_robust.launcher.control.events import new_incident
-from slurm_robust.launcher.enums import IncidentClass
+from slurm_robust.launcher.enums import IncidentClass, Rung
 from slurm_robust.launcher.messages import Incident
 from slurm_robust.slurm.records import AcctJob
 from slurm_robust.taxonomy import ROWS
@@ -95,9 +95,11 @@ def requeued_outside(restart_count: int, saved_restart_count: int | None,
                      open_incident: Incident | None, finished: str | None) -> bool:
     """Whether this allocation follows a requeue the launcher did not make: Slurm's count
     rose since the state was written (None: a state from before the count was kept, never
-    taken for a requeue), and no requeue of the launcher's own left its incident open."""
+    taken for a requeue), and no requeue of the launcher's own left its incident open (an
+    incident open on another rung, an in-place restart say, was cut short by Slurm's)."""
     return (saved_restart_count is not None and restart_count > saved_restart_count
-            and open_incident is None and finished is None)
+            and finished is None
+            and (open_incident is None or open_incident.rung != Rung.REQUEUE))
 
 
 class PreviousEndProbe:

@@ -47,7 +47,10 @@ def test_only_a_higher_count_with_nothing_open_is_a_requeue_from_outside():
     assert requeued_outside(1, 0, None, None)
     assert not requeued_outside(0, 0, None, None)       # the same allocation (failover)
     assert not requeued_outside(1, None, None, None)    # an older state: no count kept
+    inc.rung = "requeue"
     assert not requeued_outside(1, 0, inc, None)        # the launcher's own requeue
+    inc.rung = "in_place"
+    assert requeued_outside(1, 0, inc, None)            # a restart Slurm cut short
     assert not requeued_outside(1, 0, None, "completed")
 
 
@@ -215,3 +218,20 @@ def test_the_report_carries_the_sigterm_time_only_once_set():
     base = {"op": "report", "agent": 0, "node": "n1", "pid": 1, "key": "k", "time": 1.0}
     assert "ending" not in Report(**base).to_json()
     assert Report.from_json(Report(**base, ending=7.0).to_json()).ending == 7.0
+
+
+def test_a_restart_in_place_that_slurms_requeue_cut_short_is_written_before_it(tmp_path):
+    h = Harness(tmp_path)
+    h.start()
+    h.fail(h.slot_members()[0], "worker_signal")
+    h.settle()
+    assert h.rec.state.open_incident.rung == "in_place"
+    next_allocation(h, lambda job: AllocationEnd("REQUEUED", h.clock(), ("n1",)))
+    _joined(h)
+    h.tick()
+    h.restored(3)
+    h.steps(1)
+    first, second = h.incidents()
+    assert (first["class"], first["rung"]) == ("worker_signal", "in_place")
+    assert first["evidence"]["overlap"]["cut_short_by"] == second["incident"]
+    assert (second["class"], second["rung"]) == ("admin", "requeue")
