@@ -181,15 +181,26 @@ LOG_RULES: tuple[Rule, ...] = (
         r"uncorrectable ECC|ECC_UNCORRECTABLE|cudaErrorECCUncorrectable|double[- ]bit ECC|"
         r"row[- ]remap\w* fail|cuda runtime error \(39\)"), strength=_H),
     Rule("gpu_gone", F.GPU_UNAVAILABLE, _rx(
-        r"fallen off the bus|GPU is lost|NVML_ERROR_GPU_IS_LOST|Failed to initialize NVML|"
+        r"fallen off the bus|GPU is lost|NVML_ERROR_GPU_IS_LOST|"
+        r"Failed to initialize NVML(?!: Unknown Error)|"
         r"Driver/library version mismatch|Unable to determine the device handle|"
         r"RmInitAdapter failed|probe routine failed|GPU requires reset"), strength=_H),
+    # NVML's "Unknown Error" inside a container that could use its GPUs before: the
+    # container's device cgroup was rewritten under it (systemd reloading units, NVIDIA's
+    # container-toolkit notice); the host still sees the GPU. Recreate the container.
+    Rule("nvml_unknown_error", F.CONTAINER_RUNTIME, _rx(
+        r"Failed to initialize NVML: Unknown Error"), strength=_L),
+    # PyTorch's check of the installed build against the node's driver: the job's CUDA
+    # build is newer than the driver (or the driver older than the image needs). A version
+    # mismatch either side could resolve, not a broken driver.
+    Rule("driver_too_old", F.BAD_CONFIG, _rx(
+        r"NVIDIA driver on your system is too old"), side=Side.UNKNOWN, strength=_L),
     # What user space prints when it cannot reach the driver: a broken driver, but also a
-    # job whose cgroup holds no GPU (it asked Slurm for none) or an image built for a newer
-    # driver. No hardware evidence by itself: the node's own GPU checks decide (diagnosis).
+    # job whose cgroup holds no GPU (it asked Slurm for none). No hardware evidence by
+    # itself: the node's own GPU checks decide (diagnosis).
     Rule("gpu_driver_unreachable", F.GPU_UNAVAILABLE, _rx(
-        r"unable to communicate with the NVIDIA driver|NVIDIA driver on your system is too "
-        r"old|nvidia-smi has failed"), side=Side.UNKNOWN, strength=_L),
+        r"unable to communicate with the NVIDIA driver|nvidia-smi has failed"),
+        side=Side.UNKNOWN, strength=_L),
     Rule("kernel_panic", F.KERNEL_PANIC, _rx(
         r"Kernel panic|kernel BUG at|\bOops\b: |hard LOCKUP|"
         r"mce: \[Hardware Error\]|Machine check events logged"), strength=_K,
@@ -206,6 +217,15 @@ LOG_RULES: tuple[Rule, ...] = (
     # launcher the limit is met by its warning signal first; this is the job that had none.
     Rule("slurm_time_limit", F.BAD_CONFIG, _rx(
         r"\bCANCELLED AT \S+ DUE TO TIME LIMIT\b"), side=Side.USER, strength=_K),
+    # sbatch/srun refusing the request itself (src/common/slurm_errno.c): more memory,
+    # GRES, nodes or time than the cluster's configuration can ever give, or an invalid
+    # account/partition. The job's request, decided before any node ran it.
+    Rule("slurm_request_refused", F.BAD_CONFIG, _rx(
+        r"Memory specification can not be satisfied|Requested node configuration is not "
+        r"available|Invalid generic resource \(gres\) specification|Requested time limit is "
+        r"invalid|Node count specification invalid|Invalid account or account/partition "
+        r"combination specified|Invalid partition name specified"),
+        side=Side.USER, strength=_K),
     Rule("block_io", F.DISK_FAULT, _rx(
         r"blk_update_request: .*error|Buffer I/O error|I/O error, dev |failed command: "
         r"(READ|WRITE)|EXT4-fs error|XFS \(\S+\): .*(I/O error|Corruption)|"
@@ -245,12 +265,23 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("port", F.BAD_CONFIG, _rx(
         r"Address already in use|EADDRINUSE|Errno 98\b|failed to bind|"
         r"server socket has failed to listen"), side=Side.UNKNOWN),
+    # EMFILE: the process's open-file limit (DataLoader workers passing tensors as file
+    # descriptors, PyTorch's own message names `ulimit -n`); the limit or a leak in the
+    # job, not the node.
+    Rule("fd_limit", F.BAD_CONFIG, _rx(
+        r"Too many open files|Errno 24\b|\bEMFILE\b|received 0 items of ancdata"),
+        side=Side.UNKNOWN),
     Rule("shm", F.CONTAINER_RUNTIME, _rx(
         r"insufficient shared memory|out of shared memory|shared memory \(shm\)|"
         r"shared memory limit|/dev/shm|--shm-size|shm size|unable to write to file </torch_|"
         r"unable to (open|mmap) shared memory|\bSemLock\b|sem_open|"
         r"joblib will operate in serial mode|creating shared memory segment|"
         r"shm\.h:\d+[^\n]*posix_fallocate")),
+    # A registry's pull rate limit (Docker Hub's "toomanyrequests"): the registry, an
+    # external service, refusing more pulls from this address or account for a while
+    # (as service_down reads an HTTP 429; off-node, so never an eviction).
+    Rule("registry_rate_limit", F.EXTERNAL_SERVICE, _rx(
+        r"\btoomanyrequests\b|You have reached your pull rate limit")),
     # A registry refusing the job's image (credentials, a wrong name): the job's setting.
     Rule("container_auth", F.BAD_CONFIG, _rx(
         r"returned error code: 40[13]|401 Unauthorized|403 Forbidden|manifest unknown|"
@@ -287,11 +318,25 @@ LOG_RULES: tuple[Rule, ...] = (
         r"(Input/output error|Errno 5\b)[^\n]*(s3://|gs://|hdfs://|/content/drive|/lustre|"
         r"/gpfs|/nfs)|botocore|boto3|\bS3Error|s3fs|NoSuchKey|SlowDown|\bHDFS\b|webhdfs|"
         r"LustreError|gcsfs|google\.cloud\.storage|azure\.storage|"
-        r"/content/drive/|BlockMissingException|Could not obtain block")),
+        r"/content/drive/|BlockMissingException|Could not obtain block|"
+        # S3's 503 reply to a too-high request rate, as an HTTP client prints it
+        r"503:? Slow Down|"
+        # fsspec's remote-filesystem timeout (s3fs, gcsfs, http streaming)
+        r"\bFSTimeoutError\b")),
     # An object store's refusal (botocore's ClientError, the GCS JSON API's object URLs):
     # a 403 is the job's credentials, a 503 the store's load or the job's own write rate.
+    # TensorFlow's own S3/GCS file systems log their failing requests and retries.
     Rule("object_store", F.REMOTE_STORAGE, _rx(
-        r"when calling the \w+ operation|googleapis\.com/(upload/)?storage/"),
+        r"when calling the \w+ operation|googleapis\.com/(upload/)?storage/|"
+        r"tensorflow/core/platform/(s3|cloud)/\w+\.cc:\d+\]"),
+        side=Side.UNKNOWN),
+    # An error that names an object-store URL: a shard or checkpoint the job streams from
+    # or to S3/GCS/Azure (aws s3 cp, gsutil cat, a streaming dataset's download) failed.
+    # Which side (the store, the network, the path or its permissions) the line rarely says.
+    Rule("object_store_url", F.REMOTE_STORAGE, _rx(
+        r"(error|exception|failed|failure)[^\n]*\b(s3|s3a|gs|gcs|az|abfss?|oci)://|"
+        r"\b(s3|s3a|gs|gcs|az|abfss?|oci)://[^\n]*(error|exception|failed|not found|"
+        r"broken pipe|timed out)"),
         side=Side.UNKNOWN),
     Rule("ib_io", F.NETWORK, _rx(r"(Input/output error|Errno 5\b)[^\n]*infiniband|"
                                  r"infiniband[^\n]*(Input/output error|Errno 5\b)")),
@@ -368,7 +413,30 @@ LOG_RULES: tuple[Rule, ...] = (
         r"illegal memory access|illegal instruction was encountered|unspecified launch "
         r"failure|CUBLAS_STATUS_(EXECUTION_FAILED|INTERNAL_ERROR)|CUDNN_STATUS_"
         r"(EXECUTION_FAILED|INTERNAL_ERROR|MAPPING_ERROR)|ncclUnhandledCudaError|"
-        r"unhandled cuda error|no CUDA-capable device|all CUDA-capable devices are busy")),
+        r"unhandled cuda error|no CUDA-capable device|all CUDA-capable devices are busy|"
+        # ROCm's HSA runtime on a GPU page fault: its illegal memory access
+        r"Memory access fault by GPU node")),
+    # A missing environment variable: CPython's os.environ raising KeyError from its
+    # __getitem__ (a launcher or platform variable the job expected). The job's setting or
+    # the platform's environment; the frame does not say which.
+    # A compiled extension built against another version of the library it links
+    # (flash-attn against another torch): the dynamic loader's "undefined symbol" on
+    # import. The job's environment, a version mismatch.
+    Rule("extension_abi", F.BAD_CONFIG, _rx(
+        r"ImportError[^\n]*\.so[^\n]*: undefined symbol"), side=Side.USER),
+    # PyTorch's load_state_dict on a checkpoint that does not fit the model: the job's
+    # code or checkpoint.
+    Rule("state_dict_mismatch", F.USER_EXCEPTION, _rx(
+        r"Error\(s\) in loading state_dict|(Missing|Unexpected) key\(s\) in state_dict|"
+        r"size mismatch for \S+: copying a param"), side=Side.USER),
+    Rule("missing_env_var", F.BAD_CONFIG, _rx(r'os\.py", line \d+, in __getitem__'),
+         side=Side.UNKNOWN, accept=lambda line, log: "KeyError" in log),
+    # Hydra reports the job's failure without a traceback ("Error executing job with
+    # overrides", then the message, then how to get the stack trace): an error of the
+    # job's own code or config, unless a line above names a cause a rule knows.
+    Rule("hydra_job_error", F.USER_EXCEPTION, _rx(
+        r"Error executing job with overrides|HYDRA_FULL_ERROR=1 for a complete stack trace"),
+        side=Side.UNKNOWN),
     Rule("signal", F.WORKER_SIGNAL, _rx(
         r"is killed by signal|Segmentation fault|SIGSEGV|SIGBUS|Bus error|core dumped|"
         r"Fatal Python error|^\s*\**Killed\**\s*$|Signal \d+ \(SIG\w+\) received|"

@@ -147,3 +147,154 @@ def test_a_collapsed_loss_scale_is_a_divergence_one_halving_is_not():
     line = "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to {}"
     assert classify_failure(1, None, line.format("1.020640762992391e-202")).cls == "nan"
     assert classify_failure(1, None, line.format("32768.0")).cls != "nan"
+
+
+# The tests below are written from development entries of the failure corpus added
+# later (ids in classify_seen_ids.txt), each excerpt copied here; each rule reads a
+# message a tool, library or runtime prints, not a phrase of one thread.
+
+def test_nvml_unknown_error_is_the_container_runtime_not_a_lost_gpu():
+    # nvctk-1227-nvml-unknown-after-daemon-reload: systemd rewrote the container's
+    # device cgroup; the host's GPU is fine, so reattempt in a new container, no eviction.
+    c = classify_failure(None, None, "(container) $ nvidia-smi -L\n"
+                                     "Failed to initialize NVML: Unknown Error")
+    assert (c.cls, c.side, c.action) == ("container_runtime", "infrastructure",
+                                         "reattempt"), c
+    # A driver/library mismatch is still the node's GPU stack.
+    mismatch = classify_failure(None, None, "Failed to initialize NVML: Driver/library "
+                                            "version mismatch")
+    assert mismatch.cls == "gpu_unavailable" and mismatch.strength == "hardware", mismatch
+
+
+def test_a_driver_too_old_for_the_jobs_build_is_a_version_mismatch():
+    # trixie-9-driver-too-old-slurm-training: PyTorch's check of its build against the
+    # node's driver; either side may move, so the side is unknown and nothing is evicted.
+    log = ("AssertionError: \n"
+           "The NVIDIA driver on your system is too old (found version 10010).\n"
+           "Please update your GPU driver by downloading and installing a new\n"
+           "version from the URL: http://www.nvidia.com/Download/index.aspx\n"
+           "Alternatively, go to: https://pytorch.org to install")
+    c = classify_failure(1, None, log)
+    assert (c.cls, c.side) == ("bad_config", "unknown") and not c.evicts, c
+    # User space that cannot reach the driver at all is still diagnosed on the node.
+    gone = classify_failure(1, None, "NVIDIA-SMI has failed because it couldn't "
+                                     "communicate with the NVIDIA driver.")
+    assert (gone.cls, gone.side) == ("gpu_unavailable", "unknown"), gone
+
+
+def test_slurm_refusing_the_request_is_the_jobs_configuration():
+    # torchforge-590-sbatch-memory-spec-unsatisfiable: more memory than any node has.
+    log = ("sbatch: error: Memory specification can not be satisfied\n"
+           "sbatch: error: Batch job submission failed: Requested node configuration is "
+           "not available")
+    c = classify_failure(None, None, log)
+    assert (c.cls, c.side, c.rule) == ("bad_config", "user", "slurm_request_refused"), c
+
+
+def test_the_open_file_limit_is_a_limit_of_unknown_side():
+    # neuralrecon-91-too-many-open-files-dataloader: the limit, or a leak in the job.
+    log = ("    raise RuntimeError(\n"
+           "RuntimeError: Too many open files. Communication with the workers is no longer "
+           "possible. Please increase the limit using `ulimit -n` in the shell or change "
+           "the sharing strategy by calling `torch.multiprocessing.set_sharing_strategy("
+           "'file_system')` at the beginning of your code")
+    c = classify_failure(1, None, log)
+    assert (c.cls, c.side) == ("bad_config", "unknown") and not c.evicts, c
+
+
+def test_object_store_failures_name_remote_storage():
+    # scirepeval-48-fsspec-s3-stream-timeout: fsspec's timeout on a streamed S3 file.
+    c = classify_failure(1, None, "fsspec.exceptions.FSTimeoutError: Caught FSTimeoutError "
+                                  "in DataLoader worker process 1.")
+    assert c.cls == "remote_storage" and not c.evicts, c
+    # cockpit-bots-3991-s3-503-slow-down: S3's 503 reply to a too-high request rate.
+    c = classify_failure(None, None, "     raise HTTPError(req.full_url, code, msg, hdrs, "
+                                     "fp)\n urllib.error.HTTPError: HTTP Error 503: Slow "
+                                     "Down")
+    assert c.cls == "remote_storage", c
+    # tf-24357-s3-curl-28-distributed-training: TensorFlow's S3 file system retrying.
+    c = classify_failure(None, None, "2018-12-14 01:13:58.715801: E tensorflow/core/"
+                                     "platform/s3/aws_logging.cc:60] Curl returned error "
+                                     "code 28")
+    assert (c.cls, c.side) == ("remote_storage", "unknown"), c
+
+
+def test_an_error_naming_an_object_store_url_is_remote_storage_not_the_fabric():
+    # webdataset-473-s3-pipe-broken-pipe: the broken pipe is the shard download's.
+    c = classify_failure(None, None, "download failed: s3://bucket-name/path/to/file.tar "
+                                     "to - [Errno 32] Broken pipe")
+    assert (c.cls, c.side) == ("remote_storage", "unknown") and not c.secondary, c
+    # mosaic-streaming-310-index-json-not-found: the launcher's last line says only that
+    # rank 0 crashed; the download error above it names the cause.
+    log = ("RuntimeError: Failed to download s3://my_bucket/path/to/data/my_dataset/train/"
+           "index.json -> /tmp/tmp95xvpyl_/train/index.json. Got errors:\n"
+           "ERROR:composer.cli.launcher:Rank 0 crashed with exit code 1.")
+    assert classify_failure(1, None, log).cls == "remote_storage"
+    # A URL in a line that reports no failure is not evidence.
+    ok = classify_failure(1, None, "Saving checkpoints for 7200 into s3://b/ckpt/model.ckpt")
+    assert ok.cls != "remote_storage", ok
+
+
+def test_a_rocm_gpu_page_fault_is_a_cuda_error_of_unknown_side():
+    # hiptf-60-rocm-page-fault-resnet: the HSA runtime's illegal memory access.
+    log = ("INFO:tensorflow:loss = 1.00229, step = 901, precision = 0.703125\n"
+           "Memory access fault by GPU node-1 on address 0x1e4000. Reason: Page not present "
+           "or supervisor privilege.\nAborted (core dumped)")
+    c = classify_failure(None, signal.SIGABRT, log)
+    assert (c.cls, c.side, c.action) == ("cuda_error", "unknown", "diagnose"), c
+
+
+def test_a_missing_environment_variable_is_configuration_of_unknown_side():
+    # azureml-bert-48-missing-master-node-env: os.environ's KeyError.
+    log = ('File "src/scripts/submit_job/distributed.py", line 273, in '
+           "set_environment_variables_for_nccl_backend\n"
+           "    os.environ['MASTER_ADDR'] = os.environ['AZ_BATCHAI_MPI_MASTER_NODE']\n"
+           '  File "/opt/conda/lib/python3.6/os.py", line 669, in __getitem__\n'
+           "    raise KeyError(key) from None\n"
+           "KeyError: 'AZ_BATCHAI_MPI_MASTER_NODE'")
+    c = classify_failure(1, None, log)
+    assert (c.cls, c.side) == ("bad_config", "unknown"), c
+    # A KeyError from the job's own dict stays the job's exception.
+    assert classify_failure(1, None, tb("KeyError: 'lr'")).cls == "user_exception"
+
+
+def test_hydra_reports_the_jobs_error_without_a_traceback():
+    # lightning-hydra-350-error-locating-target.
+    log = ("Error executing job with overrides: []\n"
+           "Error locating target 'src.models.xxx_module.XXXLitModule', see chained "
+           "exception above.\nfull_key: model\n\n"
+           "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.")
+    c = classify_failure(1, None, log)
+    assert c.cls == "user_exception" and c.rule == "hydra_job_error" and not c.evicts, c
+    # A cause a rule knows, reported through Hydra, keeps its class.
+    oom = "torch.cuda.OutOfMemoryError: CUDA out of memory.\n" + log
+    assert classify_failure(1, None, oom).cls == "gpu_oom"
+
+
+def test_an_extension_built_for_another_library_version_is_the_jobs_environment():
+    # flashattn-821-undefined-symbol-torch22-wheel.
+    log = ("ImportError: .../test_env/lib/python3.10/site-packages/flash_attn_2_cuda."
+           "cpython-310-x86_64-linux-gnu.so: undefined symbol: _ZN2at4_ops5zeros4callEN3"
+           "c108ArrayRefINS2_6SymIntEEENS2_8optionalINS2_10ScalarTypeEEENS6_INS2_6Layout"
+           "EEENS6_INS2_6DeviceEEENS6_IbEE")
+    c = classify_failure(1, None, log)
+    assert (c.cls, c.side) == ("bad_config", "user"), c
+
+
+def test_a_checkpoint_that_does_not_fit_the_model_is_the_jobs_exception():
+    # mvdet-7-state-dict-renamed-module.
+    log = ('Missing key(s) in state_dict: "map_classifier.0.weight", "map_classifier.0.'
+           'bias". \n\nUnexpected key(s) in state_dict: "world_classifier.0.weight", '
+           '"world_classifier.0.bias".')
+    c = classify_failure(1, None, log)
+    assert (c.cls, c.side) == ("user_exception", "user"), c
+
+
+def test_a_registry_pull_rate_limit_is_an_external_service():
+    # ksnip-655-dockerhub-rate-limit-deb-ci: not the container runtime, not the image.
+    log = ("Unable to find image 'ubuntu:18.04' locally\n"
+           "docker: Error response from daemon: toomanyrequests: You have reached your pull "
+           "rate limit. You may increase the limit by authenticating and upgrading: "
+           "https://www.docker.com/increase-rate-limit.")
+    c = classify_failure(None, None, log)
+    assert c.cls == "external_service" and not c.evicts, c
