@@ -416,9 +416,6 @@ LOG_RULES: tuple[Rule, ...] = (
         r"unhandled cuda error|no CUDA-capable device|all CUDA-capable devices are busy|"
         # ROCm's HSA runtime on a GPU page fault: its illegal memory access
         r"Memory access fault by GPU node")),
-    # A missing environment variable: CPython's os.environ raising KeyError from its
-    # __getitem__ (a launcher or platform variable the job expected). The job's setting or
-    # the platform's environment; the frame does not say which.
     # A compiled extension built against another version of the library it links
     # (flash-attn against another torch): the dynamic loader's "undefined symbol" on
     # import. The job's environment, a version mismatch.
@@ -429,6 +426,9 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("state_dict_mismatch", F.USER_EXCEPTION, _rx(
         r"Error\(s\) in loading state_dict|(Missing|Unexpected) key\(s\) in state_dict|"
         r"size mismatch for \S+: copying a param"), side=Side.USER),
+    # A missing environment variable: CPython's os.environ raising KeyError from its
+    # __getitem__ (a launcher or platform variable the job expected). The job's setting or
+    # the platform's environment; the frame does not say which.
     Rule("missing_env_var", F.BAD_CONFIG, _rx(r'os\.py", line \d+, in __getitem__'),
          side=Side.UNKNOWN, accept=lambda line, log: "KeyError" in log),
     # Hydra reports the job's failure without a traceback ("Error executing job with
