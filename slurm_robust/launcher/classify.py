@@ -174,6 +174,9 @@ def _cpu_stall_line(line: str, log: str) -> bool:
 
 _G, _L, _K, _H = Strength.GENERIC, Strength.LIBRARY, Strength.KERNEL, Strength.HARDWARE
 
+#: An object-store URL's scheme (S3, GCS, Azure, OCI), as object_store_url matches it.
+_OBJECT_URL = r"\b(s3|s3a|gs|gcs|az|abfss?|oci)://"
+
 # Log rules in priority order: causes before consequences. Each carries the strength of
 # what it matches; the strongest match wins (classify), the order breaks ties.
 LOG_RULES: tuple[Rule, ...] = (
@@ -334,9 +337,8 @@ LOG_RULES: tuple[Rule, ...] = (
     # or to S3/GCS/Azure (aws s3 cp, gsutil cat, a streaming dataset's download) failed.
     # Which side (the store, the network, the path or its permissions) the line rarely says.
     Rule("object_store_url", F.REMOTE_STORAGE, _rx(
-        r"(error|exception|failed|failure)[^\n]*\b(s3|s3a|gs|gcs|az|abfss?|oci)://|"
-        r"\b(s3|s3a|gs|gcs|az|abfss?|oci)://[^\n]*(error|exception|failed|not found|"
-        r"broken pipe|timed out)"),
+        r"(error|exception|failed|failure)[^\n]*" + _OBJECT_URL + "|" + _OBJECT_URL +
+        r"[^\n]*(error|exception|failed|not found|broken pipe|timed out)"),
         side=Side.UNKNOWN),
     Rule("ib_io", F.NETWORK, _rx(r"(Input/output error|Errno 5\b)[^\n]*infiniband|"
                                  r"infiniband[^\n]*(Input/output error|Errno 5\b)")),
