@@ -79,8 +79,9 @@ class RunConfig:
         env: extra environment for the workers.
         stack_method: ``auto``, ``py-spy`` or ``faulthandler`` (see slurm_robust.stacks).
         grace_s: SIGTERM-to-SIGKILL grace when stopping workers.
-        prewarm: modules a pre-started worker process imports before it is needed (see
-            zygote.py); empty: start every worker with a plain exec.
+        prewarm: modules the agent's fork server imports once, before any worker needs
+            them; every worker is a fork of it (see node/forkserver.py); empty: start
+            every worker with a plain exec.
         drain: also drain blamed nodes directly (needs a Slurm operator account; the
             verdict file is written either way).
         fail_slow: detect a persistently slow rank from the ``busy_s`` the training API
