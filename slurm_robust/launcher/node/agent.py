@@ -406,6 +406,9 @@ class Agent:
             return int(plan.exit_code or 0)
         if plan.gen != self.gen or plan.role != self.role:
             self.restart(plan)
+        if plan.role is Role.SPARE:
+            # Parked: its fork server's import must not slow the active workers' start.
+            self.forks.background()
         capture = plan.stacks
         if capture and capture not in self.stacks_done and capture not in self._stack_threads:
             t = threading.Thread(target=self._capture, args=(capture,), daemon=True)

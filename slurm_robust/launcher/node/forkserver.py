@@ -14,7 +14,8 @@ speaks JSON lines: orders on stdin, events on stdout.
     agent -> server   {"op": "spawn", "id": n, "order": {"argv", "env", "cwd", "log"}}
                       {"op": "cancel", "id": n}      (stopped before it started)
                       {"op": "reap", "pid": p}       (the agent has the exit status)
-    server -> agent   {"op": "ready"}                (the modules are imported)
+    server -> agent   {"op": "importing", "tid": t}  (the thread that imports them)
+                      {"op": "ready"}                (the modules are imported)
                       {"op": "started", "id": n, "pid": p}
                       {"op": "failed", "id": n, "error": "..."}  (also in the rank's log)
                       {"op": "cancelled", "id": n}
@@ -28,6 +29,11 @@ server ignores the signals Slurm sends a whole step (SIGTERM, the time-limit war
 SIGINT, SIGHUP): they are for the agent and the workers, which get them directly (all
 stay in the agent's process group); each fork gets back a fresh interpreter's handlers.
 When the agent closes the channel (its end) the server waits for its workers, then ends.
+
+The modules are imported on a thread of their own, whose id the server sends first: an
+agent that turns out to be a parked spare lowers that thread's priority (nice 19,
+per thread on Linux), so a spare's import takes only CPU the active workers leave, and
+the main thread, which every worker is forked from, keeps the agent's priority.
 Orders come from this agent alone (a pipe of its own child): no other user reaches it.
 """
 
@@ -40,6 +46,7 @@ import os
 import select
 import signal
 import sys
+import threading
 from collections.abc import Mapping
 
 from slurm_robust.launcher.node import worker_order
@@ -228,14 +235,26 @@ def _int(message: Mapping[str, object], key: str) -> int:
     return value
 
 
+def preload(names: list[str], events_fd: int = 1) -> None:
+    """Import ``names`` on a thread whose id the agent gets (see the docstring)."""
+    def run() -> None:
+        os.write(events_fd, (json.dumps({"op": "importing", "tid": threading.get_native_id()})
+                             + "\n").encode())
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass  # the worker will import it (and fail) itself if it needs it
+
+    thread = threading.Thread(target=run, name="preload")
+    thread.start()
+    thread.join()
+
+
 def main() -> None:
     # The agent's end (even a SIGKILL) ends the server, and with it the workers.
     die_with_parent()
-    for name in sys.argv[1:]:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            pass  # the worker will import it (and fail) itself if it needs it
+    preload(sys.argv[1:])
     os.set_blocking(0, False)
     order = Server().serve()
     worker_order.run_order(order)

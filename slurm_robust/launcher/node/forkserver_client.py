@@ -98,6 +98,8 @@ class ForkServer:
         self.env = {**env, "PYTHONUNBUFFERED": "1"}
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready_at: float | None = None
+        #: The server's importing thread (its "importing" event), until it is ready.
+        self.import_tid: int | None = None
         self.started_at: float | None = None
         self.dead = False
         self.inbox = b""
@@ -158,6 +160,19 @@ class ForkServer:
             poller.register(fd, select.POLLIN)
             poller.poll(left * 1000.0)
 
+    def background(self) -> None:
+        """Let the server import with the CPU others leave (a parked spare's agent):
+        nice 19 on its importing thread only (forkserver.py); the workers it forks
+        later keep the agent's priority."""
+        self.pump()
+        if self.import_tid is None or not self.usable:
+            return
+        try:
+            os.setpriority(os.PRIO_PROCESS, self.import_tid, 19)
+        except OSError:
+            pass  # the import just ended (the thread is gone): nothing left to slow
+        self.import_tid = None
+
     def close(self) -> None:
         """End the server (after the agent stopped its workers)."""
         if self.proc is None:
@@ -209,8 +224,11 @@ class ForkServer:
 
     def _event(self, event: Mapping[str, int | str]) -> None:
         op = event["op"]
-        if op == "ready":
+        if op == "importing":
+            self.import_tid = int(event["tid"])
+        elif op == "ready":
             self.ready_at = time.time()
+            self.import_tid = None
         elif op == "started":
             proc = self.by_id.pop(int(event["id"]))
             self.by_pid[int(event["pid"])] = proc

@@ -191,3 +191,33 @@ def wait_started(proc: ServedProcess, timeout_s: float = 30.0) -> None:
     while proc.pid is None:
         assert time.monotonic() < deadline, "the fork server never started the worker"
         proc.server.pump(0.1)
+
+
+def test_background_renices_the_importing_thread_only(tmp_path):
+    # A server that imports something slow (a module that sleeps), to look at it mid-import.
+    slow = tmp_path / "slowmod.py"
+    slow.write_text("import time\ntime.sleep(3)\n")
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
+    server = ForkServer([sys.executable, str(script)], ("slowmod",), env)
+    server.start()
+    try:
+        deadline = time.monotonic() + 30
+        while server.import_tid is None:
+            assert time.monotonic() < deadline, "no importing event"
+            server.pump(0.05)
+        tid = server.import_tid
+        server.background()
+        assert os.getpriority(os.PRIO_PROCESS, tid) == 19
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, server.proc.pid) == mine  # the main thread
+        proc = order(server, script, tmp_path, "after", "sleep")
+        wait_started(proc)
+        assert server.ready_at is not None
+        assert os.getpriority(os.PRIO_PROCESS, proc.pid) == mine  # forks keep the priority
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(30) == -signal.SIGKILL
+    finally:
+        server.proc.kill()
+        server.proc.wait()
