@@ -66,8 +66,11 @@ def render_slurm_conf(cfg: ClusterConfig, programs: dict[str, Path]) -> str:
         "JobRequeue=1",
         "SchedulerType=sched/backfill",
         # A failing prolog requeues the job without an admin hold; short scheduling
-        # intervals let a requeued job start as soon as its BeginTime passes.
-        "SchedulerParameters=nohold_on_prolog_fail,sched_interval=5,bf_interval=5",
+        # intervals let a requeued job start as soon as its BeginTime passes; and a batch
+        # job is scheduled at its submission, not up to batch_sched_delay (3 s by
+        # default, for sites that take thousands of submissions a second) later.
+        "SchedulerParameters=nohold_on_prolog_fail,sched_interval=5,bf_interval=5,"
+        "batch_sched_delay=0",
         # Preemption as sites run it: a job in a partition of a higher PriorityTier
         # requeues the jobs it needs the nodes of. Every partition here is of one tier,
         # so nothing is preempted until a test creates a higher one over the same nodes

@@ -15,7 +15,7 @@ speaks JSON lines: orders on stdin, events on stdout.
                       {"op": "cancel", "id": n}      (stopped before it started)
                       {"op": "reap", "pid": p}       (the agent has the exit status)
     server -> agent   {"op": "importing", "tid": t}  (the thread that imports them)
-                      {"op": "ready"}                (the modules are imported)
+                      {"op": "ready", "mode": "fork"|"exec"}  (the modules are imported)
                       {"op": "started", "id": n, "pid": p}
                       {"op": "failed", "id": n, "error": "..."}  (also in the rank's log)
                       {"op": "cancelled", "id": n}
@@ -29,6 +29,11 @@ server ignores the signals Slurm sends a whole step (SIGTERM, the time-limit war
 SIGINT, SIGHUP): they are for the agent and the workers, which get them directly (all
 stay in the agent's process group); each fork gets back a fresh interpreter's handlers.
 When the agent closes the channel (its end) the server waits for its workers, then ends.
+
+A pre-import that initialised CUDA (a prewarm module that touches the device) would
+leave every fork unable to use it ("Cannot re-initialize CUDA in forked subprocess"):
+such a server says ``"mode": "exec"`` and each fork execs a fresh interpreter instead,
+slower but correct; the agent logs it once.
 
 The modules are imported on a thread of their own, whose id the server sends first: an
 agent that turns out to be a parked spare lowers that thread's priority (nice 19,
@@ -78,7 +83,8 @@ def exit_returncode(info: os.waitid_result) -> int:
 class Server:
     """The serving loop; ``serve`` returns only in a fresh fork, with its order."""
 
-    def __init__(self, orders_fd: int = 0, events_fd: int = 1) -> None:
+    def __init__(self, orders_fd: int = 0, events_fd: int = 1, mode: str = "fork") -> None:
+        self.mode = mode
         self.orders_fd = orders_fd
         self.events_fd = events_fd
         self.handlers = {s: signal.getsignal(s) for s in STEP_SIGNALS}
@@ -95,7 +101,7 @@ class Server:
     def serve(self) -> WorkerOrder:
         for s in STEP_SIGNALS:
             signal.signal(s, signal.SIG_IGN)
-        self.emit("ready")
+        self.emit("ready", mode=self.mode)
         while True:
             watched = [fd for fd in self.children.values() if fd is not None]
             if not self.closing:
@@ -256,8 +262,13 @@ def main() -> None:
     die_with_parent()
     preload(sys.argv[1:])
     os.set_blocking(0, False)
-    order = Server().serve()
-    worker_order.run_order(order)
+    torch = sys.modules.get("torch")
+    poisoned = bool(torch is not None and torch.cuda.is_initialized())
+    order = Server(mode="exec" if poisoned else "fork").serve()
+    if poisoned:
+        worker_order.exec_order(order)
+    else:
+        worker_order.run_order(order)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,8 @@ class ForkServer:
         self.env = {**env, "PYTHONUNBUFFERED": "1"}
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready_at: float | None = None
+        #: "fork", or "exec" when its pre-imports initialised CUDA (forkserver.py).
+        self.mode: str | None = None
         #: The server's importing thread (its "importing" event), until it is ready.
         self.import_tid: int | None = None
         self.started_at: float | None = None
@@ -229,6 +231,12 @@ class ForkServer:
         elif op == "ready":
             self.ready_at = time.time()
             self.import_tid = None
+            self.mode = str(event.get("mode", "fork"))
+            if self.mode == "exec":
+                log.warning("fork server %s: its pre-imports (%s) initialised CUDA, which "
+                            "a fork cannot use: every worker starts as a fresh interpreter "
+                            "(drop the module that touches the GPU from prewarm)",
+                            self.argv[0], " ".join(self.argv[3:]))
         elif op == "started":
             proc = self.by_id.pop(int(event["id"]))
             self.by_pid[int(event["pid"])] = proc

@@ -60,18 +60,10 @@ def usable(command: list[str] | tuple[str, ...], executable: str = sys.executabl
 def run_order(order: WorkerOrder) -> None:
     """Become the worker ``order`` describes; returns when its script does (the
     interpreter's own exit then gives the status, as for ``python script.py``)."""
-    fd = os.open(order.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
-                 0o600)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    if devnull != 0:
-        os.dup2(devnull, 0)
-        os.close(devnull)
+    _redirect(order)
+    threads = order.env.get("OMP_NUM_THREADS", "")
     os.environ.clear()
     os.environ.update(order.env)
-    threads = os.environ.get("OMP_NUM_THREADS", "")
     if "torch" in sys.modules and threads.isdigit() and int(threads) > 0:
         # OpenMP read OMP_NUM_THREADS when torch was pre-imported, with the agent's
         # environment: apply the rank's value now, as a fresh interpreter would.
@@ -81,7 +73,6 @@ def run_order(order: WorkerOrder) -> None:
         # Every fork would otherwise share the server's legacy global RNG state; a fresh
         # interpreter seeds it from the OS (Python's own `random` reseeds at fork).
         numpy.random.seed()
-    os.chdir(order.cwd)
     argv = order.argv
     if argv[0] == "-m":
         sys.argv = argv[1:]
@@ -90,3 +81,25 @@ def run_order(order: WorkerOrder) -> None:
         sys.argv = list(argv)
         sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
         runpy.run_path(argv[0], run_name="__main__")
+
+
+def exec_order(order: WorkerOrder) -> None:
+    """Become the worker through a fresh interpreter (``exec``): for a fork server whose
+    pre-imports initialised CUDA, which a forked child cannot use again."""
+    _redirect(order)
+    os.execve(sys.executable, [sys.executable, *order.argv], order.env)
+
+
+def _redirect(order: WorkerOrder) -> None:
+    """stdout and stderr to the order's log (0600, no link), stdin from /dev/null, the
+    order's working directory."""
+    fd = os.open(order.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
+                 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    if devnull != 0:
+        os.dup2(devnull, 0)
+        os.close(devnull)
+    os.chdir(order.cwd)

@@ -90,7 +90,7 @@ def test_orders_before_the_server_is_ready_are_pending_then_start(served):
     proc = order(server, script, tmp, "early", "exit", "0")
     assert server.ready_at is None and proc.pid is None  # still importing
     assert proc.wait(30) == 0 and proc.pid is not None
-    assert server.ready_at is not None
+    assert server.ready_at is not None and server.mode == "fork"
 
 
 def test_a_pending_worker_that_is_stopped_never_runs(served):
@@ -221,3 +221,26 @@ def test_background_renices_the_importing_thread_only(tmp_path):
     finally:
         server.proc.kill()
         server.proc.wait()
+
+
+def test_a_server_whose_imports_initialised_cuda_execs_fresh_interpreters(tmp_path):
+    # No GPU here: a stand-in "torch" whose cuda says it is initialised, on the server's
+    # path only, is what the real check reads (torch.cuda.is_initialized()).
+    fake = tmp_path / "fakes" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("from torch import cuda\n")
+    (fake / "cuda.py").write_text("def is_initialized():\n    return True\n")
+    script = tmp_path / "train.py"
+    script.write_text("import os, sys\nprint(os.getpid(), 'torch' in sys.modules)\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'fakes'}"}
+    server = ForkServer([sys.executable, str(script)], ("torch",), env)
+    server.start()
+    try:
+        proc = order(server, script, tmp_path, "execd", "x")
+        assert proc.wait(30) == 0
+        pid, imported = (tmp_path / "execd.log").read_text().split()
+        # A fresh interpreter: the fake torch is not in it (the fork had it imported).
+        assert imported == "False" and int(pid) == proc.pid
+        assert server.mode == "exec"
+    finally:
+        server.close()
