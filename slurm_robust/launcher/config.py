@@ -139,7 +139,9 @@ class RunConfig:
     drain: bool = False
     # torch._dynamo: the first optimizer a script builds imports it (0.8-2 s here, sympy
     # included), which was most of an in-place restart before it was pre-imported.
-    prewarm: tuple[str, ...] = ("torch", "torch._dynamo")
+    # slurm_robust.train: the training API (torch.distributed's FSDP and checkpoint
+    # modules with it, about 0.2 s of CPU), imported by every wrapped script's start.
+    prewarm: tuple[str, ...] = ("torch", "torch._dynamo", "slurm_robust.train")
     fail_slow: bool = True
     fail_slow_interval_s: float = 10.0
     fail_slow_window: int = 5
