@@ -284,10 +284,12 @@ LOG_RULES: tuple[Rule, ...] = (
         r"version `GLIBC\w*_[\d.]+' not found"), side=Side.USER),
     # A shared library the job's environment cannot find (libcudart, libcudnn...). The
     # driver's own libraries (libcuda, libnvidia-ml) missing in a container are the
-    # runtime's GPU hook, so they are left to the container rules.
+    # runtime's GPU hook, so they are left to the container rules; NCCL's optional
+    # plugins (libnccl-net.so, its tuner) are reported missing at INFO level on every
+    # healthy run.
     Rule("shared_lib_missing", F.BAD_CONFIG, _rx(
-        r"\blib(?!cuda\.so|nvidia)[\w+.-]*\.so[.\d]*: cannot open shared object file"),
-        side=Side.UNKNOWN),
+        r"\blib(?!cuda\.so|nvidia|nccl)[\w+.-]*\.so[.\d]*: cannot open shared object file"),
+        side=Side.UNKNOWN, accept=lambda line, log: " INFO " not in line),
     # No GPU visible to the process: usually CUDA_VISIBLE_DEVICES or the request, but a
     # lost GPU looks the same from inside; diagnosis (NVML's count) tells them apart.
     Rule("no_gpu", F.BAD_CONFIG, _rx(

@@ -410,3 +410,9 @@ def test_a_build_that_does_not_fit_is_the_jobs_environment():
     lib = classify_failure(1, None, "ImportError: libcudnn.so.8: cannot open shared object "
                                     "file: No such file or directory")
     assert (lib.cls, lib.side) == ("bad_config", "unknown"), lib
+    # NCCL's INFO line about its optional network plugin is no missing library.
+    info = ("node0:13571:13571 [0] NCCL INFO NET/Plugin : Plugin load (libnccl-net.so) "
+            "returned 2 : libnccl-net.so: cannot open shared object file: No such file or "
+            "directory\nRuntimeError: NCCL error in: ProcessGroupNCCL.cpp:825, unhandled "
+            "system error, NCCL version 2.7.8")
+    assert classify_failure(1, None, info).cls == "network"
