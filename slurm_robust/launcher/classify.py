@@ -492,6 +492,13 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("state_dict_mismatch", F.USER_EXCEPTION, _rx(
         r"Error\(s\) in loading state_dict|(Missing|Unexpected) key\(s\) in state_dict|"
         r"size mismatch for \S+: copying a param"), side=Side.USER),
+    # Python's own "No such file or directory" for a path the job named (a checkpoint,
+    # a data file, an output directory that was never made): the job's paths or
+    # arguments, or a shared file system missing on the node, so side unknown. A rename
+    # ("src -> dst") that loses a race between ranks is the code's own exception.
+    Rule("missing_path", F.BAD_CONFIG, _rx(
+        r"FileNotFoundError: \[Errno 2\] No such file or directory: '[^'\n]*'(?! ->)"),
+        side=Side.UNKNOWN),
     # A missing environment variable: CPython's os.environ raising KeyError from its
     # __getitem__ (a launcher or platform variable the job expected). The job's setting or
     # the platform's environment; the frame does not say which.

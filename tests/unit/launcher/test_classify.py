@@ -416,3 +416,16 @@ def test_a_build_that_does_not_fit_is_the_jobs_environment():
             "directory\nRuntimeError: NCCL error in: ProcessGroupNCCL.cpp:825, unhandled "
             "system error, NCCL version 2.7.8")
     assert classify_failure(1, None, info).cls == "network"
+
+
+def test_a_path_the_job_named_that_does_not_exist_is_configuration():
+    # fdnet-5-checkpoint-missing-train-flag: a checkpoint the arguments never kept.
+    c = classify_failure(1, None, "FileNotFoundError: [Errno 2] No such file or directory: "
+                                  "'./checkpoints/FDNet_ETTh1_ftM_ll672_pl720_0/checkpoint.pth'")
+    assert (c.cls, c.side, c.rule) == ("bad_config", "unknown", "missing_path"), c
+    # A rename that loses a race between ranks stays the code's exception
+    # (dalle-pytorch-141-ranks-race-cache-rename).
+    race = classify_failure(1, None, "FileNotFoundError: [Errno 2] No such file or directory: "
+                                     "'/root/.cache/dalle/tmp.encoder.pkl' -> "
+                                     "'/root/.cache/dalle/encoder.pkl'")
+    assert race.cls == "user_exception", race
