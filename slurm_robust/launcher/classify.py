@@ -227,7 +227,10 @@ LOG_RULES: tuple[Rule, ...] = (
         r"Memory specification can not be satisfied|Requested node configuration is not "
         r"available|Invalid generic resource \(gres\) specification|Requested time limit is "
         r"invalid|Node count specification invalid|Invalid account or account/partition "
-        r"combination specified|Invalid partition name specified"),
+        r"combination specified|Invalid partition name specified|Invalid qos "
+        r"specification|Job violates accounting/QOS policy|Invalid feature specification|"
+        r"More processors requested than permitted|Memory required by task is not "
+        r"available|Invalid Trackable RESource \(TRES\) specification"),
         side=Side.USER, strength=_K),
     Rule("block_io", F.DISK_FAULT, _rx(
         r"blk_update_request: .*error|Buffer I/O error|I/O error, dev |failed command: "
@@ -246,11 +249,20 @@ LOG_RULES: tuple[Rule, ...] = (
         r"\.cuh?:\d+:.*Assertion .* failed|block: \[\d+,\d+,\d+\], thread: \[\d+,\d+,\d+\].*"
         r"Assertion|misaligned address|invalid configuration argument|"
         r"too many resources requested for launch")),
+    # Java's and Ray's OutOfMemoryError are host memory (oom_killer reads them), and so is
+    # TensorFlow's OOM on a CPU device.
     Rule("gpu_oom", F.GPU_OOM, _rx(
-        r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
+        r"CUDA out of memory|(?<!java\.lang\.)(?<!ray\.exceptions\.)OutOfMemoryError"
+        r"(?!: Java heap)|CUBLAS_STATUS_ALLOC_FAILED|"
         r"CUDNN_STATUS_ALLOC_FAILED|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|"
-        r"RESOURCE_EXHAUSTED: OOM|OOM when allocating|cuda runtime error \(2\)|"
-        r"CUDA error: out of memory|HIP out of memory|Failed to CUDA calloc")),
+        r"RESOURCE_EXHAUSTED: OOM|OOM when allocating(?![^\n]*device:CPU)|"
+        r"cuda runtime error \(2\)|CUDA error: out of memory|HIP out of memory|"
+        r"Failed to CUDA calloc|"
+        # PyTorch's caching allocator ("Tried to allocate 20.00 MiB (GPU 0; ...)"), NCCL's
+        # failed cudaMalloc, XLA's allocator (JAX), Apple's MPS backend
+        r"Tried to allocate [\d.]+ [KMGT]iB|Cuda failure '?out of memory|"
+        r"cudaMalloc\w*[^\n]*out of memory|RESOURCE_EXHAUSTED: Out of memory|"
+        r"MPS backend out of memory")),
     Rule("memlock", F.BAD_CONFIG, _rx(
         r"ulimit -l|max locked memory|RLIMIT_MEMLOCK|memlock|"
         r"ibv_\w+\S*\)? failed[^\n]*(Cannot allocate memory|errno 12|ENOMEM)|"
@@ -259,6 +271,25 @@ LOG_RULES: tuple[Rule, ...] = (
         r"invalid device ordinal|cudaErrorInvalidDevice\b|no kernel image is available|"
         r"cudaErrorNoKernelImageForDevice|invalid device function|"
         r"cuda runtime error \((8|10|48)\)|CUDA driver version is insufficient")),
+    # The job's software build does not fit the node or itself: a CPU-only or NCCL-less
+    # PyTorch, an extension compiled for another CUDA, a GPU architecture the build or a
+    # kernel library does not support, a C library newer than the node's. The job's
+    # environment (PyTorch's, nvcc's, flash-attn's, Triton's and glibc's own wording).
+    Rule("build_mismatch", F.BAD_CONFIG, _rx(
+        r"Torch not compiled with CUDA enabled|doesn't have NCCL built in|"
+        r"The detected CUDA version \([\d.]+\) mismatches the version that was used to "
+        r"compile|CUDA_HOME environment variable is not set|"
+        r"Unsupported gpu architecture|is not compatible with the current PyTorch "
+        r"installation|only supports Ampere GPUs or newer|Bfloat16 is only supported on|"
+        r"version `GLIBC\w*_[\d.]+' not found"), side=Side.USER),
+    # A shared library the job's environment cannot find (libcudart, libcudnn...). The
+    # driver's own libraries (libcuda, libnvidia-ml) missing in a container are the
+    # runtime's GPU hook, so they are left to the container rules; NCCL's optional
+    # plugins (libnccl-net.so, its tuner) are reported missing at INFO level on every
+    # healthy run.
+    Rule("shared_lib_missing", F.BAD_CONFIG, _rx(
+        r"\blib(?!cuda\.so|nvidia|nccl)[\w+.-]*\.so[.\d]*: cannot open shared object file"),
+        side=Side.UNKNOWN, accept=lambda line, log: " INFO " not in line),
     # No GPU visible to the process: usually CUDA_VISIBLE_DEVICES or the request, but a
     # lost GPU looks the same from inside; diagnosis (NVML's count) tells them apart.
     Rule("no_gpu", F.BAD_CONFIG, _rx(
@@ -295,6 +326,11 @@ LOG_RULES: tuple[Rule, ...] = (
     # a registry and fails. The job's setting (pyxis README, --container-image).
     Rule("pyxis_bare_sqsh", F.BAD_CONFIG, _rx(
         r"pyxis: importing docker image: (?![/.])\S+\.(sqsh|squashfs)\b")),
+    # enroot refusing one of the job's --container-mounts (a missing or unreadable
+    # source, a path pyxis splits at a space): the mount the job asked for. The source
+    # may also be a shared file system missing on the node: unknown side.
+    Rule("container_mount_spec", F.BAD_CONFIG, _rx(r"enroot-mount: failed to mount"),
+         side=Side.UNKNOWN),
     # A container that does not start: the runtime, or the job's image reference.
     Rule("container_start", F.CONTAINER_RUNTIME, _rx(
         r"OCI runtime|nvidia-container-cli|container_linux\.go|"
@@ -350,6 +386,18 @@ LOG_RULES: tuple[Rule, ...] = (
         r"ncclInvalidUsage|invalid usage of NCCL library|NCCL error[^\n]*invalid usage|"
         r"no algorithm/protocol available"),
         side=Side.USER),
+    # NCCL finding no interface to bootstrap on: NCCL_SOCKET_IFNAME names one the node
+    # does not have (the job's setting), or the node's interface is missing.
+    Rule("nccl_no_interface", F.BAD_CONFIG, _rx(
+        r"Bootstrap : no socket interface found|no socket interface found"),
+        side=Side.UNKNOWN),
+    # The verbs transport giving up on a peer (IBV_WC_RETRY_EXC_ERR, status 12; UCX's
+    # "Transport retry count exceeded"): a flapping or broken link, but as often a RoCE
+    # fabric the job's NCCL_IB_GID_INDEX / traffic class cannot route over (the peers
+    # never answered). The node's link checks decide: unknown side.
+    Rule("ib_retry_exceeded", F.NETWORK, _rx(
+        r"completion (from peer \S+ )?with error 12\b|status=12\b|retry count(er)? exceeded|"
+        r"RETRY_EXC"), side=Side.UNKNOWN),
     Rule("fabric", F.NETWORK, _rx(
         r"NET/IB|NET/Socket|NCCL WARN NET|ibv_poll_cq|IBV_WC_\w+|completion[^\n]*status=\d+|"
         r"retry count(er)? exceeded|RETRY_EXC|UCX\s+ERROR|\bmlx5_?\d*\b[^\n]*(error|fail)|"
@@ -393,7 +441,15 @@ LOG_RULES: tuple[Rule, ...] = (
         r"FloatingPointError|Loss became infinite or NaN|diverged|non-finite (loss|grad)|"
         r"\bloss\b[^\n]{0,20}\b(nan|inf)\b|NaN or Inf|Inf/NaN|nan loss|Detected NaN|"
         r"grad[_ ]norm[^\n]{0,20}\b(nan|inf)\b|returned nan values|"
-        r"loss scale already at minimum")),
+        r"loss scale already at minimum|"
+        # the frameworks' own finiteness checks: TensorFlow's check_numerics, Keras'
+        # TerminateOnNaN, Megatron's grad-norm check, clip_grad_norm_(error_if_nonfinite),
+        # Lightning's finite checks, torch.distributions' argument validation, NumPy/SciPy/
+        # scikit-learn refusing NaN input
+        r"Tensor had (NaN|Inf) values|Invalid loss, terminating training|"
+        r"found (NaN|Inf) in[^\n]*grad|is non-finite|\bis not finite\b|"
+        r"to satisfy the constraint \w+\(\), but found invalid values|"
+        r"Input contains (NaN|infinity)|must not contain infs or NaNs")),
     # fp16 loss scaling skips a step on every overflow; one or two are routine, a run of
     # them halving the scale again and again is a numerical divergence.
     Rule("loss_scale_collapse", F.NAN, _OVERFLOW_STEP, accept=_overflow_run),
@@ -402,7 +458,15 @@ LOG_RULES: tuple[Rule, ...] = (
         r"oom_kill events?\b|have been OOM Killed|task \d+: Out Of Memory|"
         r"Memory cgroup out of memory|MemoryError|std::bad_alloc|Cannot allocate memory|"
         r"Errno 12\b|\bENOMEM\b|DataLoader worker \(pid \S+\) is killed by signal: Killed|"
-        r"exceeded memory limit|Unable to allocate [\d.]+ [KMGT]i?B")),
+        r"exceeded memory limit|Unable to allocate [\d.]+ [KMGT]i?B|"
+        # Slurm's accounting ("Exceeded job memory limit", the OUT_OF_MEMORY job state),
+        # the kernel's oom_reaper, a container runtime's OOMKilled, PyTorch's CPU
+        # allocator, Windows' commit limit, Java/Ray/TensorFlow host allocations
+        r"Exceeded (job|step) memory limit|\bOUT_OF_ME(MORY|\+)|oom_reaper|\bOOMKilled\b|"
+        r"\bOOM[- ]kill(ed|er)\b|DefaultCPUAllocator: (can't allocate memory|not enough "
+        r"memory)|paging file is too small|java\.lang\.OutOfMemoryError|"
+        r"OutOfMemoryError: Java heap|ray\.exceptions\.OutOfMemoryError|"
+        r"node (is )?running low on memory|OOM when allocating[^\n]*device:CPU")),
     Rule("cpu_overload", F.CPU_OVERLOAD, _rx(
         r"can't start new thread|pthread_create failed|Resource temporarily unavailable|"
         r"fork: retry")),
@@ -422,17 +486,41 @@ LOG_RULES: tuple[Rule, ...] = (
     # (flash-attn against another torch): the dynamic loader's "undefined symbol" on
     # import. The job's environment, a version mismatch.
     Rule("extension_abi", F.BAD_CONFIG, _rx(
-        r"ImportError[^\n]*\.so[^\n]*: undefined symbol"), side=Side.USER),
+        r"\.so[^\n]*: undefined symbol"), side=Side.USER),
     # PyTorch's load_state_dict on a checkpoint that does not fit the model: the job's
     # code or checkpoint.
     Rule("state_dict_mismatch", F.USER_EXCEPTION, _rx(
         r"Error\(s\) in loading state_dict|(Missing|Unexpected) key\(s\) in state_dict|"
         r"size mismatch for \S+: copying a param"), side=Side.USER),
+    # Python's own "No such file or directory" for a path the job named (a checkpoint,
+    # a data file, an output directory that was never made): the job's paths or
+    # arguments, or a shared file system missing on the node, so side unknown. A rename
+    # ("src -> dst") that loses a race between ranks is the code's own exception.
+    Rule("missing_path", F.BAD_CONFIG, _rx(
+        r"FileNotFoundError: \[Errno 2\] No such file or directory: '[^'\n]*'(?! ->)"),
+        side=Side.UNKNOWN),
     # A missing environment variable: CPython's os.environ raising KeyError from its
     # __getitem__ (a launcher or platform variable the job expected). The job's setting or
     # the platform's environment; the frame does not say which.
     Rule("missing_env_var", F.BAD_CONFIG, _rx(r'os\.py", line \d+, in __getitem__'),
          side=Side.UNKNOWN, accept=lambda line, log: "KeyError" in log),
+    # The job's own arguments refused before it ran: argparse's, click's and absl's
+    # usage errors, Hydra's overrides, Open MPI asked for more ranks than the allocation
+    # has slots. These print no traceback (argparse exits 2).
+    Rule("launch_args", F.BAD_CONFIG, _rx(
+        r"error: (unrecognized arguments|the following arguments are required|"
+        r"argument \S+: (invalid|expected)|ambiguous option)|"
+        r"Error: (No such option|Invalid value for|Missing option|Got unexpected extra "
+        r"argument)|Flags parsing error|Unknown command line flag|"
+        r"Could not override '|Could not append to config|"
+        r"There are not enough slots available in the system"), side=Side.USER),
+    # A parallelism or batch layout that does not fit the model or the world size
+    # (Megatron's and DeepSpeed's own checks, transformers' head split): the job's
+    # arguments, not its code.
+    Rule("parallel_layout", F.BAD_CONFIG, _rx(
+        r"(should|must|needs to) be divisible by|is not divisible by|"
+        r"train_batch_size is not equal to micro_batch_per_gpu|"
+        r"is not a multiple of the number of attention heads"), side=Side.USER),
     # Hydra reports the job's failure without a traceback ("Error executing job with
     # overrides", then the message, then how to get the stack trace): an error of the
     # job's own code or config, unless a line above names a cause a rule knows.
@@ -455,12 +543,15 @@ _XID = _rx(r"\bXid\b\s*(?:\([^)]*\))?\s*[:,]?\s*(?:error\s*)?(\d+)")
 _EXC_LINE = re.compile(r"^(?P<name>[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|"
                        + "|".join(_USER_EXC) + r")(: (?P<msg>.*))?$")
 # Launcher prefixes in front of a worker's own lines: torchrun's "[rank3]:" and
-# "[default0]:", "[stderr]", srun -l's "3: ", mpirun's "[1,3]<stderr>:".
+# "[default0]:", "[stderr]", srun -l's "3: ", mpirun's "[1,3]<stderr>:"; and the "> "
+# of a log quoted in a report or an e-mail.
 # A training progress line: a step time or rate, as the common loggers print them.
 _PROGRESS = re.compile(r"\b(sec/batch|s/batch|sec/step|s/step|s/it|it/s|examples/sec|"
                        r"samples/s(ec)?|tokens/s(ec)?)\b|\bTime:?\s+\d+\.\d+", re.I)
 _PREFIX = re.compile(r"^(\s*(\[rank\d+\]:|\[default\d+\]:|\[std(err|out)\]|\d+: |"
-                     r"\[\d+,\d+\]<std(err|out)>:))+\s?")
+                     r"\[\d+,\d+\]<std(err|out)>:|>(?=\s|$)))+\s?")
+# Markup around a pasted exception line (backticks, bold, a list bullet): not its text.
+_MARKUP = re.compile(r"^(?:[-*]\s+)?[`*]+|[`*]+$")
 _FRAME = re.compile(r'^\s*File "?(?P<file>[^",]+)"?, line (?P<line>\d+), in (?P<func>\S+)')
 
 
@@ -657,7 +748,7 @@ def last_exception(log_tail: str) -> tuple[str, str, str] | None:
     traceback in the tail, or None."""
     lines = [_PREFIX.sub("", line) for line in log_tail.splitlines()]
     for i in range(len(lines) - 1, -1, -1):
-        match = _EXC_LINE.match(lines[i].strip())
+        match = _EXC_LINE.match(_MARKUP.sub("", lines[i].strip()).strip())
         if match is None:
             continue
         where = ""
@@ -813,7 +904,9 @@ def _search(pattern: re.Pattern[str], text: str,
         start = text.rfind("\n", 0, m.start()) + 1
         end = text.find("\n", m.end())
         line = text[start:end if end >= 0 else len(text)]
-        if accept is None or accept(line, text):
+        # Indentation (a log quoted or nested in another tool's output) is not part of
+        # the message that the accept checks read.
+        if accept is None or accept(line.strip(), text):
             return line.strip()[:300]
     return None
 

@@ -298,3 +298,134 @@ def test_a_registry_pull_rate_limit_is_an_external_service():
            "https://www.docker.com/increase-rate-limit.")
     c = classify_failure(None, None, log)
     assert c.cls == "external_service" and not c.evicts, c
+
+
+# The tests below read wording families: the first of each is copied from a development
+# entry of the failure corpus (ids in classify_seen_ids.txt) where one has it, the others
+# are the same library's or tool's other wordings of the same failure.
+
+def test_a_parallel_layout_that_does_not_fit_is_the_jobs_arguments():
+    # msswift-5737-layers-not-divisible-by-pp: Megatron's own check of the layout.
+    c = classify_failure(1, None, "AssertionError: Number of layers should be divisible by "
+                                  "the pipeline-model-parallel size")
+    assert (c.cls, c.side, c.rule) == ("bad_config", "user", "parallel_layout"), c
+    ds = ("AssertionError: Check batch related parameters. train_batch_size is not equal "
+          "to micro_batch_per_gpu * gradient_acc_step * world_size 32 != 4 * 1 * 4")
+    assert classify_failure(1, None, ds).rule == "parallel_layout"
+
+
+def test_argument_parsers_refusing_the_command_line_are_configuration():
+    for log in ("usage: train.py [-h] [--lr LR]\ntrain.py: error: unrecognized arguments: "
+                "--local-rank=0",
+                "train.py: error: the following arguments are required: --data",
+                "train.py: error: argument --precision: invalid choice: 'bf17'",
+                "FATAL Flags parsing error: Unknown command line flag 'lr'"):
+        c = classify_failure(2, None, log)
+        assert (c.cls, c.side) == ("bad_config", "user"), (log, c)
+
+
+def test_a_container_mount_enroot_refuses_is_the_mount_asked_for():
+    # pyxis-133-container-mount-path-with-space (enroot-140 the same with EACCES).
+    log = ("slurmstepd: error: pyxis: container start failed with error code: 1\n"
+           "slurmstepd: error: pyxis: printing enroot log file:\n"
+           "slurmstepd: error: pyxis:     enroot-mount: failed to mount: /muw/home/my_user/"
+           "foo at /tmp/enroot-data/user-36209/pyxis_479.0/bar: No such file or directory\n"
+           "slurmstepd: error: pyxis: couldn't start container")
+    c = classify_failure(1, None, log)
+    assert (c.cls, c.side) == ("bad_config", "unknown") and not c.evicts, c
+    # A container that fails to start for another reason is still the runtime's.
+    other = "\n".join(line for line in log.splitlines() if "enroot-mount" not in line)
+    assert classify_failure(1, None, other).cls == "container_runtime"
+
+
+def test_a_transport_retry_exceeded_is_the_fabric_or_the_jobs_gid_of_unknown_side():
+    # nccl-426-roce-gid-index-error12: NCCL_IB_GID_INDEX fixed it; elsewhere a bad link.
+    c = classify_failure(None, None, "-worker-1:946:988 [0] transport/net_ib.cc:839 NCCL "
+                                     "WARN NET/IB : Got completion with error 12, opcode 1, "
+                                     "len 0, vendor err 129")
+    assert (c.cls, c.side, c.action) == ("network", "unknown", "diagnose"), c
+    assert classify_failure(None, None, "NCCL WARN NET/IB : Got async event : port "
+                                        "error").side == "infrastructure"
+
+
+def test_an_indented_kernel_panic_is_still_the_kernels():
+    # sonic-17358-softlockup-kernel-panic: the panic that follows the soft lockup decides.
+    log = ("                  [ 5300.229390] watchdog: BUG: soft lockup - CPU#2 stuck for "
+           "23s! [kworker/2:1:25629]\n"
+           "                  [ 5300.237965] Kernel panic - not syncing: softlockup: hung "
+           "tasks")
+    assert classify_failure(None, None, log).cls == "kernel_panic"
+
+
+def test_a_quoted_or_marked_up_traceback_is_still_the_exception():
+    # flowtron-116-keyerror-iteration: the traceback quoted with "> " in a report.
+    log = (">   File \"train.py\", line 110, in load_checkpoint\n"
+           ">     iteration = checkpoint_dict['iteration']\n"
+           "> KeyError: 'iteration'")
+    c = classify_failure(1, None, log)
+    assert (c.cls, c.side) == ("user_exception", "user") and c.line == "KeyError: 'iteration'"
+    assert classify_failure(1, None, "`RuntimeError: boom`").cls == "user_exception"
+
+
+def test_host_memory_wordings_are_cpu_oom_and_gpu_wordings_gpu_oom():
+    host = ("slurmstepd: error: Exceeded job memory limit",
+            "RuntimeError: [enforce fail at CPUAllocator.cpp:64] . DefaultCPUAllocator: "
+            "can't allocate memory: you tried to allocate 34359738368 bytes.",
+            "OSError: [WinError 1455] The paging file is too small for this operation to "
+            "complete",
+            "java.lang.OutOfMemoryError: Java heap space",
+            "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low "
+            "on memory.",
+            "Reason: OOMKilled")
+    for log in host:
+        assert classify_failure(1, None, log).cls == "cpu_oom", log
+    gpu = ("NCCL WARN Cuda failure 'out of memory'",
+           "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while "
+           "trying to allocate 1073741824 bytes.",
+           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB")
+    for log in gpu:
+        assert classify_failure(1, None, log).cls == "gpu_oom", log
+
+
+def test_framework_finiteness_checks_are_nan():
+    for log in ("tensorflow.python.framework.errors_impl.InvalidArgumentError: "
+                "loss : Tensor had NaN values",
+                "Batch 1203: Invalid loss, terminating training",
+                "RuntimeError: The total norm of order 2.0 for gradients from `parameters` "
+                "is non-finite, so it cannot be clipped.",
+                "ValueError: Expected parameter loc (Tensor of shape (64, 8)) of distribution "
+                "Normal(loc: torch.Size([64, 8]), scale: torch.Size([64, 8])) to satisfy the "
+                "constraint Real(), but found invalid values:"):
+        assert classify_failure(1, None, log).cls == "nan", log
+
+
+def test_a_build_that_does_not_fit_is_the_jobs_environment():
+    for log in ("AssertionError: Torch not compiled with CUDA enabled",
+                "RuntimeError: Distributed package doesn't have NCCL built in",
+                "RuntimeError: FlashAttention only supports Ampere GPUs or newer.",
+                "ImportError: /lib/x86_64-linux-gnu/libc.so.6: version `GLIBC_2.32' not "
+                "found"):
+        c = classify_failure(1, None, log)
+        assert (c.cls, c.side) == ("bad_config", "user"), (log, c)
+    lib = classify_failure(1, None, "ImportError: libcudnn.so.8: cannot open shared object "
+                                    "file: No such file or directory")
+    assert (lib.cls, lib.side) == ("bad_config", "unknown"), lib
+    # NCCL's INFO line about its optional network plugin is no missing library.
+    info = ("node0:13571:13571 [0] NCCL INFO NET/Plugin : Plugin load (libnccl-net.so) "
+            "returned 2 : libnccl-net.so: cannot open shared object file: No such file or "
+            "directory\nRuntimeError: NCCL error in: ProcessGroupNCCL.cpp:825, unhandled "
+            "system error, NCCL version 2.7.8")
+    assert classify_failure(1, None, info).cls == "network"
+
+
+def test_a_path_the_job_named_that_does_not_exist_is_configuration():
+    # fdnet-5-checkpoint-missing-train-flag: a checkpoint the arguments never kept.
+    c = classify_failure(1, None, "FileNotFoundError: [Errno 2] No such file or directory: "
+                                  "'./checkpoints/FDNet_ETTh1_ftM_ll672_pl720_0/checkpoint.pth'")
+    assert (c.cls, c.side, c.rule) == ("bad_config", "unknown", "missing_path"), c
+    # A rename that loses a race between ranks stays the code's exception
+    # (dalle-pytorch-141-ranks-race-cache-rename).
+    race = classify_failure(1, None, "FileNotFoundError: [Errno 2] No such file or directory: "
+                                     "'/root/.cache/dalle/tmp.encoder.pkl' -> "
+                                     "'/root/.cache/dalle/encoder.pkl'")
+    assert race.cls == "user_exception", race
