@@ -53,6 +53,7 @@ import signal
 import sys
 import threading
 from collections.abc import Mapping
+from typing import Any
 
 from slurm_robust.launcher.node import worker_order
 from slurm_robust.launcher.node.worker_order import WorkerOrder
@@ -83,11 +84,13 @@ def exit_returncode(info: os.waitid_result) -> int:
 class Server:
     """The serving loop; ``serve`` returns only in a fresh fork, with its order."""
 
-    def __init__(self, orders_fd: int = 0, events_fd: int = 1, mode: str = "fork") -> None:
+    def __init__(self, handlers: Mapping[int, Any], orders_fd: int = 0,
+                 events_fd: int = 1, mode: str = "fork") -> None:
         self.mode = mode
         self.orders_fd = orders_fd
         self.events_fd = events_fd
-        self.handlers = {s: signal.getsignal(s) for s in STEP_SIGNALS}
+        #: A fresh interpreter's handlers of STEP_SIGNALS, given back to every fork.
+        self.handlers = dict(handlers)
         #: Running (or exited, unreaped) children: pid -> pidfd (None without pidfds).
         self.children: dict[int, int | None] = {}
         self.pids: dict[int, int] = {}  # order id -> pid
@@ -99,8 +102,6 @@ class Server:
         os.write(self.events_fd, (json.dumps({"op": op, **fields}) + "\n").encode())
 
     def serve(self) -> WorkerOrder:
-        for s in STEP_SIGNALS:
-            signal.signal(s, signal.SIG_IGN)
         self.emit("ready", mode=self.mode)
         while True:
             watched = [fd for fd in self.children.values() if fd is not None]
@@ -260,11 +261,14 @@ def preload(names: list[str], events_fd: int = 1) -> None:
 def main() -> None:
     # The agent's end (even a SIGKILL) ends the server, and with it the workers.
     die_with_parent()
+    # Ignored from the start: a SIGTERM during the import would end the server with the
+    # first generation's orders in its pipe.
+    handlers = {s: signal.signal(s, signal.SIG_IGN) for s in STEP_SIGNALS}
     preload(sys.argv[1:])
     os.set_blocking(0, False)
     torch = sys.modules.get("torch")
     poisoned = bool(torch is not None and torch.cuda.is_initialized())
-    order = Server(mode="exec" if poisoned else "fork").serve()
+    order = Server(handlers, mode="exec" if poisoned else "fork").serve()
     if poisoned:
         worker_order.exec_order(order)
     else:
