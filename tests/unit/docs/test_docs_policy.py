@@ -65,3 +65,12 @@ def test_the_tracker_pattern_finds_what_it_should() -> None:
     assert TRACKER_REF.search(f"{word.title()} #12, finding 3")
     assert TRACKER_REF.search(f"({word}s 20 and 12)")
     assert not TRACKER_REF.search(f"an {word} with the node")
+
+
+def test_the_test_budget_the_docs_state_is_the_one_make_test_prints() -> None:
+    budget = re.search(r"\(budget (\d+) s\)", (REPO / "Makefile").read_text())
+    assert budget is not None, "make test no longer prints its budget"
+    minutes = int(budget.group(1)) // 60
+    for doc in ("README.md", "docs/DEVELOPING.md"):
+        text = " ".join((REPO / doc).read_text().split())
+        assert f"budget of {minutes} minutes" in text or f"budget is {minutes} minutes" in text, doc
