@@ -5,7 +5,8 @@ the agent uses (``pid``, ``returncode``, ``poll``, ``wait``, ``send_signal``), f
 the server's events. Orders never block the agent: they are queued on a non-blocking
 pipe, so the first generation is ordered while the server still imports torch and
 starts as soon as it is ready; until then its pid is None (the worker is *pending*). A
-pending worker that is stopped is cancelled (never started, or killed at once).
+pending worker that is stopped is cancelled (never started, or killed at once) and
+counts as ended at once, SIGKILLed, whether or not the server has answered.
 
 When the server dies, every worker it had not reported is taken as killed (SIGKILL:
 they die with it) and later workers start with a plain exec.
@@ -67,9 +68,13 @@ class ServedProcess:
             return
         if self.pid is None:
             if sig in (signal.SIGTERM, signal.SIGKILL):
-                if not self.cancelled:
-                    self.cancelled = True
-                    self.server.send("cancel", id=self.ident)
+                # Ended now, without waiting for the server (it may still be importing
+                # for seconds: the agent must not miss its heartbeats over a worker that
+                # never ran). The server drops the order, or kills the fork at once if it
+                # started it meanwhile; its exit is still reaped then (_event).
+                self.cancelled = True
+                self.returncode = -signal.SIGKILL
+                self.server.send("cancel", id=self.ident)
             else:
                 self.signals.append(sig)
             return
@@ -243,11 +248,13 @@ class ForkServer:
             proc.started(int(event["pid"]))
         elif op in ("failed", "cancelled"):
             proc = self.by_id.pop(int(event["id"]))
-            proc.returncode = 1 if op == "failed" else -signal.SIGKILL
+            if not proc.cancelled:
+                proc.returncode = 1 if op == "failed" else -signal.SIGKILL
         elif op == "exited":
             pid = int(event["pid"])
             proc = self.by_pid.pop(pid)
-            proc.returncode = int(event["returncode"])
+            if not proc.cancelled:
+                proc.returncode = int(event["returncode"])
             self.send("reap", pid=pid)
 
     def _died(self, why: str) -> None:

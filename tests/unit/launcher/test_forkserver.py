@@ -98,9 +98,32 @@ def test_a_pending_worker_that_is_stopped_never_runs(served):
     server = make()
     proc = order(server, script, tmp, "never", "sleep")
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(30) == -signal.SIGKILL
-    assert proc.pid is None and not (tmp / "never.log").exists()
+    assert proc.poll() == -signal.SIGKILL  # at once: the server is still importing
     assert order(server, script, tmp, "next", "exit", "0").wait(30) == 0
+    assert proc.pid is None and not (tmp / "never.log").exists()
+
+
+def test_stopping_a_pending_worker_does_not_wait_for_the_import(tmp_path):
+    slow = tmp_path / "slowmod.py"
+    slow.write_text("import time\ntime.sleep(5)\n")
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
+    server = ForkServer([sys.executable, str(script)], ("slowmod",), env)
+    server.start()
+    try:
+        pending = wk.spawn([sys.executable, str(script), "sleep"], env, 0, 0, 1,
+                           tmp_path / "w.log", tmp_path / "p.jsonl", server)
+        t0 = time.monotonic()
+        wk.stop_workers([pending], grace_s=1.0)
+        # Not the import's 5 s: an agent stopping a generation keeps its heartbeats.
+        assert time.monotonic() - t0 < 2.0
+        assert pending.popen.returncode == -signal.SIGKILL and server.ready_at is None
+        after = order(server, script, tmp_path, "after", "exit", "3")
+        assert after.wait(30) == 3 and not (tmp_path / "w.log").exists()
+    finally:
+        server.proc.kill()
+        server.proc.wait()
 
 
 def test_slurm_s_sigterm_ends_the_worker_not_the_server(served):
