@@ -122,3 +122,40 @@ def _run_reference(argv: list[str], world: int, timeout_s: float,
               for r, (p, (out, err)) in enumerate(zip(procs, outs, strict=True))]
     assert digest is not None and all(clean(i) for i in range(world)), detail
     return digest
+
+
+def run_diagnostics(run_dir: str | Path, job_id: str | None = None, lines: int = 6) -> str:
+    """What a stalled run's files and processes show, for a failure message: the agents'
+    log tails, each newest rank log's tail, and the processes of the job's step (a hang
+    that only a loaded CI machine shows is then readable from its output alone)."""
+    run = Path(run_dir)
+    parts: list[str] = []
+    for log in sorted((run / "submitit").glob("*_log.out")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        parts.append(f"--- {log.name}\n" + "\n".join(t[:240] for t in tail))
+    for agent in sorted((run / "agents").glob("*.json")):
+        parts.append(f"--- agents/{agent.name}: {agent.read_text(errors='replace')[:300]}"
+                     .replace("\n", " "))
+    gens = sorted((run / "logs").glob("attempt*/gen*"), key=lambda p: p.stat().st_mtime)
+    for rank_log in sorted(gens[-1].glob("rank*.log")) if gens else []:
+        tail = rank_log.read_text(errors="replace").splitlines()[-3:]
+        parts.append(f"--- {gens[-1].parent.name}/{gens[-1].name}/{rank_log.name}\n"
+                     + "\n".join(t[:240] for t in tail))
+    try:
+        ps = subprocess.run(["ps", "-eo", "pid,ppid,stat,pcpu,etimes,wchan:24,args"],
+                            capture_output=True, text=True, timeout=10).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError) as exc:
+        ps = [f"ps failed: {exc}"]
+    # The step's processes: those that name the run (agents), and their descendants.
+    rows = {int(r.split()[0]): r for r in ps[1:] if r.split() and r.split()[0].isdigit()}
+    parent = {pid: int(r.split()[1]) for pid, r in rows.items()}
+    keep = {pid for pid, r in rows.items() if str(run) in r
+            or (job_id is not None and f"slurmstepd: [{job_id}" in r)}
+    changed = True
+    while changed:
+        grown = {pid for pid, pp in parent.items() if pp in keep} - keep
+        keep |= grown
+        changed = bool(grown)
+    parts.append("--- processes\n" + "\n".join([ps[0] if ps else ""] +
+                                               [rows[p][:240] for p in sorted(keep)]))
+    return "\n".join(parts)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster_helpers import spare_path_victim, standalone_digest
+from cluster_helpers import run_diagnostics, spare_path_victim, standalone_digest
 
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.paths import RunPaths
@@ -103,7 +103,8 @@ class Run:
         return json.loads(self.paths.controller.read_text())["node"]
 
     def tail(self) -> str:
-        return f"run dir {self.run_dir}, last events: {self.events()[-3:]}"
+        return (f"run dir {self.run_dir}, last events: {self.events()[-3:]}\n"
+                + run_diagnostics(self.run_dir, self.job_id))
 
     def cancel(self) -> None:
         subprocess.run(["scancel", self.job_id], env=self.env, timeout=30)

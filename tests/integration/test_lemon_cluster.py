@@ -167,4 +167,8 @@ def test_a_node_blamed_by_three_jobs_is_a_lemon_kept_from_spares_and_submissions
     assert head.startswith(f"{LEMON}: LEMON: blamed by 3 distinct jobs")
     for job in blamers:
         assert job in head
-    assert out.stdout.count(" blame ") == 3
+    # One blame line per blaming job (a cluster kept across pytest runs holds earlier
+    # runs' pardoned blames of this node too: those name other jobs).
+    blames = [line for line in out.stdout.splitlines()[1:] if " blame " in line]
+    assert sorted(job for job in blamers for line in blames
+                  if f"job {job} " in line) == sorted(blamers), blames

@@ -237,6 +237,9 @@ class ForkServer:
             self.ready_at = time.time()
             self.import_tid = None
             self.mode = str(event.get("mode", "fork"))
+            log.info("fork server ready after %.1f s of import (%s), %d order(s) waiting",
+                     self.ready_at - (self.started_at or self.ready_at), self.mode,
+                     len(self.by_id))
             if self.mode == "exec":
                 log.warning("fork server %s: its pre-imports (%s) initialised CUDA, which "
                             "a fork cannot use: every worker starts as a fresh interpreter "
@@ -245,6 +248,7 @@ class ForkServer:
         elif op == "started":
             proc = self.by_id.pop(int(event["id"]))
             self.by_pid[int(event["pid"])] = proc
+            log.info("fork server: order %s started as pid %s", proc.ident, event["pid"])
             proc.started(int(event["pid"]))
         elif op in ("failed", "cancelled"):
             proc = self.by_id.pop(int(event["id"]))
