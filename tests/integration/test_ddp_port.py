@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster_helpers import spare_path_victim, standalone_digest, wait_until
+from cluster_helpers import run_diagnostics, spare_path_victim, standalone_digest, wait_until
 
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.paths import RunPaths
@@ -60,8 +60,12 @@ class DdpRun:
         return [e for e in read_records(self.paths.events).records if e["event"] == kind]
 
     def wait_step(self, step: int) -> None:
-        wait_until(f"step {step} in {self.run_dir}",
-                   lambda: any(e["step"] >= step for e in self.events("step")), 180)
+        try:
+            wait_until(f"step {step} in {self.run_dir}",
+                       lambda: any(e["step"] >= step for e in self.events("step")), 180)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{run_diagnostics(self.run_dir, self.job_id)}") \
+                from None
 
     def wait_end(self) -> dict:
         return wait_until(f"run_end in {self.run_dir}", lambda: self.events("run_end"),
