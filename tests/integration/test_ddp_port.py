@@ -129,6 +129,11 @@ def test_ddp_port_kill_node_is_bit_identical(ddp_run, baseline_sha):
     ddp_run.killed.append(victim)
     end = run.wait_end()
     inc = the_incident(run)
-    assert (inc["class"], inc["rung"], inc["restore_tier"]) == \
-        ("node_lost", "spare", "peer"), inc
+    # The peer copy, unless the kill came right after a durable save of the same step
+    # (then both hold the newest step and the restore may take either: nothing is lost).
+    tier = inc["restore_tier"]
+    if tier == "durable" and inc["steps_lost"] == 0 and \
+            inc["restored_step"] == inc["last_step"]:
+        tier = "peer"
+    assert (inc["class"], inc["rung"], tier) == ("node_lost", "spare", "peer"), inc
     assert end["status"] == "completed" and end["params_sha256"] == baseline_sha, end
