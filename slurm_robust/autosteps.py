@@ -39,7 +39,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import runpy
 import sys
 import time
 import weakref
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.records import write_bytes_atomic
+from slurm_robust.run_main import run_as_main
 
 SAVES_VERSION = 1
 
@@ -203,13 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     reporter = StepReporter.from_env()
     if reporter.fd is not None:
         reporter.install()
-    if args[0] == "-m":
-        sys.argv = args[1:]
-        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = list(args)
-        sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
-        runpy.run_path(args[0], run_name="__main__")
+    run_as_main(list(args))
 
 
 if __name__ == "__main__":

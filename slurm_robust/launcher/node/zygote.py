@@ -21,8 +21,9 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import runpy
 import sys
+
+from slurm_robust.run_main import run_as_main
 
 
 def usable(command: list[str] | tuple[str, ...], executable: str = sys.executable) -> bool:
@@ -63,14 +64,7 @@ def main() -> None:
         # environment: apply the rank's value now, as a fresh interpreter would.
         sys.modules["torch"].set_num_threads(int(threads))
     os.chdir(order["cwd"])
-    argv = order["argv"]
-    if argv[0] == "-m":
-        sys.argv = argv[1:]
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = list(argv)
-        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
-        runpy.run_path(argv[0], run_name="__main__")
+    run_as_main(list(order["argv"]))
 
 
 if __name__ == "__main__":
