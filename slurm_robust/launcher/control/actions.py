@@ -18,6 +18,7 @@ from slurm_robust.launcher.control.generation import (
 )
 from slurm_robust.launcher.control.ladder import Decision
 from slurm_robust.launcher.control.monitor import IdleHang
+from slurm_robust.launcher.control.replay import ReplayPhase, ReplayRun
 from slurm_robust.launcher.control.stop_diagnosis import Conclusion
 from slurm_robust.launcher.messages import Incident
 
@@ -54,6 +55,13 @@ class Handle:
     side: str | None = None  # the classifier's side for the root failure (None: default)
     override: Decision | None = None
     resume: bool = False
+    #: What the open incident's generation restored: it ended before a step (a NaN in
+    #: the rollback's replay), so its restore is recorded on the incident it cuts short.
+    restored: tuple[int | None, str | None] | None = None
+    #: The incident was decided before (the NaN's, resolved now by a failed bitwise
+    #: test): still open, it is this one, not one it cuts short; closed, it is
+    #: recorded again under a new number.
+    revisits: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,4 +110,26 @@ class Start:
     spare_nodes: list[str]
 
 
-Action = Wait | Finish | Handle | Restart | Capture | Diagnose | Concluded | Start
+@dataclass(frozen=True)
+class BeginReplay:
+    """One phase of a dual-phase replay (replay.py): a generation on the NaN's slots
+    whose plans give each of ``groups`` its own attempt. ``first``: the replay starts,
+    cutting short the rollback's incident if it is still open (``restored``: as Handle)."""
+
+    replay: ReplayRun
+    phase: ReplayPhase
+    groups: list[list[int]]
+    first: bool = False
+    restored: tuple[int | None, str | None] | None = None
+
+
+@dataclass(frozen=True)
+class ReplayLost:
+    """An agent was lost during a replay: the NaN incident stays open as an in-place
+    rollback and the running phase's ladder takes the loss."""
+
+    incident: Incident
+
+
+Action = (Wait | Finish | Handle | Restart | Capture | Diagnose | Concluded | Start
+          | BeginReplay | ReplayLost)

@@ -43,7 +43,7 @@ from slurm_robust.launcher.control.hot_update import HotUpdate
 from slurm_robust.launcher.control.ladder import Decision, decide
 from slurm_robust.launcher.control.listeners import Listener
 from slurm_robust.launcher.control.outcome import RunOutcome
-from slurm_robust.launcher.control.plans import PlanContext, generation_plans
+from slurm_robust.launcher.control.plans import PlanContext, generation_plans, replay_plans
 from slurm_robust.launcher.control.requeue import (
     cancel_job,
     drain_directly,
@@ -199,7 +199,8 @@ class Applier:
             act.Finish: lambda a, _now: self.finish(a.status, a.verdict),
             act.Handle: self.handle, act.Restart: self._restart,
             act.Capture: self.start_hang_capture, act.Diagnose: self.start_diagnosis,
-            act.Concluded: self.conclude_diagnosis, act.Start: self.start_run}
+            act.Concluded: self.conclude_diagnosis, act.Start: self.start_run,
+            act.BeginReplay: self.begin_replay, act.ReplayLost: self._replay_lost}
         handler = handlers.get(type(action))
         if handler is not None:
             handler(action, now)
@@ -390,15 +391,36 @@ class Applier:
         if h.resume:
             self.enter(Phase.RUNNING)
         st = self.state
-        self.events.flush_step()  # the last step before the fault is in the log
-        if st.open_incident is not None:
-            # The earlier recovery did not finish: both are kept and written together.
-            accounting.cut_short(st.open_incident, h.incident, now)
-            st.open_incident = None
+        incident = h.incident
+        if h.revisits:
+            open_inc = st.open_incident
+            if open_inc is not None and open_inc.incident == incident.incident:
+                st.open_incident = None  # the same incident, resolved now
+            else:
+                incident = dataclasses.replace(incident, incident=self.next_incident_id(),
+                                               recovered_at=None, restored_step=None,
+                                               steps_lost=None)
+            h = dataclasses.replace(h, incident=incident)
+        self._cut_short_open(incident, h.restored, now)
         facts = ladder_facts(h, st, self.cfg, self.ident.node, len(self.spares),
                              self.reports_steps(h.gen), self._batch_node(),
-                             self.hot.rollback_reason(h.incident.cls), now)
-        self._apply_decision(h.gen, h.incident, h.signature, decide(facts), h.evict, now)
+                             self.hot.rollback_reason(incident.cls), now)
+        self._apply_decision(h.gen, incident, h.signature, decide(facts), h.evict, now)
+
+    def _cut_short_open(self, incident: Incident,
+                        restored: tuple[int | None, str | None] | None, now: float) -> None:
+        """A new incident while the earlier recovery has not finished: both are kept and
+        written together. ``restored``: what the earlier one's generation restored, when
+        it ended before finishing a step (the restore itself happened)."""
+        st = self.state
+        self.events.flush_step()  # the last step before the fault is in the log
+        prev = st.open_incident
+        if prev is None:
+            return
+        if restored is not None and prev.restored_step is None:
+            prev.restored_step, prev.restore_tier = restored
+        accounting.cut_short(prev, incident, now)
+        st.open_incident = None
 
     def _apply_decision(self, gen: Generation, incident: Incident, signature: str | None,
                         decision: Decision, evict: str | None, now: float) -> None:
@@ -458,6 +480,31 @@ class Applier:
                     self.evicted.add(index)
         self.state.blamed = sorted(set(self.state.blamed) | set(decision.evict))
         return slots
+
+    # ------------------------------------------------------------------ replay
+    def begin_replay(self, b: act.BeginReplay, now: float) -> None:
+        """A phase of a dual-phase replay: an attempt per group (its own port and draws),
+        one generation on the NaN's slots, phase ``replaying``."""
+        st = self.state
+        if b.first:
+            self._cut_short_open(b.replay.incident, b.restored, now)
+        first = st.attempt + 1
+        st.attempt += len(b.groups)
+        self.gen_count += 1
+        gen = Generation(self.gen_count, first, list(b.replay.origin_gen.slots), now)
+        self.gen = gen
+        self.plans = replay_plans(self.plan_context(), gen, b.groups, b.replay)
+        self.enter(Phase.REPLAYING)
+        self.persist()
+        log.info("replay %s: %s phase, groups %s", b.replay.id, b.phase.value,
+                 [[self.members[gen.slots[m]].node for m in grp] for grp in b.groups])
+
+    def _replay_lost(self, lost: act.ReplayLost, now: float) -> None:
+        # The lost agent's failure is the next incident; this one stays open until the
+        # ladder's next generation recovers (it is then written, cut short). The
+        # generation stays the replay's, so the next plans' numbers keep increasing.
+        self.state.open_incident = lost.incident
+        self.enter(Phase.RUNNING)
 
     # ------------------------------------------------------------------ requeue
     def _start_requeue(self, decision: Decision) -> None:

@@ -97,8 +97,7 @@ class Detectors:
 
     # ------------------------------------------------------------------ detectors
     def bitwise(self, gen: Generation, now: float) -> act.Action | None:
-        # The NaN side applies its own outcome through the applier (nan_recovery.py).
-        return act.Wait() if self.nans.bitwise_tick(gen, now) else None
+        return self.nans.bitwise_tick(gen, now)
 
     def completion(self, gen: Generation, now: float) -> act.Action | None:
         if len(gen.succeeded) < len(gen.slots) * self.run.cfg.workers_per_node:
@@ -140,9 +139,9 @@ class Detectors:
         else:
             root = min(gen.failures, key=lambda f: f.exit.time)
         if root.exit.cls == IncidentClass.NAN:  # the NaN ladder
-            if not self.nans.settling(gen, primary, now):
-                self.nans.handle(gen, root, first_seen, now)
-            return act.Wait()
+            if self.nans.settling(gen, primary, now):
+                return act.Wait()
+            return self.nans.handle(gen, root, first_seen, now)
         incident = self.run.incident_from_failure(gen, root, first_seen)
         # --- unclear side, nobody blamed -> stop-time diagnosis -----
         if self._wants_diagnosis(root):

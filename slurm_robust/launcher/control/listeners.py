@@ -18,7 +18,7 @@ from slurm_robust.launcher.control.hot_update import HotUpdate
 from slurm_robust.launcher.control.ladder import Decision
 from slurm_robust.launcher.control.metrics import RunMetrics
 from slurm_robust.launcher.control.monitor import NodeFindings
-from slurm_robust.launcher.control.nan_ladder import NanLadder
+from slurm_robust.launcher.control.nan_ladder import NanLadder, NanResolution, write_skips
 from slurm_robust.launcher.control.state import RunState
 from slurm_robust.launcher.messages import Incident
 from slurm_robust.stacks.failslow import FailSlowMonitor
@@ -93,10 +93,18 @@ class HotUpdateListener(Listener):
 
 
 class NanListener(Listener):
-    """The NaN ladder (nan_ladder.py) counts finished steps to end a NaN episode."""
+    """The NaN ladder (nan_ladder.py) counts finished steps to end a NaN episode, and a
+    batch it decided to skip reaches the workers' skip file before their next start."""
 
-    def __init__(self, ladder: Callable[[], NanLadder]) -> None:
+    def __init__(self, ladder: Callable[[], NanLadder], run_dir: str) -> None:
         self.ladder = ladder
+        self.run_dir = run_dir
+
+    def on_decision(self, incident: Incident, decision: Decision, last_step: int | None,
+                    now: float) -> None:
+        nan = incident.evidence.get("nan")
+        if isinstance(nan, dict) and nan.get("resolution") == NanResolution.SKIP:
+            write_skips(self.run_dir, self.ladder().skipped)
 
     def on_step(self, gen: Generation, step: int, step_time: float | None,
                 finished_at: float, now: float) -> None:

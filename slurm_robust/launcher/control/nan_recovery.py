@@ -2,20 +2,21 @@
 test, and dual-phase replay (docs/ARCHITECTURE.md, phase ``replaying``).
 
 :class:`NanRecovery` owns the NaN ladder, the pending bitwise request and the replay in
-progress; what it changes of the run (a generation, the plans, the phase, an incident
-through the ladder) it changes through the run's applier (applier.py), ``rec``.
+progress, and changes nothing else: what it wants done to the run (an incident through
+the ladder, a replay phase's generation, a replay given up) it *returns* as an action
+(actions.py), which the dispatcher hands to the run's applier (applier.py) like any
+detector's. It reads the run through ``rec``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.control import accounting, bitwise, replay
-from slurm_robust.launcher.control.actions import Handle
+from slurm_robust.launcher.control import actions as act
+from slurm_robust.launcher.control import bitwise, replay
 from slurm_robust.launcher.control.events import EventLog
 from slurm_robust.launcher.control.generation import (
     Failure,
@@ -30,38 +31,35 @@ from slurm_robust.launcher.control.nan_ladder import (
     NanLadder,
     NanResolution,
     attribute,
-    write_skips,
 )
-from slurm_robust.launcher.control.plans import PlanContext, replay_plans
 from slurm_robust.launcher.control.state import RunState
 from slurm_robust.launcher.enums import IncidentClass, Phase, ProgressKind, Rung
-from slurm_robust.launcher.messages import Incident, Plan, Progress, WorkerExit
+from slurm_robust.launcher.messages import Incident, Progress, WorkerExit
 
 
-class Owner(Protocol):
-    """What this module uses of the run's applier (applier.Applier)."""
+class RunView(Protocol):
+    """What this module reads of the run (the applier, applier.Applier). Only the
+    incident counter is taken (incident_from_failure), as every detector does."""
 
-    cfg: RunConfig
-    state: RunState
-    events: EventLog
-    members: Mapping[int, Member]
-    gen: Generation | None
-    gen_count: int
-    plans: dict[int, Plan]
-    phase: Phase
+    @property
+    def cfg(self) -> RunConfig: ...
+
+    @property
+    def state(self) -> RunState: ...
+
+    @property
+    def events(self) -> EventLog: ...
+
+    @property
+    def members(self) -> Mapping[int, Member]: ...
+
+    @property
+    def phase(self) -> Phase: ...
 
     def ranks_of(self, agent_index: int) -> list[int]: ...
 
-    def persist(self) -> None: ...
-
-    def enter(self, new: Phase) -> None: ...
-
-    def plan_context(self) -> PlanContext: ...
-
     def incident_from_failure(self, gen: Generation, root: Failure,
                               detected: float) -> Incident: ...
-
-    def handle(self, h: Handle, now: float) -> None: ...
 
 
 log = logging.getLogger("slurm_robust.launcher.control.recovery")
@@ -70,7 +68,7 @@ log = logging.getLogger("slurm_robust.launcher.control.recovery")
 class NanRecovery:
     """See the module docstring. Runs under the controller's lock, like its owner."""
 
-    def __init__(self, rec: Owner, ladder: NanLadder) -> None:
+    def __init__(self, rec: RunView, ladder: NanLadder) -> None:
         self.rec = rec
         self.nan = ladder
         self.bitwise_req: bitwise.BitwiseRequest | None = None
@@ -83,16 +81,16 @@ class NanRecovery:
         first = min(f.seen for f in primary)
         return not active <= set(gen.anomalies) and now - first < NAN_SETTLE_S
 
-    def handle(self, gen: Generation, root: Failure, detected: float, now: float) -> None:
+    def handle(self, gen: Generation, root: Failure, detected: float,
+               now: float) -> act.Action:
         """A NaN: name its origin, not the first reporter, and take the NaN ladder."""
         rank_nodes = [self.rec.members[i].node for i in gen.slots
                       for _ in range(self.rec.cfg.workers_per_node)]
         origin = attribute(gen.anomalies, rank_nodes)
         step = self.nan.decide(origin, now)
-        prev = self.rec.state.open_incident
-        if prev is not None and prev.restored_step is None:
-            # The replay failed before finishing a step: the restore itself happened.
-            prev.restored_step, prev.restore_tier = restored_of(gen)
+        # If the rollback's generation failed before finishing a step, its restore
+        # itself happened: the incident this one cuts short records it.
+        restored = restored_of(gen)
         incident = self.rec.incident_from_failure(gen, root, detected)
         reporters = sorted(gen.anomalies)
         incident.nodes, incident.ranks = sorted(set(origin.nodes)), list(origin.ranks)
@@ -104,11 +102,8 @@ class NanRecovery:
                                        "reporting_ranks": reporters}
         override = Decision(Rung.STOP if step.resolution == "stop" else Rung.IN_PLACE,
                             step.reason)
-        if step.skip_step is not None:
-            write_skips(self.rec.cfg.run_dir, self.nan.skipped)
         if step.resolution is NanResolution.REPLAY:
-            self._start_replay(gen, incident, now)
-            return
+            return self._start_replay(gen, incident, restored, now)
         if step.verdict != "data_or_model":
             # The replaying attempt's ranks all run the reference step at their start:
             # milliseconds, so it is asked with the reattempt rather than after a second
@@ -117,22 +112,23 @@ class NanRecovery:
                                                incident, now)
             incident.evidence["nan"]["bitwise"] = {"requested": self.bitwise_req.id}
         # No node is blamed for a NaN here (nodes=[]): only a failed bitwise test may
-        # evict one; no signature either, the NaN ladder replaces the repeat rule.
-        self.rec.handle(Handle(gen, incident, None, [], override=override), now)
+        # evict one; no signature either, the NaN ladder replaces the repeat rule. A
+        # skipped batch reaches the workers' skip file from the NaN listener.
+        return act.Handle(gen, incident, None, [], override=override, restored=restored)
 
-    def bitwise_tick(self, gen: Generation, now: float) -> bool:
+    def bitwise_tick(self, gen: Generation, now: float) -> act.Action | None:
         """Compare the bitwise digests once every active rank sent one (or the wait is
         over); a node that differs is evicted as the NaN incident's resolution."""
         req = self.bitwise_req
         if req is None or self.rec.phase is not Phase.RUNNING or gen.attempt < req.attempt:
-            return False
+            return None
         if gen.attempt > req.attempt:
             self.bitwise_req = None  # that attempt ended before answering
-            return False
+            return None
         active = {r for i in gen.slots for r in self.rec.ranks_of(i)}
         complete = active <= set(gen.bitwise)
         if not complete and now - req.asked_at < bitwise.BITWISE_WAIT_S:
-            return False
+            return None
         self.bitwise_req = None
         rank_nodes = [self.rec.members[i].node for i in gen.slots
                       for _ in range(self.rec.cfg.workers_per_node)]
@@ -143,32 +139,22 @@ class NanRecovery:
         nan_ev["bitwise"] = {**nan_ev.get("bitwise", {}), **result.evidence,
                              "complete": complete, "seconds": round(now - req.asked_at, 3)}
         if result.passed:
-            return False  # all agree: if the NaN moves again, dual-phase replay is next
-        open_inc = self.rec.state.open_incident
-        if open_inc is not None and open_inc.incident == incident.incident:
-            self.rec.state.open_incident = None  # the same incident, now resolved by eviction
-        else:
-            self.rec.state.incidents += 1
-            incident = dataclasses.replace(incident, incident=f"i{self.rec.state.incidents}",
-                                           recovered_at=None, restored_step=None,
-                                           steps_lost=None)
+            return None  # all agree: if the NaN moves again, dual-phase replay is next
         incident.evidence["nan"]["resolution"] = "evict"
         incident.localized_at = now
         reason = (f"bitwise reference test: {', '.join(result.differing)} differ(s) from "
                   f"the other nodes' digest {result.reference and result.reference[:16]}")
-        self.rec.handle(Handle(gen, incident, None, list(result.differing), evict=reason),
-                        now)
-        return True
+        # The NaN's own incident, resolved by eviction (a new one if it closed since).
+        return act.Handle(gen, incident, None, list(result.differing), evict=reason,
+                          revisits=True)
 
     # ------------------------------------------------------------------ replay
-    def _start_replay(self, gen: Generation, incident: Incident, now: float) -> None:
+    def _start_replay(self, gen: Generation, incident: Incident,
+                      restored: tuple[int | None, str | None], now: float) -> act.Action:
         """The NaN moved again after a rollback: dual-phase replay (control/replay.py)
-        from the last step every rank snapshotted, over the steps the NaN appeared at."""
+        from the last step every rank snapshotted, over the steps the NaN appeared at.
+        The rollback's incident, if it did not recover, is cut short by this one."""
         st = self.rec.state
-        self.rec.events.flush_step()
-        if st.open_incident is not None:  # the rollback's incident did not recover
-            accounting.cut_short(st.open_incident, incident, now)
-            st.open_incident = None
         grid = replay.Grid.of(len(gen.slots))
         # Every rank finished (and snapshotted) the step before the NaN's: the memory
         # tier holds the last two, and the controller's count may lag behind them.
@@ -186,26 +172,20 @@ class NanRecovery:
                     incident.incident, (restore or 0) + 1, until, grid.m, grid.n)
         if grid.m == 1:  # one row is the whole job: it failed already, go by columns
             rp.outcomes[replay.ReplayPhase.HORIZONTAL.value] = {0: "implied"}
-            self._begin_replay_phase(replay.ReplayPhase.VERTICAL, now)
-        else:
-            self._begin_replay_phase(replay.ReplayPhase.HORIZONTAL, now)
+            return self._begin_replay_phase(replay.ReplayPhase.VERTICAL, now, restored)
+        return self._begin_replay_phase(replay.ReplayPhase.HORIZONTAL, now, restored)
 
-    def _begin_replay_phase(self, phase: replay.ReplayPhase, now: float) -> None:
-        rp, st = self.replay, self.rec.state
+    def _begin_replay_phase(self, phase: replay.ReplayPhase, now: float,
+                            starts: tuple[int | None, str | None] | None = None
+                            ) -> act.BeginReplay:
+        """A phase of the replay: its groups, each an attempt of its own (applier).
+        ``starts``: the replay's first phase, with what the rollback restored."""
+        rp = self.replay
         assert rp is not None
-        groups = rp.grid.groups(phase)
         rp.phase, rp.phase_started_at, rp.done = phase, now, {}
         rp.outcomes[phase.value] = {}
-        first = st.attempt + 1
-        st.attempt += len(groups)  # an attempt per group: its own port and draws
-        self.rec.gen_count += 1
-        gen = Generation(self.rec.gen_count, first, list(rp.origin_gen.slots), now)
-        self.rec.gen = gen
-        self.rec.plans = replay_plans(self.rec.plan_context(), gen, groups, rp)
-        self.rec.enter(Phase.REPLAYING)
-        self.rec.persist()
-        log.info("replay %s: %s phase, groups %s", rp.id, phase.value,
-                 [[self.rec.members[gen.slots[m]].node for m in grp] for grp in groups])
+        return act.BeginReplay(rp, phase, rp.grid.groups(phase), first=starts is not None,
+                               restored=starts)
 
     def on_replay_report(self, member: Member, gen: Generation,
                          progress: Sequence[Progress], exits: Sequence[WorkerExit]) -> None:
@@ -227,14 +207,15 @@ class NanRecovery:
                 out[group] = "error"
                 rp.details.append(f"{member.node} rank {ex.rank}: {ex.cls} ({ex.line})")
 
-    def replay_tick(self, gen: Generation, now: float) -> None:
+    def replay_tick(self, gen: Generation, now: float) -> act.Action | None:
+        """Phase ``replaying``: the next phase, or the replay's end, once it settled."""
         rp = self.replay
         assert rp is not None
         if gen.failures:  # a lost agent: the ladder handles it, the replay is over
-            self._end_replay(None, "an agent was lost during the replay", now, lost=gen)
-            return
+            return self._end_replay(None, "an agent was lost during the replay", now,
+                                    lost=True)
         if not rp.settle(gen.slots, self.rec.cfg.workers_per_node, now):
-            return
+            return None
         why = rp.inconclusive()
         if why is not None and rp.unanswered() and rp.phase.value not in rp.retried:
             # Once per phase: each retry costs a phase's time, and a group that errs
@@ -242,20 +223,19 @@ class NanRecovery:
             rp.retried.append(rp.phase.value)
             log.warning("replay %s: %s; running the %s phase again", rp.id, why,
                         rp.phase.value)
-            self._begin_replay_phase(rp.phase, now)
-        elif why is not None:
-            self._end_replay(None, why, now)
-        elif rp.phase is replay.ReplayPhase.HORIZONTAL:
-            self._begin_replay_phase(replay.ReplayPhase.VERTICAL, now)
-        else:
-            h, v = replay.ReplayPhase.HORIZONTAL, replay.ReplayPhase.VERTICAL
-            slot = rp.grid.locate(rp.failed(h), rp.failed(v))
-            node = None if slot is None else self.rec.members[rp.origin_gen.slots[slot]].node
-            self._end_replay(node, f"row {rp.failed(h)} and column {rp.failed(v)} "
-                                   f"reproduced the NaN", now)
+            return self._begin_replay_phase(rp.phase, now)
+        if why is not None:
+            return self._end_replay(None, why, now)
+        if rp.phase is replay.ReplayPhase.HORIZONTAL:
+            return self._begin_replay_phase(replay.ReplayPhase.VERTICAL, now)
+        h, v = replay.ReplayPhase.HORIZONTAL, replay.ReplayPhase.VERTICAL
+        slot = rp.grid.locate(rp.failed(h), rp.failed(v))
+        node = None if slot is None else self.rec.members[rp.origin_gen.slots[slot]].node
+        return self._end_replay(node, f"row {rp.failed(h)} and column {rp.failed(v)} "
+                                      f"reproduced the NaN", now)
 
     def _end_replay(self, node: str | None, why: str, now: float,
-                    lost: Generation | None = None) -> None:
+                    lost: bool = False) -> act.Action:
         """Evict the located node (spare or requeue), or roll back in place."""
         rp = self.replay
         assert rp is not None
@@ -269,24 +249,20 @@ class NanRecovery:
                             "seconds": round(now - rp.started_at, 3)}
         log.warning("replay %s: %s -> %s", rp.id, why,
                     f"evicting {node}" if node else "inconclusive")
-        if lost is not None:
-            # The lost agent's failure is the next incident; this one stays open until
-            # the ladder's next generation recovers (it is then written, cut short).
+        if lost:
             nan_ev["resolution"] = NanResolution.ROLLBACK
             incident.rung = Rung.IN_PLACE
-            self.rec.state.open_incident = incident
-            self.rec.enter(Phase.RUNNING)
-            return
+            return act.ReplayLost(incident)
         # The ladder goes on from the generation the NaN ended (its slots, its progress);
-        # self.rec.gen stays the replay's, so the next plans' numbers keep increasing.
+        # the run's generation stays the replay's, so the next plans' numbers keep
+        # increasing.
         if node is None:
             nan_ev["resolution"] = NanResolution.ROLLBACK
-            self.rec.handle(Handle(rp.origin_gen, incident, None, [], override=Decision(
+            return act.Handle(rp.origin_gen, incident, None, [], override=Decision(
                 Rung.IN_PLACE, f"dual-phase replay inconclusive ({why}): rolling back "
-                               "again")), now)
-            return
+                               "again"))
         nan_ev["resolution"] = NanResolution.REPLAY
         incident.localized_at = now
         self.nan.on_evicted()
-        self.rec.handle(Handle(rp.origin_gen, incident, None, [node],
-                               evict=f"dual-phase replay: {why}, crossing at {node}"), now)
+        return act.Handle(rp.origin_gen, incident, None, [node],
+                          evict=f"dual-phase replay: {why}, crossing at {node}")

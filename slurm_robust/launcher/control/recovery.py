@@ -143,7 +143,7 @@ class Recovery:
         self.hot = HotUpdate(cfg, self.events, clock)
         self.findings = node_monitor.NodeFindings(self.events)  # the in-job monitor
         self.watch = MonitorListener(cfg, self.findings)
-        listeners = [NanListener(lambda: self.nans.nan),
+        listeners = [NanListener(lambda: self.nans.nan, cfg.run_dir),
                      *([MetricsListener(metrics)] if metrics is not None else []),
                      HotUpdateListener(self.hot), self.watch]
         self.app = Applier(cfg, ident, members, state, self.events, self.hot,
@@ -384,7 +384,7 @@ class Recovery:
         elif phase is Phase.DIAGNOSING:
             self._apply(self.detect.diagnosing(gen, now), now)
         elif phase is Phase.REPLAYING:
-            self.nans.replay_tick(gen, now)
+            self._apply(self.nans.replay_tick(gen, now), now)
         # DONE: nothing more to do
 
     def _apply(self, action: act.Action | None, now: float) -> None:
