@@ -42,6 +42,7 @@ from slurm_robust.launcher.control import actions as act
 from slurm_robust.launcher.control import adopt, bitwise, failslow, phases, replay
 from slurm_robust.launcher.control import monitor as node_monitor
 from slurm_robust.launcher.control.applier import CAPTURE_BUDGET_S, Applier, Fence, SlurmSide
+from slurm_robust.launcher.control.cadence import hurry_poll_s
 from slurm_robust.launcher.control.detectors import SETTLE_HEARD_S, SETTLE_S, Detectors
 from slurm_robust.launcher.control.events import EventLog
 from slurm_robust.launcher.control.failover import Takeover
@@ -89,25 +90,11 @@ from slurm_robust.launcher.messages import (
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.run_dir_trust import ensure_run_dir
 
-__all__ = ["CAPTURE_BUDGET_S", "GATHER_TIMEOUT_S", "HURRY_POLL_S", "HURRY_REPORTS_PER_S",
-           "SETTLE_HEARD_S", "SETTLE_S", "Fence", "Recovery", "SlurmSide", "hurry_poll_s"]
+__all__ = ["CAPTURE_BUDGET_S", "GATHER_TIMEOUT_S", "SETTLE_HEARD_S", "SETTLE_S", "Fence",
+           "Recovery", "SlurmSide"]
 
 log = logging.getLogger("slurm_robust.launcher.control.recovery")
 
-#: Agents' report interval while a transition is imminent (see plan_for): 20 reports a
-#: second per agent for the few tenths of a second a settle or a step boundary lasts.
-HURRY_POLL_S = 0.05
-#: The most reports a second all hurried agents together are asked for: at HURRY_POLL_S
-#: 1,024 agents would send 20,480 a second, far more than a controller serves, and the
-#: queue that built up delayed the very decision the hurry is for. The settle still
-#: ends within SETTLE_S, and the new plan goes out by wake-up, not by the next poll.
-HURRY_REPORTS_PER_S = 2000.0
-
-
-def hurry_poll_s(agents: int, heartbeat_s: float) -> float:
-    """The hurried report interval for ``agents`` agents: HURRY_POLL_S while they are
-    few, longer as they grow (HURRY_REPORTS_PER_S in all), never above the heartbeat."""
-    return min(max(HURRY_POLL_S, agents / HURRY_REPORTS_PER_S), max(heartbeat_s, HURRY_POLL_S))
 #: Longest wait for every agent of the allocation before starting with those present.
 GATHER_TIMEOUT_S = 60.0
 

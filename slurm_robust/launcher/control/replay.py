@@ -24,8 +24,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, TypedDict
+from typing import TypedDict
 
+from slurm_robust.launcher.control.generation import Generation
 from slurm_robust.launcher.messages import Incident
 
 #: The worker's environment variable that carries its replay (train.py reads it).
@@ -166,7 +167,7 @@ class ReplayRun:
     id: str
     grid: Grid
     incident: Incident
-    origin_gen: Any  # recovery.Generation (typed loosely: recovery imports this module)
+    origin_gen: Generation
     restore_step: int | None
     until_step: int
     started_at: float

@@ -16,7 +16,8 @@ import pytest
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher import versions as vs
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.control.recovery import HURRY_POLL_S, Recovery, SlurmSide
+from slurm_robust.launcher.control.cadence import HURRY_POLL_S
+from slurm_robust.launcher.control.recovery import Recovery, SlurmSide
 from slurm_robust.launcher.enums import Phase, Rung
 from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.submit.update import parse_duration, request_update

@@ -3,7 +3,7 @@ reports all of them are asked for stay within what a controller serves."""
 
 from __future__ import annotations
 
-from slurm_robust.launcher.control.recovery import (
+from slurm_robust.launcher.control.cadence import (
     HURRY_POLL_S,
     HURRY_REPORTS_PER_S,
     hurry_poll_s,

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from slurm_robust.launcher.config import RunConfig
+from slurm_robust.launcher.control.cadence import HURRY_POLL_S
 from slurm_robust.launcher.control.recovery import (
-    HURRY_POLL_S,
     SETTLE_HEARD_S,
     SETTLE_S,
     Recovery,
