@@ -42,6 +42,7 @@ from slurm_robust.launcher.control.generation import (
 from slurm_robust.launcher.control.hot_update import HotUpdate
 from slurm_robust.launcher.control.ladder import Decision, Facts, decide
 from slurm_robust.launcher.control.listeners import Listener
+from slurm_robust.launcher.control.outage import OUTAGE_CLASSES
 from slurm_robust.launcher.control.outcome import RunOutcome
 from slurm_robust.launcher.control.plans import PlanContext, generation_plans
 from slurm_robust.launcher.control.requeue import (
@@ -51,7 +52,6 @@ from slurm_robust.launcher.control.requeue import (
     write_verdict,
 )
 from slurm_robust.launcher.control.requeue_action import PendingRequeue
-from slurm_robust.launcher.control.outage import OUTAGE_CLASSES
 from slurm_robust.launcher.control.run_facts import end_outage, failure_incident, ladder_facts
 from slurm_robust.launcher.control.shortfall import (
     Capacity,
