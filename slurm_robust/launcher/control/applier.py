@@ -272,6 +272,7 @@ class Applier:
                 listener.before_generation(st.last_step, now)
         self._fingerprint(now)
         st.attempt += 1
+        st.outage_not_before = None  # any backoff is over once a generation starts
         self.events.attempt = st.attempt
         self.gen_count += 1
         gen = Generation(self.gen_count, st.attempt, list(slots), now)

@@ -301,3 +301,26 @@ def test_a_requeue_carries_the_backoff_to_the_next_allocation(tmp_path) -> None:
     nxt.tick(not_before - nxt.clock() + SETTLE_S)
     assert nxt.rec.gen is not None and nxt.rec.plan_for(0).role == Role.ACTIVE
     assert nxt.rec.state.outage_failures == 1  # the outage goes on in this allocation
+
+
+def test_a_successor_controller_waits_out_the_same_backoff(tmp_path) -> None:
+    from slurm_robust.launcher.control.failover import Takeover
+    from slurm_robust.launcher.control.recovery import Recovery
+
+    h = outage_harness(tmp_path)
+    hub_down(h)
+    h.settle()
+    held_gen, not_before = h.gen(), h.rec.state.outage_not_before
+    successor = Recovery(h.cfg, h.rec.ident, h.members, expected=h.cfg.total_nodes,
+                         slurm=h.rec.slurm, clock=h.clock,
+                         takeover=Takeover(term=1, lost_agent=None, lost_node=None))
+    successor.tick(h.clock.advance(1.0))
+    assert successor.phase is Phase.RUNNING and successor.gen.number == held_gen
+    assert {successor.plan_for(i).role for i in (0, 1)} == {Role.HOLD}
+    successor.tick(h.clock.advance(not_before - h.clock() - 0.5))
+    assert successor.gen.number == held_gen  # not yet
+    successor.tick(h.clock.advance(1.0))
+    assert successor.gen.number == held_gen + 1
+    assert successor.plan_for(0).role == Role.ACTIVE
+    assert successor.state.outage_not_before is None
+    assert successor.state.outage_failures == 1
