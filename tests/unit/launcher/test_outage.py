@@ -324,3 +324,17 @@ def test_a_successor_controller_waits_out_the_same_backoff(tmp_path) -> None:
     assert successor.plan_for(0).role == Role.ACTIVE
     assert successor.state.outage_not_before is None
     assert successor.state.outage_failures == 1
+
+
+def test_status_says_the_run_is_backing_off_and_from_what(tmp_path) -> None:
+    from slurm_robust.launcher.submit.status import run_status
+
+    h = outage_harness(tmp_path)
+    hub_down(h)
+    h.settle()
+    h.rec.app.events.flush_step()
+    pending = run_status(h.cfg.run_dir)["pending"]
+    assert pending.startswith("backing off: huggingface.co: requests.exceptions"), pending
+    assert "(1 attempt(s)); the next attempt starts at " in pending
+    h.tick(10.0)
+    assert run_status(h.cfg.run_dir)["pending"] is None  # the generation started
