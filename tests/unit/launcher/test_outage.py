@@ -338,3 +338,18 @@ def test_status_says_the_run_is_backing_off_and_from_what(tmp_path) -> None:
     assert "(1 attempt(s)); the next attempt starts at " in pending
     h.tick(10.0)
     assert run_status(h.cfg.run_dir)["pending"] is None  # the generation started
+
+
+def test_the_time_limit_during_a_backoff_requeues_and_keeps_the_outage(tmp_path) -> None:
+    h = outage_harness(tmp_path)
+    hub_down(h)
+    h.settle()
+    assert h.rec.app.backoff is not None
+    h.rec.on_time_limit(h.members[0], h.clock())
+    h.tick(0.0)
+    h.wait_slurm()
+    assert h.rec.phase is Phase.REQUEUED
+    assert [c[0] for c in h.slurm.calls] == ["requeue"]
+    st = load_state(RunPaths.of(h.cfg.run_dir).state)
+    assert st.outage_failures == 1 and st.outage_not_before is not None
+    assert st.blamed == []
