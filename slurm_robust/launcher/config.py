@@ -58,6 +58,13 @@ class RunConfig:
             time, read from Slurm once a minute, is that close, whichever comes first.
         max_restarts: restart budget across in-job restarts and Slurm requeues.
         max_no_progress: attempts in a row that finish no new step before the run stops.
+        outage_budget_s: how long an external service (a model hub, an object store) may
+            stay down at start-up: attempts that fail before their first step with
+            ``external_service`` or ``remote_storage`` count against this instead of
+            max_no_progress and max_restarts (launcher/control/outage.py); once the outage
+            has lasted this long the run stops with a verdict naming the service.
+        outage_backoff_s, outage_backoff_max_s: the wait before each such restart: the
+            first, doubling each time up to the second.
         node_failures_to_blame: worker failures on one node (in one run) that blame it.
         max_blamed_nodes: the most nodes one run may blame (and so drain, and replace by
             spares) over its life; null means the run's node count (nodes + spares: a
@@ -121,6 +128,9 @@ class RunConfig:
     max_restarts: int = 10
     warn_before_s: float = 60.0
     max_no_progress: int = 3
+    outage_budget_s: float = 1800.0
+    outage_backoff_s: float = 10.0
+    outage_backoff_max_s: float = 300.0
     node_failures_to_blame: int = 3
     max_blamed_nodes: int | None = None
     spike_factor: float = 5.0
@@ -175,6 +185,7 @@ class RunConfig:
                 or (self.max_blamed_nodes is not None and self.max_blamed_nodes < 1):
             raise UsageError("max_no_progress, node_failures_to_blame and max_blamed_nodes "
                              "must be >= 1")
+        self._check_outage()
         if self.hang_floor_s <= 0 or self.hang_factor <= 0 or self.startup_timeout_s <= 0:
             raise UsageError("hang_floor_s, hang_factor and startup_timeout_s must be > 0")
         self._check_hang_limits()
@@ -197,6 +208,15 @@ class RunConfig:
         if self.nan_policy not in ("stop", "skip"):
             raise UsageError(f"nan_policy {self.nan_policy!r}: use stop or skip")
         self.fail_slow_options()  # raises UsageError on bad thresholds
+
+    def _check_outage(self) -> None:
+        for name in ("outage_budget_s", "outage_backoff_s", "outage_backoff_max_s"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise UsageError(f"{name} is {value}; use seconds >= 0")
+        if self.outage_backoff_s > self.outage_backoff_max_s:
+            raise UsageError(f"outage_backoff_s ({self.outage_backoff_s:g}) is above "
+                             f"outage_backoff_max_s ({self.outage_backoff_max_s:g})")
 
     def _check_hang_limits(self) -> None:
         phases = {p.value for p in WorkPhase}

@@ -7,7 +7,9 @@ localisation take their drawn (or detector-decided) time, then
 controller gathers (restarts, no-progress streak, signatures, spares left, the
 controller's node), and the rung is applied:
 
-- ``in_place``: the restart time;
+- ``in_place``: the restart time (after the ladder's backoff, ``delay_s``, for an
+  external service's or remote storage's failure before the attempt's first step:
+  launcher/control/outage.py);
 - ``spare``: blamed machines are evicted (drain, deep check, pool or repair) and
   replaced by in-job spares, then the spare-activation time;
 - ``requeue``: blamed machines are evicted, the reserve hands spares over (real
@@ -29,6 +31,7 @@ from typing import Any
 import simpy
 
 from slurm_robust.launcher.control.ladder import Facts, decide
+from slurm_robust.launcher.control.outage import startup_outage
 from slurm_robust.launcher.control.policy import unexplained_repeats
 from slurm_robust.simulate import paper
 from slurm_robust.simulate.config import FAIL_SLOW_VOTE, HANG_TIMEOUT
@@ -52,6 +55,10 @@ class LadderLimits:
     max_no_progress: int = int(launch_default("max_no_progress"))  # type: ignore[call-overload]
     node_failures_to_blame: int = int(
         launch_default("node_failures_to_blame"))  # type: ignore[call-overload]
+    outage_budget_s: float = float(launch_default("outage_budget_s"))  # type: ignore[arg-type]
+    outage_backoff_s: float = float(launch_default("outage_backoff_s"))  # type: ignore[arg-type]
+    outage_backoff_max_s: float = float(
+        launch_default("outage_backoff_max_s"))  # type: ignore[arg-type]
 
 
 @dataclass
@@ -62,6 +69,9 @@ class JobState:
     no_progress: int = 0
     signatures: dict[str, int] = field(default_factory=dict)
     failures_by_node: dict[str, int] = field(default_factory=dict)
+    # An external service's outage at start-up (launcher/control/outage.py).
+    outage_since: float | None = None
+    outage_failures: int = 0
 
 
 class Job:
@@ -127,8 +137,21 @@ class Job:
         self.count()
         return self.env.timeout(max(seconds, 0.0))
 
+    def _count_outage(self, cls: str, progressed: bool) -> bool:
+        """The controller's count (run_facts.count_outage): True for an outage at
+        start-up, which the no-progress streak does not count; anything else ends it."""
+        st = self.state
+        if startup_outage(cls, progressed):
+            st.outage_since = self.env.now if st.outage_since is None else st.outage_since
+            st.outage_failures += 1
+            return True
+        st.outage_since, st.outage_failures = None, 0
+        st.no_progress = 0 if progressed else st.no_progress + 1
+        return False
+
     def _facts(self, cls: str, named: list[str], signature: str,
-               machine_fault: bool) -> Facts:
+               machine_fault: bool, outage: bool = False, service: str | None = None
+               ) -> Facts:
         """The ladder's facts from the simulated state (counted with this incident).
         Stop-time diagnosis is modelled only where it decides blame, for a class that is
         no evidence against a node by itself repeating on one (policy.unexplained_repeats):
@@ -150,7 +173,13 @@ class Job:
             failures_to_blame=self.limits.node_failures_to_blame,
             blame_named=failed, diagnosis_passed=bool(diagnosed) and not failed,
             diagnosis_reason=("stop-time diagnosis (simulated): the fault recurs on this "
-                              "machine") if failed else None)
+                              "machine") if failed else None,
+            outage_failures=st.outage_failures if outage else 0,
+            outage_s=self.env.now - (st.outage_since or self.env.now) if outage else 0.0,
+            outage_service=service if outage else None,
+            outage_budget_s=self.limits.outage_budget_s,
+            outage_backoff_s=self.limits.outage_backoff_s,
+            outage_backoff_max_s=self.limits.outage_backoff_max_s)
 
     # -- the run ---------------------------------------------------------------------
 
@@ -221,12 +250,13 @@ class Job:
         yield self._wait(loc)
         localized = self.env.now
         st = self.state
-        st.no_progress = 0 if steps > 0 else st.no_progress + 1
+        outage = self._count_outage(cls, steps > 0)
         for n in named:
             st.failures_by_node[n] = st.failures_by_node.get(n, 0) + 1
         signature = f"{cls}:{inc.index}"
         machine_fault = inc.persistent and not inc.switch
-        decision = decide(self._facts(cls, named, signature, machine_fault))
+        decision = decide(self._facts(cls, named, signature, machine_fault, outage,
+                                      fc.name))
         st.signatures[signature] = st.signatures.get(signature, 0) + 1
         result = IncidentResult(inc.index * 100 + k, fc.name, cls, fault, detected,
                                 localized, None, decision.rung, tuple(decision.evict or named),
@@ -236,9 +266,9 @@ class Job:
         if decision.rung == Rung.STOP:
             yield from self._stop(inc, result)
         else:
-            st.restarts += 1
+            st.restarts += 0 if outage else 1  # an outage has its own budget
             if decision.rung == Rung.IN_PLACE:
-                yield self._wait(inc.restart)
+                yield self._wait(decision.delay_s + inc.restart)
             elif decision.rung == Rung.SPARE:
                 self._use_spares(evicted, inc.refill)
                 yield self._wait(inc.spare)

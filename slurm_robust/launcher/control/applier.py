@@ -40,8 +40,9 @@ from slurm_robust.launcher.control.generation import (
     restored_of,
 )
 from slurm_robust.launcher.control.hot_update import HotUpdate
-from slurm_robust.launcher.control.ladder import Decision, decide
+from slurm_robust.launcher.control.ladder import Decision, Facts, decide
 from slurm_robust.launcher.control.listeners import Listener
+from slurm_robust.launcher.control.outage import OUTAGE_CLASSES
 from slurm_robust.launcher.control.outcome import RunOutcome
 from slurm_robust.launcher.control.plans import PlanContext, generation_plans, replay_plans
 from slurm_robust.launcher.control.requeue import (
@@ -51,7 +52,7 @@ from slurm_robust.launcher.control.requeue import (
     write_verdict,
 )
 from slurm_robust.launcher.control.requeue_action import PendingRequeue
-from slurm_robust.launcher.control.run_facts import failure_incident, ladder_facts
+from slurm_robust.launcher.control.run_facts import end_outage, failure_incident, ladder_facts
 from slurm_robust.launcher.control.shortfall import (
     Capacity,
     Choice,
@@ -103,6 +104,17 @@ class SlurmSide:
     previous_end: Callable[[str], AllocationEnd | None] = read_previous_end
 
 
+@dataclass(frozen=True)
+class Backoff:
+    """A restart in place held back (an external service's outage at start-up,
+    outage.py): the generation starts on ``slots`` no earlier than ``not_before``. The
+    agents of the slots hold (workers stopped) meanwhile; the controller's tick goes on
+    answering them and checks the time (recovery.py), it never sleeps."""
+
+    slots: tuple[int, ...]
+    not_before: float
+
+
 @dataclass
 class Fence:
     """Failover (failover.py): this controller's term, and the check that a successor
@@ -143,6 +155,8 @@ class Applier:
         #: Slurm actions started here (in flight or finished), oldest first.
         self.slurm_actions: list[SlurmAction] = []
         self._requeue: PendingRequeue | None = None  # in flight
+        #: A restart held back until its backoff ends (None: none).
+        self.backoff: Backoff | None = None
         self._fingerprinted = False  # once per controller (env_change.py)
         #: A requeue the launcher did not make (an admin's, a preemption): its cause is
         #: read from accounting in a thread from now on, and recorded at start_run.
@@ -222,6 +236,10 @@ class Applier:
         elif self.outside_requeue is not None:
             self._record_outside_requeue(self.outside_requeue, now)
         st.restart_count, st.slurm_ending_at = self.ident.restart_count, None
+        if st.outage_not_before is not None and now < st.outage_not_before:
+            self.enter(Phase.RUNNING)  # the previous allocation's backoff goes on
+            self.hold(list(start.slots), st.outage_not_before)
+            return
         self.begin_generation(list(start.slots), now)
 
     def _record_outside_requeue(self, probe: PreviousEndProbe, now: float) -> None:
@@ -255,6 +273,7 @@ class Applier:
                 listener.before_generation(st.last_step, now)
         self._fingerprint(now)
         st.attempt += 1
+        st.outage_not_before = None  # any backoff is over once a generation starts
         self.events.attempt = st.attempt
         self.gen_count += 1
         gen = Generation(self.gen_count, st.attempt, list(slots), now)
@@ -283,8 +302,11 @@ class Applier:
         st.last_step = max((s for s in (st.last_step, logged) if s is not None), default=None)
         # The old controller announced this attempt once a step finished; not again.
         gen.announced = st.last_step is not None
-        self.plans = generation_plans(self.plan_context(), gen)
         self.enter(Phase.RUNNING)
+        if st.outage_not_before is not None:  # the old controller was backing off
+            self.hold(list(gen.slots), st.outage_not_before)
+            return
+        self.plans = generation_plans(self.plan_context(), gen)
 
     def _generation_started(self, gen: Generation, now: float) -> None:
         rank_nodes = [self.members[i].node for i in gen.slots
@@ -345,6 +367,7 @@ class Applier:
         losses = [i.loss for i in items.values() if i.loss is not None]
         norms = [i.grad_norm for i in items.values() if i.grad_norm is not None]
         self.state.last_step = step
+        end_outage(self.state)  # any outage is over: the next one starts afresh
         for listener in self.listeners:
             listener.on_step(gen, step, step_time, t_done, now)
         # A step finished while the job waits for its requeue (the time limit's
@@ -405,7 +428,11 @@ class Applier:
         facts = ladder_facts(h, st, self.cfg, self.ident.node, len(self.spares),
                              self.reports_steps(h.gen), self._batch_node(),
                              self.hot.rollback_reason(incident.cls), now)
-        self._apply_decision(h.gen, incident, h.signature, decide(facts), h.evict, now)
+        decision = decide(facts)
+        if facts.outage_failures:
+            note_outage(incident, facts, decision, now)
+        self._apply_decision(h.gen, incident, h.signature, decision, h.evict, now,
+                             outage=facts.outage_failures > 0)
 
     def _cut_short_open(self, incident: Incident,
                         restored: tuple[int | None, str | None] | None, now: float) -> None:
@@ -423,10 +450,12 @@ class Applier:
         st.open_incident = None
 
     def _apply_decision(self, gen: Generation, incident: Incident, signature: str | None,
-                        decision: Decision, evict: str | None, now: float) -> None:
+                        decision: Decision, evict: str | None, now: float,
+                        outage: bool = False) -> None:
         """The run's counters and the incident, then the rung (stop; or a verdict and
         drain for each evicted node, and a new generation in place, on a spare, or a
-        requeue)."""
+        requeue). ``outage``: an external service's outage at start-up, whose restarts
+        do not count against max_restarts (their budget is outage_budget_s)."""
         st = self.state
         if decision.batch_lost:
             self.batch_lost = True
@@ -446,7 +475,8 @@ class Applier:
             self.write_incident(incident)
             self.finish(RunStatus.STOPPED, decision.reason)
             return
-        if incident.cls != IncidentClass.TIME_LIMIT:  # an allocation's end is no failure
+        # An allocation's end is no failure; a service's outage has its own budget.
+        if incident.cls != IncidentClass.TIME_LIMIT and not outage:
             st.restarts += 1
         # The verdict names the class and its evidence (flat, "pending deep check").
         reason = blame.verdict_reason(incident.cls, incident.evidence, evict)
@@ -462,8 +492,52 @@ class Applier:
             self._start_requeue(decision)
         elif decision.rung == Rung.SPARE:
             self.begin_generation(self._replace(gen, decision), now)
+        elif decision.delay_s > 0:
+            self.hold(gen.slots, now + decision.delay_s)
         else:
             self.begin_generation(gen.slots, now)
+
+    # ------------------------------------------------------------------ backoff
+    def hold(self, slots: Sequence[int], not_before: float) -> None:
+        """Start the next generation on ``slots`` no earlier than ``not_before``: their
+        agents hold meanwhile (workers stopped; a plan for the next generation number, so
+        late exits of the failed one are not counted). The tick ends it (backoff_tick)."""
+        self.backoff = Backoff(tuple(slots), not_before)
+        self.state.outage_not_before = not_before
+        gen = self.gen
+        if gen is not None:  # decided: what the failed group still reports is history
+            gen.failures.clear()
+            gen.first_failure_seen = None
+        plans = dict(self.plans)
+        for index in slots:
+            plans[index] = Plan(role=Role.HOLD, gen=self.gen_count + 1,
+                                attempt=self.state.attempt)
+        self.plans = plans
+        self.persist()
+        log.warning("backing off: the next generation starts on %s at the earliest in "
+                    "%.0f s", [self.members[i].node for i in slots],
+                    not_before - self.clock())
+
+    def backoff_tick(self, now: float) -> None:
+        """The clock while a restart is held back: the generation starts once its time
+        has come. An agent of the slots lost meanwhile ends the wait at once: its
+        ``node_lost`` failure goes to the ladder (the next tick's detectors)."""
+        wait = self.backoff
+        if wait is None:
+            return
+        lost = [i for i in wait.slots if self.members[i].lost]
+        if not lost and now < wait.not_before:
+            return
+        self.backoff = None
+        self.state.outage_not_before = None
+        gen = self.gen
+        if lost and gen is not None:
+            gen.failures[:] = [f for f in gen.failures if f.agent in lost and
+                               f.exit.cls == IncidentClass.NODE_LOST]
+            gen.first_failure_seen = min((f.seen for f in gen.failures), default=None)
+            if gen.failures:
+                return
+        self.begin_generation(list(wait.slots), now)
 
     def _batch_node(self) -> str | None:
         """The node of the batch step: agent 0's (Slurm starts the batch script and
@@ -684,3 +758,16 @@ class Applier:
         self.events.run_end(status, step, digest, verdict)
         self.state.finished, self.state.verdict = status, verdict
         self.persist()
+
+
+def note_outage(incident: Incident, facts: Facts, decision: Decision, now: float) -> None:
+    """The incident's record of an external service's outage at start-up
+    (docs/SCHEMAS.md, evidence.outage): the service, how long it has been down, this
+    failure's number in the outage, and the backoff taken (null: the budget is spent)."""
+    backing_off = decision.rung == Rung.IN_PLACE and facts.cls in OUTAGE_CLASSES
+    incident.evidence["outage"] = {
+        "service": facts.outage_service, "since": round(now - facts.outage_s, 3),
+        "lasted_s": round(facts.outage_s, 3), "failures": facts.outage_failures,
+        "budget_s": facts.outage_budget_s,
+        "backoff_s": decision.delay_s if backing_off else None,
+        "not_before": round(now + decision.delay_s, 3) if backing_off else None}

@@ -24,7 +24,8 @@ from slurm_robust.launcher.control.hang import capture_incident
 from slurm_robust.launcher.control.hot_update import HotUpdate
 from slurm_robust.launcher.control.listeners import MonitorListener
 from slurm_robust.launcher.control.nan_recovery import NanRecovery
-from slurm_robust.launcher.control.policy import is_hung
+from slurm_robust.launcher.control.outage import startup_outage
+from slurm_robust.launcher.control.policy import is_hung, made_progress
 from slurm_robust.launcher.control.state import RunState
 from slurm_robust.launcher.control.stop_diagnosis import (
     conclude,
@@ -144,7 +145,7 @@ class Detectors:
             return self.nans.handle(gen, root, first_seen, now)
         incident = self.run.incident_from_failure(gen, root, first_seen)
         # --- unclear side, nobody blamed -> stop-time diagnosis -----
-        if self._wants_diagnosis(root):
+        if self._wants_diagnosis(gen, root, now):
             return act.Diagnose(gen, root, incident)
         repeat = diagnosed_before(root.exit.signature, self.run.state.diagnosis_passed)
         side = root.exit.side.value if root.exit.side is not None else None
@@ -260,8 +261,12 @@ class Detectors:
                 return False
         return True
 
-    def _wants_diagnosis(self, root: Failure) -> bool:
+    def _wants_diagnosis(self, gen: Generation, root: Failure, now: float) -> bool:
         run = self.run
+        progressed = made_progress(gen.steps_done, run.reports_steps(gen),
+                                   now - gen.started_at)
+        if startup_outage(str(root.exit.cls), progressed):
+            return False  # a service's outage at start-up: the node's checks say nothing
         member = run.members.get(root.agent)
         can_answer = member is not None and not member.lost and root.agent not in run.spares
         return wants_diagnosis(root, run.state.node_failures,

@@ -9,13 +9,15 @@ The rungs (docs/ARCHITECTURE.md, "The recovery ladder")::
 
     stop      the same user-code error after a clean restart (or the same error after its
               node passed stop-time diagnosis: an unknown or external cause), no progress
-              across max_no_progress attempts, or the restart budget spent
+              across max_no_progress attempts, the restart budget spent, or an external
+              service down at start-up for longer than the outage budget
     requeue   a node is blamed and no spare is left, or the controller's node is lost;
               and the time limit near (stop instead when a whole allocation finished no
               step since the previous one's)
     spare     a node is blamed (explicit node fault, lost heartbeat, repeated node-side
               failures, a failed diagnosis, a persistently slow rank)
-    in_place  anything else: transient or unclear
+    in_place  anything else: transient or unclear; an external service down at
+              start-up (outage.py) restarts in place after a backoff (``delay_s``)
 
 and the refinements applied after the rung is chosen, in this order: the NaN ladder's
 advice, the evidence that named the evicted nodes, a hot update's rollback, what a failed
@@ -29,6 +31,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from slurm_robust.launcher.control.outage import backoff_s, outage_verdict
 from slurm_robust.launcher.control.policy import blamed_nodes, repeat_suspects
 from slurm_robust.launcher.enums import IncidentClass, Rung
 from slurm_robust.taxonomy import blame_cause, node_side, stops_on_repeat
@@ -38,13 +41,16 @@ from slurm_robust.taxonomy import blame_cause, node_side, stops_on_repeat
 class Decision:
     """The ladder's answer. ``evict``: the nodes to drain and replace (spare, requeue).
     ``rollback``: a hot update's version failed and is rolled back (the reason).
-    ``batch_lost``: the batch step's node is lost, so Slurm ends the job with it."""
+    ``batch_lost``: the batch step's node is lost, so Slurm ends the job with it.
+    ``delay_s``: start the next generation no earlier than this many seconds from now (the
+    backoff of an external service's outage at start-up; 0: at once)."""
 
     rung: Rung
     reason: str
     evict: tuple[str, ...] = ()
     rollback: str | None = None
     batch_lost: bool = False
+    delay_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,10 @@ class Facts:
     node count against it (taxonomy.node_side). diagnosis_passed: the named node has
     just passed a stop-time diagnosis for this incident. time_limit_stalled: a time
     limit came with no step finished since the previous allocation's.
+    outage_failures: start-up failures in a row of an external service's outage, this
+    one included (0: this is no such failure; outage.py); outage_s: how long the outage
+    has lasted so far; outage_service: the service as the classifier saw it;
+    outage_budget_s, outage_backoff_s, outage_backoff_max_s: the run's settings.
     """
 
     cls: str
@@ -94,6 +104,12 @@ class Facts:
     side: str | None = None
     diagnosis_passed: bool = False
     time_limit_stalled: bool = False
+    outage_failures: int = 0
+    outage_s: float = 0.0
+    outage_service: str | None = None
+    outage_budget_s: float = 1800.0
+    outage_backoff_s: float = 10.0
+    outage_backoff_max_s: float = 300.0
 
     def to_json(self) -> dict[str, Any]:
         """The facts as a trace line (tests replay recorded traces)."""
@@ -114,7 +130,8 @@ class Facts:
 
 def decision_from_json(d: Mapping[str, Any]) -> Decision:
     return Decision(Rung(d["rung"]), d["reason"], tuple(d.get("evict") or ()),
-                    d.get("rollback"), bool(d.get("batch_lost", False)))
+                    d.get("rollback"), bool(d.get("batch_lost", False)),
+                    float(d.get("delay_s", 0.0)))
 
 
 def decide(f: Facts) -> Decision:
@@ -185,6 +202,8 @@ def choose_rung(f: Facts, blamed: tuple[str, ...]) -> Decision:
     """The rung for one incident, before any refinement."""
     if f.cls == IncidentClass.TIME_LIMIT:
         return time_limit_rung(f)
+    if f.outage_failures > 0 and not blamed:
+        return outage_rung(f)
     stop = _stop_reason(f, blamed)
     if stop is not None:
         return Decision(Rung.STOP, stop)
@@ -215,6 +234,20 @@ def time_limit_rung(f: Facts) -> Decision:
                                    "faster start) and resubmit")
     return Decision(Rung.REQUEUE, "the allocation's time limit is near: requeueing the job "
                                   "to go on from its newest step")
+
+
+def outage_rung(f: Facts) -> Decision:
+    """An external service down at start-up (outage.py): no node is blamed and neither
+    the no-progress nor the restart budget counts it. In place after a backoff while the
+    outage is within its budget; a stop naming the service once it has lasted longer."""
+    if f.outage_s >= f.outage_budget_s:
+        return Decision(Rung.STOP, outage_verdict(f.cls, f.outage_s, f.outage_failures,
+                                                  f.outage_budget_s, f.outage_service))
+    delay = backoff_s(f.outage_failures, f.outage_backoff_s, f.outage_backoff_max_s)
+    return Decision(Rung.IN_PLACE, f"{f.cls} at start-up ({f.outage_service or 'service'}"
+                                   f"): restarting in place in {delay:g} s (outage "
+                                   f"attempt {f.outage_failures}, {f.outage_s:.0f} s of "
+                                   f"{f.outage_budget_s:.0f} s)", delay_s=delay)
 
 
 def with_nan_advice(d: Decision, f: Facts) -> Decision:

@@ -242,7 +242,8 @@ class Recovery:
     def decision_pending(self) -> bool:
         """Failures of the running generation wait for a decision (the tick makes it)."""
         gen = self.gen
-        return self.phase is Phase.RUNNING and gen is not None and bool(gen.failures)
+        return self.phase is Phase.RUNNING and gen is not None and bool(gen.failures) \
+            and self.app.backoff is None
 
     def _transition_imminent(self) -> bool:
         """A new generation is likely within a moment: a failure is settling (the
@@ -357,6 +358,9 @@ class Recovery:
         if phase is Phase.REQUEUED:
             self.app.poll_requeue()
             return
+        if self.app.backoff is not None and phase is Phase.RUNNING:
+            self._backoff_tick(now)
+            return
         gen = self.gen
         if gen is None or self.ending.holds(now):
             return  # Slurm is ending the allocation: its workers' deaths are no failure
@@ -373,6 +377,20 @@ class Recovery:
         elif phase is Phase.REPLAYING:
             self._apply(self.nans.replay_tick(gen, now), now)
         # DONE: nothing more to do
+
+    def _backoff_tick(self, now: float) -> None:
+        """A restart held back by an outage's backoff (applier.Backoff): nothing is
+        decided meanwhile but Slurm's time limit (a requeue carries the backoff over in
+        state.json); the generation starts when its time comes."""
+        gen = self.gen
+        if self.ending.holds(now):
+            return
+        limit = self.detect.time_limit(gen, now) if gen is not None else None
+        if limit is not None:
+            self.app.backoff = None  # the requeue's allocation waits out the rest
+            self._apply(limit, now)
+            return
+        self.app.backoff_tick(now)
 
     def _apply(self, action: act.Action | None, now: float) -> None:
         if action is not None:

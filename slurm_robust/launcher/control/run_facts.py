@@ -16,6 +16,7 @@ from slurm_robust.launcher.control.actions import Handle
 from slurm_robust.launcher.control.events import new_incident
 from slurm_robust.launcher.control.generation import Failure, Generation
 from slurm_robust.launcher.control.ladder import Facts
+from slurm_robust.launcher.control.outage import service_of, startup_outage
 from slurm_robust.launcher.control.policy import UNLOCALISED_CLASSES, made_progress
 from slurm_robust.launcher.control.state import RunState
 from slurm_robust.launcher.enums import IncidentClass
@@ -55,8 +56,10 @@ def ladder_facts(h: Handle, st: RunState, cfg: RunConfig, controller_node: str,
     without progress and the named nodes' failures include this one."""
     gen, incident = h.gen, h.incident
     progressed = made_progress(gen.steps_done, reports_steps, now - gen.started_at)
-    st.no_progress = 0 if progressed else st.no_progress + 1
     cls = incident.cls
+    outage = count_outage(st, str(cls), progressed, now)
+    if not outage:  # a service's outage at start-up has its own budget, not this one
+        st.no_progress = 0 if progressed else st.no_progress + 1
     if cls not in UNLOCALISED_CLASSES:
         for node in h.nodes:
             st.node_failures[node] = st.node_failures.get(node, 0) + 1
@@ -85,4 +88,28 @@ def ladder_facts(h: Handle, st: RunState, cfg: RunConfig, controller_node: str,
                           if h.diagnosis_failed else None),
         blamed_before=tuple(st.blamed),
         max_blamed=cfg.max_blamed_nodes or cfg.total_nodes,
-        side=h.side, diagnosis_passed=h.diagnosis_passed, time_limit_stalled=stalled)
+        side=h.side, diagnosis_passed=h.diagnosis_passed, time_limit_stalled=stalled,
+        outage_failures=st.outage_failures if outage else 0,
+        outage_s=now - st.outage_since if outage and st.outage_since is not None else 0.0,
+        outage_service=(service_of(incident.evidence, incident.evidence.get("line"))
+                        if outage else None),
+        outage_budget_s=cfg.outage_budget_s, outage_backoff_s=cfg.outage_backoff_s,
+        outage_backoff_max_s=cfg.outage_backoff_max_s)
+
+
+def count_outage(st: RunState, cls: str, progressed: bool, now: float) -> bool:
+    """Count a failure into the run's outage (outage.py); True when it is a service's
+    outage at start-up. Any other failure ends the outage, a time limit excepted (an
+    allocation's end says nothing about the service; the outage goes on after it)."""
+    if startup_outage(cls, progressed):
+        st.outage_since = now if st.outage_since is None else st.outage_since
+        st.outage_failures += 1
+        return True
+    if cls != IncidentClass.TIME_LIMIT:
+        end_outage(st)
+    return False
+
+
+def end_outage(st: RunState) -> None:
+    """The outage is over (a step finished, or a failure of another class)."""
+    st.outage_since, st.outage_failures, st.outage_not_before = None, 0, None

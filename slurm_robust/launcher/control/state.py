@@ -47,6 +47,13 @@ class RunState:
     # the same again at the next warning means an allocation that made no step.
     time_limit_step: int | None = None
     time_limits: int = 0
+    # An external service down at start-up (outage.py): when its first failure was
+    # decided, the start-up failures in a row so far, and the earliest time the next
+    # generation may start (the backoff; None: none pending). A failure of another
+    # class or a finished step clears them.
+    outage_since: float | None = None
+    outage_failures: int = 0
+    outage_not_before: float | None = None
     # Slurm's requeue count (SLURM_RESTART_COUNT) of the allocation whose controller last
     # wrote this state: a higher one with no incident open is a requeue the launcher did
     # not make (external_requeue.py). None: a state from before the count was kept.

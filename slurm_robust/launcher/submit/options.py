@@ -64,6 +64,16 @@ def add_robust_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-restarts", type=int, default=None, metavar="N",
                    help="restart budget, in-job restarts and Slurm requeues together "
                         f"(default {_D.max_restarts}; $SLURM_ROBUST_MAX_RESTARTS)")
+    p.add_argument("--outage-budget", type=float, default=None, metavar="S",
+                   help="how long an external service (model hub, object store) may be "
+                        "down at start-up before the run stops naming it; such start-up "
+                        "failures are retried after a backoff and do not count against "
+                        f"the restart or no-progress budgets (default {_D.outage_budget_s:g})")
+    p.add_argument("--outage-backoff", type=float, default=None, metavar="S",
+                   help="the first wait before restarting after such a failure, doubling "
+                        f"each time (default {_D.outage_backoff_s:g})")
+    p.add_argument("--outage-backoff-max", type=float, default=None, metavar="S",
+                   help=f"the longest such wait (default {_D.outage_backoff_max_s:g})")
     p.add_argument("--local-every", type=int, default=None, metavar="STEPS",
                    help="checkpoint to node-local disk every STEPS steps (default "
                         f"{_D.local_every}; 0: never); memory and peer copies are every step")
@@ -108,6 +118,9 @@ def build_config(args: argparse.Namespace, nodes: int, gpus_per_node: int | None
     for flag, key in (("spares", "spares"), ("hang_timeout", "hang_floor_s"),
                       ("hang_factor", "hang_factor"), ("max_restarts", "max_restarts"),
                       ("startup_timeout", "startup_timeout_s"),
+                      ("outage_budget", "outage_budget_s"),
+                      ("outage_backoff", "outage_backoff_s"),
+                      ("outage_backoff_max", "outage_backoff_max_s"),
                       ("local_every", "local_every"), ("durable_every", "durable_every"),
                       ("heartbeat_timeout", "heartbeat_timeout_s"),
                       ("fail_slow_interval", "fail_slow_interval_s"),

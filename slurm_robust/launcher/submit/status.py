@@ -143,11 +143,24 @@ def run_status(target: str) -> StatusReport:
         "verdicts": [{"node": v["node"], "class": v["class"], "reason": v["reason"]}
                      for v in verdicts],
         "events": len(events), "malformed_lines": read.malformed,
-        "pending": None if ends else (_pending(state.open_incident) or
-                                      _requeued_by_slurm(events[-1].get("job_id"), state,
-                                                         last.get("step"))),
+        "pending": None if ends else (_backing_off(state) or _pending(state.open_incident)
+                                      or _requeued_by_slurm(events[-1].get("job_id"), state,
+                                                            last.get("step"))),
         "hang_limits": dict(state.hang_limits) if state.declares_phases else {},
     }
+
+
+def _backing_off(state: RunState) -> str | None:
+    """A restart held back by an external service's outage at start-up
+    (control/outage.py): the service, and when the next attempt starts."""
+    if state.outage_not_before is None:
+        return None
+    incident = state.open_incident
+    outage = incident.evidence.get("outage") if incident is not None else None
+    service = outage.get("service") if isinstance(outage, dict) else None
+    when = time.strftime("%H:%M:%S", time.localtime(state.outage_not_before))
+    return (f"backing off: {service or 'an external service'} unreachable at start-up "
+            f"({state.outage_failures} attempt(s)); the next attempt starts at {when}")
 
 
 def _pending(incident: Incident | None) -> str | None:

@@ -148,3 +148,27 @@ def test_a_hang_is_declared_at_the_launchers_limit_for_the_chosen_rule() -> None
     single = simulate(replace(cfg, hang_phases=False)).job.incidents[0]
     assert phases.detected - phases.fault == pytest.approx(50.0)
     assert single.detected - single.fault == pytest.approx(100.0)
+
+
+def test_an_outage_at_start_up_takes_the_ladders_backoff_and_then_its_budget() -> None:
+    from dataclasses import replace
+
+    from slurm_robust.simulate.config import FailureClass
+    from slurm_robust.simulate.dists import fixed
+    from slurm_robust.simulate.job import LadderLimits
+
+    hub = FailureClass("hub", "external_service", 1.0, fixed(30.0), fixed(20.0))
+    # The first after 100 steps (as before: at once); the others before the next step.
+    trace = [incident(1000.5 + i, hub, index=i) for i in range(5)]
+    result = simulate(config(trace, spares=0))
+    first, *outage = result.job.incidents
+    assert first.rung == "in_place" and first.recovered - first.localized == 60.0
+    assert [r.rung for r in outage] == ["in_place"] * 4  # past max_no_progress (3)
+    assert [r.recovered - r.localized for r in outage] == [70.0, 80.0, 100.0, 140.0]
+    assert "restarting in place in 10 s" in outage[0].reason
+    # A budget of 200 s: the outage's third failure is decided 120 s after its first
+    # (70 s of recovery, 50 s of detection and localisation), the fourth 250 s after.
+    cfg = config(trace, spares=0, limits=replace(LadderLimits(), outage_budget_s=200.0))
+    rungs = simulate(cfg).job.incidents
+    assert [r.rung for r in rungs[:4]] == ["in_place"] * 3 + ["stop"]
+    assert rungs[3].reason.startswith("external service unreachable for 5 min: hub")
