@@ -131,5 +131,13 @@ class ReplayLost:
     incident: Incident
 
 
+@dataclass(frozen=True)
+class EndBackoff:
+    """A restart held back by an outage's backoff (outage.py) is due, or ``lost`` agents
+    of its slots end the wait early."""
+
+    lost: tuple[int, ...] = ()
+
+
 Action = (Wait | Finish | Handle | Restart | Capture | Diagnose | Concluded | Start
-          | BeginReplay | ReplayLost)
+          | BeginReplay | ReplayLost | EndBackoff)

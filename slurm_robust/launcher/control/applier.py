@@ -42,7 +42,7 @@ from slurm_robust.launcher.control.generation import (
 from slurm_robust.launcher.control.hot_update import HotUpdate
 from slurm_robust.launcher.control.ladder import Decision, Facts, decide
 from slurm_robust.launcher.control.listeners import Listener
-from slurm_robust.launcher.control.outage import OUTAGE_CLASSES
+from slurm_robust.launcher.control.outage import OUTAGE_CLASSES, Backoff
 from slurm_robust.launcher.control.outcome import RunOutcome
 from slurm_robust.launcher.control.plans import PlanContext, generation_plans, replay_plans
 from slurm_robust.launcher.control.requeue import (
@@ -102,17 +102,6 @@ class SlurmSide:
     #: How the job's previous allocation ended (sacct), read when this allocation
     #: follows a requeue the launcher did not make (external_requeue.py).
     previous_end: Callable[[str], AllocationEnd | None] = read_previous_end
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """A restart in place held back (an external service's outage at start-up,
-    outage.py): the generation starts on ``slots`` no earlier than ``not_before``. The
-    agents of the slots hold (workers stopped) meanwhile; the controller's tick goes on
-    answering them and checks the time (recovery.py), it never sleeps."""
-
-    slots: tuple[int, ...]
-    not_before: float
 
 
 @dataclass
@@ -214,7 +203,8 @@ class Applier:
             act.Handle: self.handle, act.Restart: self._restart,
             act.Capture: self.start_hang_capture, act.Diagnose: self.start_diagnosis,
             act.Concluded: self.conclude_diagnosis, act.Start: self.start_run,
-            act.BeginReplay: self.begin_replay, act.ReplayLost: self._replay_lost}
+            act.BeginReplay: self.begin_replay, act.ReplayLost: self._replay_lost,
+            act.EndBackoff: self.end_backoff}
         handler = handlers.get(type(action))
         if handler is not None:
             handler(action, now)
@@ -413,6 +403,9 @@ class Applier:
         ``diagnosis_failed``: stop-time diagnosis failed ``nodes``, blamed the same way."""
         if h.resume:
             self.enter(Phase.RUNNING)
+        # A new decision replaces a held-back restart (Slurm's time limit during the
+        # wait); state.json keeps its time, so a requeue's allocation waits out the rest.
+        self.backoff = None
         st = self.state
         incident = h.incident
         if h.revisits:
@@ -501,7 +494,7 @@ class Applier:
     def hold(self, slots: Sequence[int], not_before: float) -> None:
         """Start the next generation on ``slots`` no earlier than ``not_before``: their
         agents hold meanwhile (workers stopped; a plan for the next generation number, so
-        late exits of the failed one are not counted). The tick ends it (backoff_tick)."""
+        late exits of the failed one are not counted). The tick ends it (detectors.backing_off, end_backoff)."""
         self.backoff = Backoff(tuple(slots), not_before)
         self.state.outage_not_before = not_before
         gen = self.gen
@@ -518,16 +511,14 @@ class Applier:
                     "%.0f s", [self.members[i].node for i in slots],
                     not_before - self.clock())
 
-    def backoff_tick(self, now: float) -> None:
-        """The clock while a restart is held back: the generation starts once its time
-        has come. An agent of the slots lost meanwhile ends the wait at once: its
-        ``node_lost`` failure goes to the ladder (the next tick's detectors)."""
+    def end_backoff(self, e: act.EndBackoff, now: float) -> None:
+        """A held-back restart's time has come: its generation starts. An agent of the
+        slots lost meanwhile (``e.lost``) ends the wait at once: its ``node_lost``
+        failure goes to the ladder (the next tick's detectors)."""
         wait = self.backoff
         if wait is None:
             return
-        lost = [i for i in wait.slots if self.members[i].lost]
-        if not lost and now < wait.not_before:
-            return
+        lost = list(e.lost)
         self.backoff = None
         self.state.outage_not_before = None
         gen = self.gen

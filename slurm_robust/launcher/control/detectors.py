@@ -24,7 +24,7 @@ from slurm_robust.launcher.control.hang import capture_incident
 from slurm_robust.launcher.control.hot_update import HotUpdate
 from slurm_robust.launcher.control.listeners import MonitorListener
 from slurm_robust.launcher.control.nan_recovery import NanRecovery
-from slurm_robust.launcher.control.outage import startup_outage
+from slurm_robust.launcher.control.outage import Backoff, startup_outage
 from slurm_robust.launcher.control.policy import is_hung, made_progress
 from slurm_robust.launcher.control.state import RunState
 from slurm_robust.launcher.control.stop_diagnosis import (
@@ -99,6 +99,18 @@ class Detectors:
     # ------------------------------------------------------------------ detectors
     def bitwise(self, gen: Generation, now: float) -> act.Action | None:
         return self.nans.bitwise_tick(gen, now)
+
+    def backing_off(self, wait: Backoff, gen: Generation | None,
+                    now: float) -> act.Action:
+        """While a restart is held back (an outage's backoff): Slurm's time limit, then
+        the wait's end (its time, or an agent of its slots lost)."""
+        limit = self.time_limit(gen, now) if gen is not None else None
+        if limit is not None:
+            return limit
+        lost = tuple(i for i in wait.slots if self.run.members[i].lost)
+        if not lost and now < wait.not_before:
+            return act.Wait()
+        return act.EndBackoff(lost)
 
     def completion(self, gen: Generation, now: float) -> act.Action | None:
         if len(gen.succeeded) < len(gen.slots) * self.run.cfg.workers_per_node:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from slurm_robust.launcher.enums import IncidentClass
@@ -71,3 +72,14 @@ def minutes(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.0f} s"
     return f"{-(-int(seconds) // 60)} min"
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """A restart in place held back (an external service's outage at start-up,
+    outage.py): the generation starts on ``slots`` no earlier than ``not_before``. The
+    agents of the slots hold (workers stopped) meanwhile; the controller's tick goes on
+    answering them and checks the time (detectors.py), it never sleeps."""
+
+    slots: tuple[int, ...]
+    not_before: float

@@ -359,7 +359,10 @@ class Recovery:
             self.app.poll_requeue()
             return
         if self.app.backoff is not None and phase is Phase.RUNNING:
-            self._backoff_tick(now)
+            # A restart held back by an outage's backoff: only its end or Slurm's time
+            # limit is decided meanwhile.
+            if not self.ending.holds(now):
+                self._apply(self.detect.backing_off(self.app.backoff, self.gen, now), now)
             return
         gen = self.gen
         if gen is None or self.ending.holds(now):
@@ -377,20 +380,6 @@ class Recovery:
         elif phase is Phase.REPLAYING:
             self._apply(self.nans.replay_tick(gen, now), now)
         # DONE: nothing more to do
-
-    def _backoff_tick(self, now: float) -> None:
-        """A restart held back by an outage's backoff (applier.Backoff): nothing is
-        decided meanwhile but Slurm's time limit (a requeue carries the backoff over in
-        state.json); the generation starts when its time comes."""
-        gen = self.gen
-        if self.ending.holds(now):
-            return
-        limit = self.detect.time_limit(gen, now) if gen is not None else None
-        if limit is not None:
-            self.app.backoff = None  # the requeue's allocation waits out the rest
-            self._apply(limit, now)
-            return
-        self.app.backoff_tick(now)
 
     def _apply(self, action: act.Action | None, now: float) -> None:
         if action is not None:
