@@ -494,7 +494,8 @@ class Applier:
     def hold(self, slots: Sequence[int], not_before: float) -> None:
         """Start the next generation on ``slots`` no earlier than ``not_before``: their
         agents hold meanwhile (workers stopped; a plan for the next generation number, so
-        late exits of the failed one are not counted). The tick ends it (detectors.backing_off, end_backoff)."""
+        late exits of the failed one are not counted). The tick ends it: the detector
+        ``backing_off`` returns ``EndBackoff``, applied by :meth:`end_backoff`."""
         self.backoff = Backoff(tuple(slots), not_before)
         self.state.outage_not_before = not_before
         gen = self.gen
