@@ -359,7 +359,7 @@ class Agent:
         if self.plan is not None and self.plan.code_change:  # hot update: a recorded change
             ev = dataclasses.replace(ev, change_recorded=True)
         c = classify(ev)
-        evidence = dict(c.evidence)
+        evidence = c.evidence.copy()
         evidence["decided_by"] = c.source
         if got.skipped:
             evidence["not_consulted"] = got.skipped
