@@ -71,10 +71,25 @@ class NvmlEvidence(TypedDict, total=False):
     expected: int
 
 
+class TakeoverEvidence(TypedDict):
+    """How a successor took over from a lost controller (control/succession.py): the
+    ``controller`` event's ``takeover``, merged into the lost agents' failures too."""
+
+    controller_lost: bool
+    detected_by: str
+    previous_term: int
+    term: int
+    previous_agent: int | None
+    lease_age_s: float | None
+    slurm_node_state: str | None
+
+
 class ExitEvidence(TypedDict, total=False):
-    """A failed worker's ``evidence`` as the classifier writes it (each key only when its
-    source said something), plus what the agent adds: ``decided_by`` and
-    ``not_consulted`` (the sources it could not read, and why)."""
+    """A failed worker's ``evidence``: what the classifier wrote (each key only when its
+    source said something), what the agent adds (``decided_by``, ``not_consulted``: the
+    sources it could not read, and why); for a node the controller lost, how long it had
+    been silent and whether its connection closed, and after a controller takeover the
+    takeover's evidence (:class:`TakeoverEvidence`)."""
 
     exit_code: int | None
     signal: int | None
@@ -96,6 +111,15 @@ class ExitEvidence(TypedDict, total=False):
     classifier: ClassifierEvidence
     decided_by: str
     not_consulted: dict[str, str]
+    heartbeat_age_s: float
+    connection_closed: bool
+    controller_lost: bool
+    detected_by: str
+    previous_term: int
+    term: int
+    previous_agent: int | None
+    lease_age_s: float | None
+    slurm_node_state: str | None
 
 
 class FailedCheck(TypedDict):
@@ -114,3 +138,20 @@ class DiagnosisEvidence(TypedDict):
     budget_s: float
     failed: list[FailedCheck]
     ran: list[str]
+
+
+class StackSummary(TypedDict):
+    """What an agent reports of one stack capture on its node (``Report.stacks``): the
+    ranks it captured and why not, plus ``stacks.capture``'s summary once one ran."""
+
+    ranks: list[int]
+    error: str | None
+    schema: NotRequired[str]
+    v: NotRequired[int]
+    time: NotRequired[float]
+    capture_id: NotRequired[str]
+    node: NotRequired[str]
+    processes: NotRequired[int]
+    methods: NotRequired[dict[str, int]]
+    errors: NotRequired[dict[str, int]]
+    duration_s: NotRequired[float]

@@ -17,6 +17,7 @@ from slurm_robust.ckpt.config import TIERS
 from slurm_robust.launcher.control.failover import Takeover
 from slurm_robust.launcher.control.monitor import IdleHang
 from slurm_robust.launcher.messages import Incident, Progress, WorkerExit
+from slurm_robust.launcher.wire_records import StackSummary
 
 
 class Member(Protocol):
@@ -27,7 +28,7 @@ class Member(Protocol):
     addr: str
     last_seen: float
     lost: bool
-    stacks: dict[str, Any]
+    stacks: dict[str, StackSummary]
     states: dict[str, str | None]
 
 

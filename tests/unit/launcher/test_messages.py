@@ -14,11 +14,13 @@ from slurm_robust.errors import UsageError
 from slurm_robust.launcher.auth import client_handshake
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control.controller import Controller
+from slurm_robust.launcher.control.events import INCIDENT_FIELDS
 from slurm_robust.launcher.enums import Category, ProgressKind, Role, Rung
 from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.messages import (
     BadMessage,
     Incident,
+    IncidentRecord,
     Plan,
     Report,
     WorkerExit,
@@ -85,6 +87,7 @@ def test_an_incident_record_is_its_state_form_without_cut_short() -> None:
     rest = {k: v for k, v in full.items() if k != "_cut_short"}
     assert json.dumps(inc.record()) == json.dumps(rest)
     assert "_cut_short" not in earlier.to_json()
+    assert tuple(IncidentRecord.__annotations__) == INCIDENT_FIELDS
 
 
 def test_a_report_leaves_out_only_the_optional_fields_it_does_not_use() -> None:
