@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.enums import WorkPhase
@@ -268,7 +268,16 @@ class RunConfig:
         return cls(**{**raw, "command": tuple(raw["command"])})
 
 
-def env_defaults(environ: dict[str, str] | None = None) -> dict[str, Any]:
+class EnvDefaults(TypedDict, total=False):
+    """The RunConfig options the environment may set (each only when its variable is)."""
+
+    spares: int
+    hang_floor_s: float
+    local_every: int
+    max_restarts: int
+
+
+def env_defaults(environ: dict[str, str] | None = None) -> EnvDefaults:
     """Defaults from the environment (the SPANK plugin exports these for `launch`):
     ``SLURM_ROBUST_SPARES``, ``SLURM_ROBUST_HANG_TIMEOUT`` (the hang floor, seconds),
     ``SLURM_ROBUST_CKPT_EVERY`` (the node-local disk tier's cadence; memory and peer
@@ -277,17 +286,25 @@ def env_defaults(environ: dict[str, str] | None = None) -> dict[str, Any]:
     Raises UsageError naming the variable when a value is not a plain whole number.
     """
     env = os.environ if environ is None else environ
-    out: dict[str, Any] = {}
-    for var, key in ((SPARES_ENV, "spares"), (HANG_TIMEOUT_ENV, "hang_floor_s"),
-                     (CKPT_EVERY_ENV, "local_every"), (MAX_RESTARTS_ENV, "max_restarts")):
+
+    def whole(var: str) -> str | None:
         text = env.get(var)
-        if text is None:
-            continue
         # The SPANK plugin's rule (spank/README.md): plain decimal digits, no sign, no
         # unit; a user can export these by hand, so they are checked again here.
-        if not _DECIMAL.match(text):
+        if text is not None and not _DECIMAL.match(text):
             raise UsageError(f"{var}={text!r} is not a whole number (digits only)")
-        out[key] = float(text) if key == "hang_floor_s" else int(text)
+        return text
+
+    out: EnvDefaults = {}
+    # One variable at a time, in this order: the first bad one is the one named.
+    if (text := whole(SPARES_ENV)) is not None:
+        out["spares"] = int(text)
+    if (text := whole(HANG_TIMEOUT_ENV)) is not None:
+        out["hang_floor_s"] = float(text)
+    if (text := whole(CKPT_EVERY_ENV)) is not None:
+        out["local_every"] = int(text)
+    if (text := whole(MAX_RESTARTS_ENV)) is not None:
+        out["max_restarts"] = int(text)
     if out.get("hang_floor_s") == 0:
         raise UsageError(f"{HANG_TIMEOUT_ENV}=0: use at least 1 second")
     return out

@@ -30,7 +30,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar, TypedDict, TypeVar
+from typing import Any, ClassVar, NotRequired, TypedDict, TypeVar
 
 from slurm_robust.launcher.enums import (
     Category,
@@ -358,8 +358,8 @@ class Report(Message):
     exits: list[WorkerExit] = field(default_factory=list)
     progress: list[Progress] = field(default_factory=list)
     states: dict[str, str | None] = field(default_factory=dict)
-    # open-ended: capture id -> StackSummary as the agent sent it; the values are not
-    # checked at the boundary (the controller only asks which captures are done)
+    # Capture id -> wire_records.StackSummary; the controller only asks which are done.
+    # open-ended: the agent's summaries, unchecked at the boundary (values are not read)
     stacks: dict[str, Any] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     sample: NodeSample | None = None
@@ -522,6 +522,13 @@ IncidentRecord = TypedDict("IncidentRecord", {
 """An incident as the event log records it (docs/SCHEMAS.md), in the documented order."""
 
 
+class IncidentState(IncidentRecord):
+    """An incident as ``state.json`` keeps an open one: the record, plus the incidents it
+    cut short while it carries any (``Incident.to_json``)."""
+
+    _cut_short: NotRequired[list[IncidentState]]
+
+
 @dataclass
 class Incident(Message):
     """An incident record (docs/SCHEMAS.md); ``to_json`` keeps the documented order."""
@@ -553,6 +560,13 @@ class Incident(Message):
         # ``to_json`` is the record plus ``_cut_short`` while it carries earlier incidents
         # (the form ``state.json`` keeps an open incident in).
         return f.name != "cut_short" or bool(value)
+
+    def state(self) -> IncidentState:
+        """``to_json`` with its keys said: the record, then ``_cut_short`` if any."""
+        out: IncidentState = {**self.record()}
+        if self.cut_short:
+            out["_cut_short"] = [earlier.state() for earlier in self.cut_short]
+        return out
 
     def record(self) -> IncidentRecord:
         """The event log's incident record: the documented fields, in their order."""

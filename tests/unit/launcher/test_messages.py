@@ -87,6 +87,8 @@ def test_an_incident_record_is_its_state_form_without_cut_short() -> None:
     rest = {k: v for k, v in full.items() if k != "_cut_short"}
     assert json.dumps(inc.record()) == json.dumps(rest)
     assert "_cut_short" not in earlier.to_json()
+    assert json.dumps(inc.state()) == json.dumps(full)
+    assert json.dumps(earlier.state()) == json.dumps(earlier.to_json())
     assert tuple(IncidentRecord.__annotations__) == INCIDENT_FIELDS
 
 

@@ -24,7 +24,7 @@ import slurm_robust.launcher
 LAUNCHER = Path(slurm_robust.launcher.__file__).parent
 CEILING = 30
 # The reason must say something: a few words after the colon.
-JUSTIFIED = re.compile(r"open-ended\s*[:\-\u2014]\s*\S.{8,}")
+JUSTIFIED = re.compile(r"open-ended\s*[:\-\u2014]\s*\S.{8,}", re.IGNORECASE)
 
 
 def _is_name(node: ast.expr, *names: str) -> bool:
