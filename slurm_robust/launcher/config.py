@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.enums import WorkPhase
@@ -25,6 +25,53 @@ HANG_TIMEOUT_ENV = "SLURM_ROBUST_HANG_TIMEOUT"
 MAX_RESTARTS_ENV = "SLURM_ROBUST_MAX_RESTARTS"
 CKPT_EVERY_ENV = "SLURM_ROBUST_CKPT_EVERY"
 _DECIMAL = re.compile(r"^(0|[1-9][0-9]{0,8})$")
+
+
+class RunConfigRecord(TypedDict):
+    """``config.json``: a RunConfig as the submitter writes it, one key per field in the
+    field order (tuples as lists)."""
+
+    command: list[str]
+    run_dir: str
+    nodes: int
+    spares: int
+    workers_per_node: int
+    hang_floor_s: float
+    hang_factor: float
+    hang_limits: dict[str, float]
+    startup_timeout_s: float
+    heartbeat_s: float
+    heartbeat_timeout_s: float
+    max_restarts: int
+    warn_before_s: float
+    max_no_progress: int
+    node_failures_to_blame: int
+    max_blamed_nodes: int | None
+    spike_factor: float
+    step_events_per_s: float
+    local_every: int
+    durable_every: int
+    peer_backup: bool
+    peer_slots: int
+    master_port: int
+    controller_port: int
+    site_config: str | None
+    env: dict[str, str]
+    stack_method: str
+    grace_s: float
+    drain: bool
+    prewarm: list[str]
+    fail_slow: bool
+    fail_slow_interval_s: float
+    fail_slow_window: int
+    fail_slow_min_votes: int
+    fail_slow_factor: float
+    fail_slow_min_excess_s: float
+    resume_args: list[str]
+    resume_if_exists: str | None
+    auto_steps: bool
+    nan_policy: str
+    on_shortfall: str
 
 
 @dataclass(frozen=True)
@@ -251,14 +298,16 @@ class RunConfig:
     def total_nodes(self) -> int:
         return self.nodes + self.spares
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> RunConfigRecord:
         out = asdict(self)
         out["command"] = list(self.command)
         out["prewarm"] = list(self.prewarm)
         out["resume_args"] = list(self.resume_args)
-        return out
+        # asdict gives one key per field, as RunConfigRecord says (a test keeps them alike).
+        return cast(RunConfigRecord, out)
 
     @classmethod
+    # open-ended: config.json as read, before its keys are checked against the fields
     def from_dict(cls, raw: dict[str, Any]) -> RunConfig:
         """Build from a dict, rejecting unknown keys (listing the valid ones)."""
         known = {f.name for f in fields(cls)}

@@ -90,6 +90,7 @@ class Generation:
     announced: bool = False
     diagnosis: PendingDiagnosis | None = None
     #: Each rank's anomaly line (the NaN ladder: where a NaN began).
+    # open-ended: the line's keys are what the training script wrote (Progress.extra)
     anomalies: dict[int, dict[str, Any]] = field(default_factory=dict)
     #: Each rank's bitwise reference digest, when this attempt was asked for one.
     bitwise: dict[int, str] = field(default_factory=dict)

@@ -20,6 +20,8 @@ import tokenize
 from pathlib import Path
 
 import slurm_robust.launcher
+from slurm_robust.launcher.config import RunConfig, RunConfigRecord
+from slurm_robust.launcher.control.state import RunState, StateRecord
 
 LAUNCHER = Path(slurm_robust.launcher.__file__).parent
 CEILING = 30
@@ -147,3 +149,11 @@ def test_open_dicts_say_why() -> None:
     _, bare = scan(LAUNCHER)
     assert not bare, ("dict[str, Any] without a '# open-ended: <why>' comment on its line "
                       "or the line above:\n" + "\n".join(bare))
+
+
+def test_records_made_by_asdict_have_their_typeddicts_keys() -> None:
+    # RunConfig.to_dict and RunState.to_dict cast asdict's output to a TypedDict: the
+    # TypedDict must name every field, in order, and nothing else.
+    cfg = RunConfig(command=("python", "train.py"), run_dir="/tmp/run")
+    assert list(cfg.to_dict()) == list(RunConfigRecord.__annotations__)
+    assert list(RunState().to_dict()) == list(StateRecord.__annotations__)
