@@ -45,6 +45,9 @@ class RunConfigRecord(TypedDict):
     max_restarts: int
     warn_before_s: float
     max_no_progress: int
+    outage_budget_s: float
+    outage_backoff_s: float
+    outage_backoff_max_s: float
     node_failures_to_blame: int
     max_blamed_nodes: int | None
     spike_factor: float

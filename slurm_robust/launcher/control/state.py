@@ -43,6 +43,9 @@ class StateRecord(TypedDict):
     no_progress: int
     time_limit_step: int | None
     time_limits: int
+    outage_since: float | None
+    outage_failures: int
+    outage_not_before: float | None
     restart_count: int | None
     slurm_ending_at: float | None
     open_incident: IncidentState | None
