@@ -27,6 +27,7 @@ import hashlib
 import hmac
 import os
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -111,17 +112,18 @@ def _mac(secret: bytes, role: str, first: str, second: str) -> bytes:
 
 
 class _Chan(Protocol):
-    def send(self, message: dict[str, Any]) -> None: ...
+    def send(self, message: Mapping[str, object]) -> None: ...
+    # open-ended: a peer's raw wire JSON, checked by _field before any use
     def recv(self) -> dict[str, Any]: ...
 
 
-def _field(msg: dict[str, Any], kind: str, name: str) -> str:
+def _field(msg: Mapping[str, object], kind: str, name: str) -> str:
     if msg.get("auth") != kind or not isinstance(msg.get(name), str):
         raise AuthError(f"expected an auth {kind!r} message with {name!r}")
     return str(msg[name])
 
 
-def _nonce(msg: dict[str, Any], kind: str) -> str:
+def _nonce(msg: Mapping[str, object], kind: str) -> str:
     nonce = _field(msg, kind, "nonce")
     if len(nonce) != _NONCE_HEX or not set(nonce) <= _HEX:
         raise AuthError(f"the auth {kind!r} nonce is not {_NONCE_HEX} hex digits")

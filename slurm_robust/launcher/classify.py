@@ -30,10 +30,15 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, NotRequired, TypedDict
+from typing import Any
 
 from slurm_robust.health.errors import NoNVMLError
 from slurm_robust.health.kernel_formats import KernelEventKind, parse_text
+from slurm_robust.launcher.wire_records import (
+    ClassifierEvidence,
+    ExitEvidence,
+    NvmlReadings,
+)
 from slurm_robust.taxonomy import (
     ROWS,
     TABLE,
@@ -80,17 +85,6 @@ class Strength(IntEnum):
     @property
     def label(self) -> str:
         return self.name.lower()
-
-
-class ClassifierEvidence(TypedDict):
-    """``evidence.classifier`` of an incident (docs/SCHEMAS.md): why this class."""
-
-    rule: str
-    strength: str
-    line: str
-    source: str
-    side: str
-    outranked: NotRequired[list[str]]  # other log rules that matched, weaker or later
 
 
 @dataclass(frozen=True)
@@ -587,7 +581,7 @@ class Classification:
     secondary: bool = False
     signature: str | None = None
     line: str = ""
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: ExitEvidence = field(default_factory=ExitEvidence)
     side: str = Side.UNKNOWN.value
     action: str = Action.REATTEMPT.value
     source: str = "exit"  # which evidence decided: sentinel, nvml, kernel, log, exit
@@ -611,7 +605,7 @@ def classify(ev: Evidence) -> Classification:
     exit the evidence names no cause for (see :func:`_change_explains`)."""
     c = _classify(ev)
     if ev.change_recorded and _change_explains(c):
-        evidence = {**c.evidence, "change_recorded": True, "error_class": c.cls}
+        evidence: ExitEvidence = {**c.evidence, "change_recorded": True, "error_class": c.cls}
         return _make(F.CODE_DATA_CHANGE, evidence, c.line, "change",
                      signature=f"{F.CODE_DATA_CHANGE.value}:{c.signature}",
                      rule="change_record", strength=Strength[c.strength.upper()])
@@ -639,12 +633,14 @@ def _change_explains(c: Classification) -> bool:
 
 def _classify(ev: Evidence) -> Classification:
     code, sig = _exit_status(ev)
-    evidence: dict[str, Any] = {"exit_code": code, "signal": sig}
+    evidence: ExitEvidence = {"exit_code": code, "signal": sig}
     if sig is not None:
         evidence["signal_name"] = _signame(sig)
     if ev.task_exit is not None:
-        evidence["task_exit"] = {k: ev.task_exit.get(k) for k in
-                                 ("node", "job_id", "step_id", "task_id", "wait_status")}
+        te = ev.task_exit
+        evidence["task_exit"] = {"node": te.get("node"), "job_id": te.get("job_id"),
+                                 "step_id": te.get("step_id"), "task_id": te.get("task_id"),
+                                 "wait_status": te.get("wait_status")}
     log = _normalise(ev.log_tail)
     last = _last_line(log)
     if code == EXIT_NONFINITE:
@@ -734,7 +730,7 @@ def _strongest(matches: Sequence[tuple[Rule, str]]) -> tuple[Rule, str]:
     return next(m for m in matches if m[0].strength == best)
 
 
-def nvml_evidence(view: Any) -> dict[str, Any]:
+def nvml_evidence(view: Any) -> NvmlReadings:
     """Read the GPU probes the classifier uses through a health ProbeView
     (``Probes(...).view()``); {} on a node without NVML (nothing injected)."""
     try:
@@ -767,7 +763,7 @@ def last_exception(log_tail: str) -> tuple[str, str, str] | None:
     return None
 
 
-def _make(cls: FailureClass, evidence: dict[str, Any], line: str, source: str,
+def _make(cls: FailureClass, evidence: ExitEvidence, line: str, source: str,
           side: Side | None = None, secondary: bool = False,
           signature: str | None = None, rule: str = "exit_status",
           strength: Strength = Strength.GENERIC,
@@ -800,7 +796,7 @@ def _exit_status(ev: Evidence) -> tuple[int | None, int | None]:
     return code, sig
 
 
-def _nvml_verdict(ev: Evidence, evidence: dict[str, Any]) -> tuple[FailureClass, str] | None:
+def _nvml_verdict(ev: Evidence, evidence: ExitEvidence) -> tuple[FailureClass, str] | None:
     nv = ev.nvml or {}
     ecc = [int(n) for n in (nv.get("ecc_uncorrectable") or []) if n]
     if ecc:
@@ -832,7 +828,7 @@ _KERNEL_CLASSES: tuple[tuple[KernelEventKind, FailureClass], ...] = (
 
 
 def _kernel_verdict(kernel_log: Sequence[str], sig: int | None,
-                    evidence: dict[str, Any]) -> tuple[FailureClass, str] | None:
+                    evidence: ExitEvidence) -> tuple[FailureClass, str] | None:
     """The class the node's kernel messages name, and the line, or None.
 
     Only kernel-originated formats anchored at the start of a message count
@@ -866,7 +862,7 @@ def _kernel_verdict(kernel_log: Sequence[str], sig: int | None,
     return None
 
 
-def _xid_verdict(text: str, evidence: dict[str, Any]) -> tuple[FailureClass, str] | None:
+def _xid_verdict(text: str, evidence: ExitEvidence) -> tuple[FailureClass, str] | None:
     """The first hardware Xid in ``text`` (else an application one) and its line."""
     app = None
     for line in text.splitlines():

@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.enums import WorkPhase
@@ -25,6 +25,56 @@ HANG_TIMEOUT_ENV = "SLURM_ROBUST_HANG_TIMEOUT"
 MAX_RESTARTS_ENV = "SLURM_ROBUST_MAX_RESTARTS"
 CKPT_EVERY_ENV = "SLURM_ROBUST_CKPT_EVERY"
 _DECIMAL = re.compile(r"^(0|[1-9][0-9]{0,8})$")
+
+
+class RunConfigRecord(TypedDict):
+    """``config.json``: a RunConfig as the submitter writes it, one key per field in the
+    field order (tuples as lists)."""
+
+    command: list[str]
+    run_dir: str
+    nodes: int
+    spares: int
+    workers_per_node: int
+    hang_floor_s: float
+    hang_factor: float
+    hang_limits: dict[str, float]
+    startup_timeout_s: float
+    heartbeat_s: float
+    heartbeat_timeout_s: float
+    max_restarts: int
+    warn_before_s: float
+    max_no_progress: int
+    outage_budget_s: float
+    outage_backoff_s: float
+    outage_backoff_max_s: float
+    node_failures_to_blame: int
+    max_blamed_nodes: int | None
+    spike_factor: float
+    step_events_per_s: float
+    local_every: int
+    durable_every: int
+    peer_backup: bool
+    peer_slots: int
+    master_port: int
+    controller_port: int
+    site_config: str | None
+    env: dict[str, str]
+    stack_method: str
+    grace_s: float
+    drain: bool
+    prewarm: list[str]
+    fail_slow: bool
+    fail_slow_interval_s: float
+    fail_slow_window: int
+    fail_slow_min_votes: int
+    fail_slow_factor: float
+    fail_slow_min_excess_s: float
+    resume_args: list[str]
+    resume_if_exists: str | None
+    auto_steps: bool
+    nan_policy: str
+    on_shortfall: str
 
 
 @dataclass(frozen=True)
@@ -251,14 +301,16 @@ class RunConfig:
     def total_nodes(self) -> int:
         return self.nodes + self.spares
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> RunConfigRecord:
         out = asdict(self)
         out["command"] = list(self.command)
         out["prewarm"] = list(self.prewarm)
         out["resume_args"] = list(self.resume_args)
-        return out
+        # asdict gives one key per field, as RunConfigRecord says (a test keeps them alike).
+        return cast(RunConfigRecord, out)
 
     @classmethod
+    # open-ended: config.json as read, before its keys are checked against the fields
     def from_dict(cls, raw: dict[str, Any]) -> RunConfig:
         """Build from a dict, rejecting unknown keys (listing the valid ones)."""
         known = {f.name for f in fields(cls)}
@@ -268,7 +320,16 @@ class RunConfig:
         return cls(**{**raw, "command": tuple(raw["command"])})
 
 
-def env_defaults(environ: dict[str, str] | None = None) -> dict[str, Any]:
+class EnvDefaults(TypedDict, total=False):
+    """The RunConfig options the environment may set (each only when its variable is)."""
+
+    spares: int
+    hang_floor_s: float
+    local_every: int
+    max_restarts: int
+
+
+def env_defaults(environ: dict[str, str] | None = None) -> EnvDefaults:
     """Defaults from the environment (the SPANK plugin exports these for `launch`):
     ``SLURM_ROBUST_SPARES``, ``SLURM_ROBUST_HANG_TIMEOUT`` (the hang floor, seconds),
     ``SLURM_ROBUST_CKPT_EVERY`` (the node-local disk tier's cadence; memory and peer
@@ -277,17 +338,25 @@ def env_defaults(environ: dict[str, str] | None = None) -> dict[str, Any]:
     Raises UsageError naming the variable when a value is not a plain whole number.
     """
     env = os.environ if environ is None else environ
-    out: dict[str, Any] = {}
-    for var, key in ((SPARES_ENV, "spares"), (HANG_TIMEOUT_ENV, "hang_floor_s"),
-                     (CKPT_EVERY_ENV, "local_every"), (MAX_RESTARTS_ENV, "max_restarts")):
+
+    def whole(var: str) -> str | None:
         text = env.get(var)
-        if text is None:
-            continue
         # The SPANK plugin's rule (spank/README.md): plain decimal digits, no sign, no
         # unit; a user can export these by hand, so they are checked again here.
-        if not _DECIMAL.match(text):
+        if text is not None and not _DECIMAL.match(text):
             raise UsageError(f"{var}={text!r} is not a whole number (digits only)")
-        out[key] = float(text) if key == "hang_floor_s" else int(text)
+        return text
+
+    out: EnvDefaults = {}
+    # One variable at a time, in this order: the first bad one is the one named.
+    if (text := whole(SPARES_ENV)) is not None:
+        out["spares"] = int(text)
+    if (text := whole(HANG_TIMEOUT_ENV)) is not None:
+        out["hang_floor_s"] = float(text)
+    if (text := whole(CKPT_EVERY_ENV)) is not None:
+        out["local_every"] = int(text)
+    if (text := whole(MAX_RESTARTS_ENV)) is not None:
+        out["max_restarts"] = int(text)
     if out.get("hang_floor_s") == 0:
         raise UsageError(f"{HANG_TIMEOUT_ENV}=0: use at least 1 second")
     return out

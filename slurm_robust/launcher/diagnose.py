@@ -22,12 +22,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, TypedDict
+from typing import Any
 
 from slurm_robust.health.framework import QUICK, CheckContext, CheckResult, Status, run_check
 from slurm_robust.health.journal import journal_path, make_records, write_run
 from slurm_robust.health.probes import Probes
 from slurm_robust.health.suite import failure_reason, plan_suite
+from slurm_robust.launcher.wire_records import DiagnosisEvidence
 from slurm_robust.site_config import SiteConfig, load_site_config
 
 #: The self-test: deep checks short enough to run while the job waits, with smaller sizes.
@@ -48,24 +49,6 @@ class NextStep(StrEnum):
     EVICT = "evict"            # the node failed its checks
     REATTEMPT = "reattempt"    # the node passed: restart in place on it
     STOP_USER = "stop_user"    # passed before, and the same signature came back
-
-
-class FailedCheck(TypedDict):
-    check: str
-    reason: str
-    evidence: dict[str, object]
-
-
-class DiagnosisEvidence(TypedDict):
-    """What a verdict or an incident records about one diagnosis."""
-
-    node: str
-    passed: bool
-    complete: bool
-    elapsed_s: float
-    budget_s: float
-    failed: list[FailedCheck]
-    ran: list[str]
 
 
 @dataclass(frozen=True)

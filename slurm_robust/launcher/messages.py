@@ -30,7 +30,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NotRequired, TypedDict, TypeVar
 
 from slurm_robust.launcher.enums import (
     Category,
@@ -40,6 +40,7 @@ from slurm_robust.launcher.enums import (
     Severity,
     WorkPhase,
 )
+from slurm_robust.launcher.wire_records import DiagnosisEvidence, ExitEvidence
 from slurm_robust.taxonomy import Action, Side
 
 T = TypeVar("T", bound="Message")
@@ -74,6 +75,9 @@ def _type_ok(value: Any, hint: Any) -> bool:
         key, item = typing.get_args(hint)
         return isinstance(value, dict) and all(_type_ok(k, key) and _type_ok(v, item)
                                                for k, v in value.items())
+    if typing.is_typeddict(hint):
+        # A record's keys are documented, not checked here: its reader reads what it needs.
+        return isinstance(value, dict)
     if isinstance(hint, type) and issubclass(hint, StrEnum):
         return isinstance(value, str) and value in hint._value2member_map_
     if isinstance(hint, type) and issubclass(hint, Message):
@@ -126,6 +130,7 @@ class Message:
         where = where or cls.NAME
         if not isinstance(raw, Mapping):
             raise BadMessage(f"{where}: expected a JSON object, got {type(raw).__name__}")
+        # open-ended: the keyword arguments of whichever message class decodes here
         values: dict[str, Any] = {}
         for name, key, required, hint in _wire_fields(cls):
             if key not in raw:
@@ -144,14 +149,15 @@ class Message:
     def validate(self, where: str) -> None:
         """Checks across fields (a subclass adds its own)."""
 
+    # open-ended: shared by every message kind; each kind's fields are its keys
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if self.LEAN and _is_default(f, value):
-                continue
-            out[f.metadata.get("wire", f.name)] = _to_wire(value)
-        return out
+        values = ((f, getattr(self, f.name)) for f in dataclasses.fields(self))
+        return {f.metadata.get("wire", f.name): _to_wire(value) for f, value in values
+                if self._on_wire(f, value)}
+
+    def _on_wire(self, f: dataclasses.Field[Any], value: object) -> bool:
+        """Whether ``to_json`` writes this field (a kind leaves some out)."""
+        return not (self.LEAN and _is_default(f, value))
 
 
 @functools.cache
@@ -167,7 +173,7 @@ def _wire_fields(cls: type[Message]) -> tuple[tuple[str, str, bool, Any], ...]:
                   hints[f.name]) for f in dataclasses.fields(cls))
 
 
-def _is_default(f: dataclasses.Field[Any], value: Any) -> bool:
+def _is_default(f: dataclasses.Field[Any], value: object) -> bool:
     if f.default is not dataclasses.MISSING:
         return bool(value == f.default)
     if f.default_factory is not dataclasses.MISSING:
@@ -203,6 +209,7 @@ class Progress(Message):
     # and, for a user section, its name.
     phase: WorkPhase | None = None
     section: str | None = None
+    # open-ended: whatever else the training script wrote on the line
     extra: dict[str, Any] = field(default_factory=dict)
 
     KNOWN: ClassVar[frozenset[str]] = frozenset(
@@ -222,10 +229,15 @@ class Progress(Message):
             raise BadMessage(f"{where}: a section name must have 1..{SECTION_NAME_MAX} "
                              "characters")
 
+    # open-ended: the line as the worker wrote it, extra keys included
     def to_json(self) -> dict[str, Any]:
         out = {k: v for k, v in super().to_json().items() if k != "extra"}
         out = {k: v for k, v in out.items() if v is not None}
         return {**self.extra, **out}
+
+
+#: What a successful worker exit carries on the wire.
+_SUCCESS_FIELDS = frozenset({"rank", "gen", "exit_code", "signal", "time"})
 
 
 @dataclass
@@ -245,7 +257,7 @@ class WorkerExit(Message):
     secondary: bool = False
     signature: str | None = None
     line: str | None = None
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: ExitEvidence = field(default_factory=ExitEvidence)
     log: str | None = None
     # Whose fault the classifier thinks it is and its first response (slurm_robust.taxonomy);
     # optional on the wire so an older agent's report still reads (recovery then takes the
@@ -261,11 +273,9 @@ class WorkerExit(Message):
             raise BadMessage(f"{where}: action 'evict' needs side 'infrastructure', "
                              f"got {self.side.value!r}")
 
-    def to_json(self) -> dict[str, Any]:
-        if self.exit_code == 0:
-            return {"rank": self.rank, "gen": self.gen, "exit_code": 0,
-                    "signal": self.signal, "time": self.time}
-        return super().to_json()
+    def _on_wire(self, f: dataclasses.Field[Any], value: object) -> bool:
+        # A success is the exit alone: no classification to carry.
+        return self.exit_code != 0 or f.name in _SUCCESS_FIELDS
 
 
 @dataclass
@@ -282,6 +292,7 @@ class Finding(Message):
     reason: str
     time: float
     cls: str | None = field(default=None, metadata={"wire": "class"})
+    # open-ended: each check writes its own evidence (slurm_robust.health checks)
     evidence: dict[str, Any] = field(default_factory=dict)
 
     def validate(self, where: str) -> None:
@@ -319,7 +330,8 @@ class DiagnosisReport(Message):
     complete: bool
     elapsed_s: float
     reason: str = ""
-    evidence: dict[str, Any] = field(default_factory=dict)
+    # Empty only from an agent that sent none (the wire allows it).
+    evidence: DiagnosisEvidence = field(default_factory=dict)
 
     def validate(self, where: str) -> None:
         if self.elapsed_s < 0:
@@ -346,6 +358,8 @@ class Report(Message):
     exits: list[WorkerExit] = field(default_factory=list)
     progress: list[Progress] = field(default_factory=list)
     states: dict[str, str | None] = field(default_factory=dict)
+    # Capture id -> wire_records.StackSummary; the controller only asks which are done.
+    # open-ended: the agent's summaries, unchecked at the boundary (values are not read)
     stacks: dict[str, Any] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     sample: NodeSample | None = None
@@ -368,23 +382,15 @@ class Report(Message):
         if self.plan_id is not None and not 0 < len(self.plan_id) <= MAX_PLAN_ID:
             raise BadMessage(f"{where}: 'plan_id' must be 1-{MAX_PLAN_ID} characters")
 
-    def to_json(self) -> dict[str, Any]:
+    def _on_wire(self, f: dataclasses.Field[Any], value: object) -> bool:
         # The monitor's fields only when they carry something: older controllers and the
-        # documented wire stay as they were for agents without findings.
-        out = super().to_json()
-        if not out["findings"]:
-            del out["findings"]
-        if out["sample"] is None:
-            del out["sample"]
-        if not out["term"]:  # controller failover: only once a controller term is known
-            del out["term"]
-        if out["warned"] is None:
-            del out["warned"]
-        if out["ending"] is None:
-            del out["ending"]
-        if out["plan_id"] is None:
-            del out["plan_id"]
-        return out
+        # documented wire stay as they were for agents without findings. ``term``
+        # (controller failover) only once a controller term is known.
+        if f.name in ("findings", "term"):
+            return bool(value)
+        if f.name in ("sample", "warned", "ending", "plan_id"):
+            return value is not None
+        return True
 
 
 @dataclass
@@ -490,6 +496,7 @@ class Reply(Message):
             raise BadMessage(f"{where}: an empty plan has no 'plan_id'")
         return cls(plan=plan, plan_id=plan_id)
 
+    # open-ended: Message.to_json's signature; the two forms are the docstring's
     def to_json(self) -> dict[str, Any]:
         if self.unchanged:
             return {"unchanged": True, "plan_id": self.plan_id}
@@ -502,6 +509,24 @@ def plan_from_reply(raw: Any) -> Plan | None:
     if not isinstance(raw, Mapping) or "plan" not in raw:
         raise BadMessage("reply: expected an object with 'plan'")
     return Plan.from_json(raw["plan"]) if raw["plan"] else None
+
+
+# Functional form: "class" is a keyword.
+IncidentRecord = TypedDict("IncidentRecord", {
+    "incident": str, "category": str, "class": str, "fault_time": float | None,
+    "detected_at": float, "localized_at": float | None, "recovered_at": float | None,
+    "rung": str | None, "nodes": list[str], "ranks": list[int], "last_step": int | None,
+    "restored_step": int | None, "restore_tier": str | None, "steps_lost": int | None,
+    # open-ended: each detector and rung adds its own keys (docs/SCHEMAS.md, incidents)
+    "evidence": dict[str, Any]})
+"""An incident as the event log records it (docs/SCHEMAS.md), in the documented order."""
+
+
+class IncidentState(IncidentRecord):
+    """An incident as ``state.json`` keeps an open one: the record, plus the incidents it
+    cut short while it carries any (``Incident.to_json``)."""
+
+    _cut_short: NotRequired[list[IncidentState]]
 
 
 @dataclass
@@ -524,22 +549,32 @@ class Incident(Message):
     restored_step: int | None = None
     restore_tier: str | None = None
     steps_lost: int | None = 0
+    # open-ended: each detector and rung adds its own keys (docs/SCHEMAS.md, incidents)
     evidence: dict[str, Any] = field(default_factory=dict)
     #: Earlier incidents this one cut short (control/accounting.py): they ride inside it,
     #: in ``state.json`` too, until it recovers; then each is written before it.
     cut_short: list[Incident] = field(default_factory=list,
                                       metadata={"wire": "_cut_short"})
 
-    def to_json(self) -> dict[str, Any]:
-        """The record, plus ``_cut_short`` while it carries earlier incidents (the form
-        ``state.json`` keeps an open incident in)."""
-        out = super().to_json()
-        if not self.cut_short:
-            del out["_cut_short"]
+    def _on_wire(self, f: dataclasses.Field[Any], value: object) -> bool:
+        # ``to_json`` is the record plus ``_cut_short`` while it carries earlier incidents
+        # (the form ``state.json`` keeps an open incident in).
+        return f.name != "cut_short" or bool(value)
+
+    def state(self) -> IncidentState:
+        """``to_json`` with its keys said: the record, then ``_cut_short`` if any."""
+        out: IncidentState = {**self.record()}
+        if self.cut_short:
+            out["_cut_short"] = [earlier.state() for earlier in self.cut_short]
         return out
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> IncidentRecord:
         """The event log's incident record: the documented fields, in their order."""
-        out = super().to_json()
-        del out["_cut_short"]
-        return out
+        return {"incident": self.incident, "category": _to_wire(self.category),
+                "class": self.cls, "fault_time": self.fault_time,
+                "detected_at": self.detected_at, "localized_at": self.localized_at,
+                "recovered_at": self.recovered_at, "rung": _to_wire(self.rung),
+                "nodes": _to_wire(self.nodes), "ranks": _to_wire(self.ranks),
+                "last_step": self.last_step, "restored_step": self.restored_step,
+                "restore_tier": self.restore_tier, "steps_lost": self.steps_lost,
+                "evidence": self.evidence}

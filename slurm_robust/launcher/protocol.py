@@ -42,7 +42,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -78,6 +78,7 @@ def _opt_num(v: Any) -> bool:
 _EXIT_STR_FIELDS = ("class", "category")
 
 
+# open-ended: an agent's raw wire JSON, the very thing this checks
 def check_report(msg: dict[str, Any], world_size: int) -> None:
     """Raise BadMessage unless ``msg`` is a well-formed agent report (every field the
     controller reads has the right type and range); malformed progress items are
@@ -223,7 +224,7 @@ class Channel:
             raise ChannelClosed("the peer did not finish the exchange in time")
         self.sock.settimeout(min(self.timeout_s, left))
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: Mapping[str, object]) -> None:
         self.send_encoded((json.dumps(message, separators=(",", ":"), default=str)
                            + "\n").encode())
 
@@ -272,6 +273,7 @@ class Channel:
             return False  # closed meanwhile
         return bool(poller.poll(0))
 
+    # open-ended: raw wire JSON; the typed messages (messages.py) check it
     def recv(self) -> dict[str, Any]:
         while True:
             if self.wakeups:
@@ -297,7 +299,8 @@ class Channel:
             raise ChannelClosed("message is not a JSON object")
         return obj
 
-    def request(self, message: dict[str, Any]) -> dict[str, Any]:
+    # open-ended: the answer is raw wire JSON, as recv's
+    def request(self, message: Mapping[str, object]) -> dict[str, Any]:
         self.send(message)
         return self.recv()
 

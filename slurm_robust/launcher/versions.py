@@ -417,7 +417,9 @@ def write_current(run_dir: str | os.PathLike[str], version: int,
 
 
 def append_change(run_dir: str | os.PathLike[str], event: ChangeEvent,
-                  fields: Mapping[str, Any], now: float | None = None) -> dict[str, Any]:
+                  fields: Mapping[str, Any], now: float | None = None,
+                  # open-ended: a change-log line, whose fields vary by event
+                  ) -> dict[str, Any]:
     """One change-log line (docs/SCHEMAS.md "Change log")."""
     rec = {"schema": CHANGE_SCHEMA, "v": CHANGE_VERSION, "event": event.value,
            "time": time.time() if now is None else now, **fields}
@@ -429,6 +431,7 @@ def append_change(run_dir: str | os.PathLike[str], event: ChangeEvent,
     return rec
 
 
+# open-ended: change-log lines as read, whose fields vary by event
 def read_changes(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     path = changes_path(run_dir)
     if not path.exists():

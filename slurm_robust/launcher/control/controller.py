@@ -56,6 +56,7 @@ from slurm_robust.launcher.protocol import (
     host_address,
     job_node_addresses,
 )
+from slurm_robust.launcher.wire_records import StackSummary
 from slurm_robust.records import write_json_atomic
 
 log = logging.getLogger("slurm_robust.launcher.control.controller")
@@ -100,7 +101,7 @@ class AgentView:
         self.closed_at: float | None = None
         self.lost = False
         self.gen = -1
-        self.stacks: dict[str, Any] = {}
+        self.stacks: dict[str, StackSummary] = {}
         self.states: dict[str, str | None] = {}
         self.exit_sent = False
         #: False for an agent a successor knows only from state.json, until it reports.

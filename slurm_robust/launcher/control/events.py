@@ -15,15 +15,35 @@ import math
 import os
 import time
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypedDict
 
 from slurm_robust.launcher.enums import Category
-from slurm_robust.launcher.messages import Incident
+from slurm_robust.launcher.messages import Incident, IncidentRecord
 from slurm_robust.records import EVENT_SCHEMA, EVENT_VERSION, append_records, make_record
 
 INCIDENT_FIELDS = ("incident", "category", "class", "fault_time", "detected_at",
                    "localized_at", "recovered_at", "rung", "nodes", "ranks", "last_step",
                    "restored_step", "restore_tier", "steps_lost", "evidence")
+
+
+class StepFields(TypedDict):
+    """A ``step`` event's own fields (docs/SCHEMAS.md); the controller writes no rank."""
+
+    step: int
+    step_time_s: float | None
+    loss: float | None
+    grad_norm: float | None
+    rank: None
+
+
+@dataclass(frozen=True)
+class _HeldStep:
+    """A step event sampled out, kept until the next is written or a fault flushes it."""
+
+    fields: StepFields
+    time: float
+    attempt: int
 
 
 class EventLog:
@@ -38,7 +58,7 @@ class EventLog:
         self._min_gap = 1.0 / max_per_s if max_per_s > 0 else 0.0
         self._last_step_event = 0.0
         #: The newest step sampled out (written by flush_step before an incident).
-        self._held: dict[str, Any] | None = None
+        self._held: _HeldStep | None = None
 
     def emit(self, event: str, fields: Mapping[str, Any], now: float | None = None) -> dict:
         record = make_record(EVENT_SCHEMA, EVENT_VERSION,
@@ -72,10 +92,10 @@ class EventLog:
              grad_norm: float | None, force: bool = False, now: float | None = None) -> bool:
         """Write a step event unless sampled out; returns whether it was written."""
         t = time.time() if now is None else now
-        fields = {"step": step, "step_time_s": step_time_s, "loss": _finite(loss),
-                  "grad_norm": _finite(grad_norm), "rank": None}
+        fields: StepFields = {"step": step, "step_time_s": step_time_s, "loss": _finite(loss),
+                              "grad_norm": _finite(grad_norm), "rank": None}
         if not force and t - self._last_step_event < self._min_gap:
-            self._held = {"fields": fields, "time": t, "attempt": self.attempt}
+            self._held = _HeldStep(fields, t, self.attempt)
             return False
         self._last_step_event = t
         self._held = None
@@ -86,9 +106,9 @@ class EventLog:
         """Write the newest step if it was sampled out (the last step before a fault must
         be in the log, or the report's steps lost come out short); returns whether."""
         held, self._held = self._held, None
-        if held is None or held["attempt"] != self.attempt:
+        if held is None or held.attempt != self.attempt:
             return False
-        self.emit("step", held["fields"], now=held["time"])
+        self.emit("step", held.fields, now=held.time)
         return True
 
     def incident(self, incident: Incident | Mapping[str, Any]) -> dict:
@@ -130,7 +150,7 @@ def new_incident(incident_id: str, cls: str, category: str, detected_at: float, 
 def make_incident(incident_id: str, cls: str, category: str, detected_at: float, *,
                   fault_time: float | None = None, nodes: list[str] | None = None,
                   ranks: list[int] | None = None, last_step: int | None = None,
-                  evidence: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  evidence: Mapping[str, Any] | None = None) -> IncidentRecord:
     """:func:`new_incident` as its JSON record, every documented field present in the
     documented order (for tools and tests that write an event log by hand)."""
     return new_incident(incident_id, cls, category, detected_at, fault_time=fault_time,

@@ -33,9 +33,10 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from slurm_robust.launcher.paths import RunPaths
+from slurm_robust.launcher.wire_records import TakeoverEvidence
 
 log = logging.getLogger("slurm_robust.launcher.control.failover")
 
@@ -129,7 +130,8 @@ class Takeover:
     term: int
     lost_agent: int | None
     lost_node: str | None
-    evidence: dict[str, Any] = field(default_factory=dict)
+    # Empty only in a takeover made by hand (a test's).
+    evidence: TakeoverEvidence = field(default_factory=dict)
     #: When the successor last heard from the old controller (the fault time's bound).
     last_heard: float | None = None
 

@@ -17,6 +17,7 @@ from slurm_robust.ckpt.config import TIERS
 from slurm_robust.launcher.control.failover import Takeover
 from slurm_robust.launcher.control.monitor import IdleHang
 from slurm_robust.launcher.messages import Incident, Progress, WorkerExit
+from slurm_robust.launcher.wire_records import StackSummary
 
 
 class Member(Protocol):
@@ -27,7 +28,7 @@ class Member(Protocol):
     addr: str
     last_seen: float
     lost: bool
-    stacks: dict[str, Any]
+    stacks: dict[str, StackSummary]
     states: dict[str, str | None]
 
 
@@ -89,6 +90,7 @@ class Generation:
     announced: bool = False
     diagnosis: PendingDiagnosis | None = None
     #: Each rank's anomaly line (the NaN ladder: where a NaN began).
+    # open-ended: the line's keys are what the training script wrote (Progress.extra)
     anomalies: dict[int, dict[str, Any]] = field(default_factory=dict)
     #: Each rank's bitwise reference digest, when this attempt was asked for one.
     bitwise: dict[int, str] = field(default_factory=dict)

@@ -28,9 +28,9 @@ workers run:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from slurm_robust.launcher import versions as vs
 from slurm_robust.launcher.config import RunConfig
@@ -58,6 +58,21 @@ class CodeFields(TypedDict, total=False):
     code_version: int
     code_change: bool
     drain_s: float
+
+
+class ResumedFields(TypedDict):
+    """A ``resumed`` change-log line's fields (docs/SCHEMAS.md "Change log"): the first
+    step of a version, and what its change cost."""
+
+    version: int
+    from_version: int
+    how: str
+    step: int
+    restored_step: int | None
+    applied_step: int | None
+    steps_redone: int | None
+    downtime_s: float
+    restart_s: float
 
 
 @dataclass
@@ -243,11 +258,11 @@ class HotUpdate:
             redone = None
             if eff.applied_step is not None and step_from is not None:
                 redone = max(0, eff.applied_step - step_from)
-            fields = {"version": eff.version, "from_version": eff.previous, "how": eff.mode,
-                      "step": step, "restored_step": step_from,
-                      "applied_step": eff.applied_step, "steps_redone": redone,
-                      "downtime_s": round(now - eff.requested_at, 3),
-                      "restart_s": round(now - eff.applied_at, 3)}
+            fields: ResumedFields = {
+                "version": eff.version, "from_version": eff.previous, "how": eff.mode,
+                "step": step, "restored_step": step_from, "applied_step": eff.applied_step,
+                "steps_redone": redone, "downtime_s": round(now - eff.requested_at, 3),
+                "restart_s": round(now - eff.applied_at, 3)}
             self._change(vs.ChangeEvent.RESUMED, fields, now)
             if not eff.automatic:
                 self._incident(eff, fields, tier, now)
@@ -276,14 +291,15 @@ class HotUpdate:
         vs.write_current(self.run_dir, cur["version"], cur["previous"],
                          staged=self.staged.to_dict() if self.staged else None)
 
-    def _change(self, event: vs.ChangeEvent, fields: dict[str, Any], now: float) -> None:
+    def _change(self, event: vs.ChangeEvent, fields: Mapping[str, object],
+                now: float) -> None:
         try:
             vs.ensure_versions_dir(self.run_dir)
             vs.append_change(self.run_dir, event, fields, now)
         except OSError as exc:  # the change log is a record, never a reason to stop
             log.warning("could not append to the change log: %s", exc)
 
-    def _incident(self, eff: Effective, fields: dict[str, Any], tier: str | None,
+    def _incident(self, eff: Effective, fields: ResumedFields, tier: str | None,
                   now: float) -> None:
         """The change as a manual ``code_data_change`` incident (see the docstring)."""
         inc = new_incident(f"change-v{eff.version}-{int(eff.applied_at)}",

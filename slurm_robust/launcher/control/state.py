@@ -13,15 +13,55 @@ import os
 import uuid
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from slurm_robust.launcher.control.env_change import ChangeRecord, FingerprintRecord
 from slurm_robust.launcher.control.nan_ladder import LadderState
-from slurm_robust.launcher.messages import Incident
+from slurm_robust.launcher.messages import Incident, IncidentState
 from slurm_robust.records import write_json_atomic
 from slurm_robust.run_dir_trust import read_trusted_json
 
 STATE_VERSION = 1
+
+
+class StateRecord(TypedDict):
+    """``state.json``: its version, then one key per RunState field in the field order
+    (an open incident in the form ``Incident.state`` gives)."""
+
+    v: int
+    run_id: str
+    attempt: int
+    restarts: int
+    requeues: int
+    signatures: dict[str, int]
+    diagnosis_passed: list[str]
+    node_failures: dict[str, int]
+    slots: list[str]
+    blamed: list[str]
+    given_nodes: list[str]
+    last_step: int | None
+    no_progress: int
+    time_limit_step: int | None
+    time_limits: int
+    outage_since: float | None
+    outage_failures: int
+    outage_not_before: float | None
+    restart_count: int | None
+    slurm_ending_at: float | None
+    open_incident: IncidentState | None
+    incidents: int
+    finished: str | None
+    verdict: str | None
+    term: int
+    gen: int
+    members: dict[str, str]
+    spares: list[str]
+    nan_ladder: LadderState | None
+    fingerprint: FingerprintRecord | None
+    env_change: ChangeRecord | None
+    declares_phases: bool
+    phase_times: dict[str, list[float]]
+    hang_limits: dict[str, float]
 
 
 @dataclass
@@ -87,12 +127,14 @@ class RunState:
     phase_times: dict[str, list[float]] = field(default_factory=dict)
     hang_limits: dict[str, float] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> StateRecord:
         out = {"v": STATE_VERSION, **asdict(self)}
         out["open_incident"] = self.open_incident.to_json() if self.open_incident else None
-        return out
+        # asdict gives one key per field, as StateRecord says (a test keeps them alike).
+        return cast(StateRecord, out)
 
     @classmethod
+    # open-ended: state.json as read (any version's keys); unknown ones are dropped
     def from_dict(cls, raw: dict[str, Any]) -> RunState:
         known = {f.name for f in fields(cls)}
         kw = {k: v for k, v in raw.items() if k in known}

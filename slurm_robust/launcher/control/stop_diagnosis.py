@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from slurm_robust.launcher.control.generation import Failure, PendingDiagnosis
 from slurm_robust.launcher.control.policy import blamed_nodes, unexplained_repeats
 from slurm_robust.launcher.messages import DiagnosisReport
+from slurm_robust.launcher.wire_records import FailedCheck
 from slurm_robust.taxonomy import ROWS, Action, canonical
 
 #: Longest wait for a stop-time diagnosis: launcher/diagnose.py's own budget, plus the
@@ -52,6 +53,28 @@ def diagnosed_before(signature: str | None, passed: Collection[str]) -> bool:
     return signature is not None and signature in passed
 
 
+class DiagnosisOutcome(TypedDict, total=False):
+    """An incident's ``evidence.diagnosis``: the agent's answer (DiagnosisEvidence) with
+    its ``id`` and ``reason``, or, when none came, the ``id``, the ``node`` and why not
+    (``answer``)."""
+
+    id: str
+    node: str
+    answer: str
+    reason: str
+    passed: bool
+    complete: bool
+    elapsed_s: float
+    budget_s: float
+    failed: list[FailedCheck]
+    ran: list[str]
+
+
+class ConclusionEvidence(TypedDict, total=False):
+    diagnosis: DiagnosisOutcome
+    diagnosis_reason: str  # a failed diagnosis's reason, for a reader of the top level
+
+
 @dataclass(frozen=True)
 class Conclusion:
     """What a finished (or abandoned) diagnosis says. ``evidence``: keys for the
@@ -61,7 +84,7 @@ class Conclusion:
     ``cleared``: a signature that passed a complete diagnosis (the same error again is
     not the node's)."""
 
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: ConclusionEvidence = field(default_factory=ConclusionEvidence)
     localized_at: float | None = None
     failed: bool = False
     cleared: str | None = None
@@ -78,8 +101,8 @@ def conclude(pending: PendingDiagnosis, answer: DiagnosisReport | None, lost: bo
                                          "answer": "agent lost" if lost else
                                          f"no answer within {DIAGNOSIS_WAIT_S:g} s"}},
                           failed=lost)  # a node that vanished while checking itself
-    evidence: dict[str, Any] = {"diagnosis": {**answer.evidence, "id": answer.id,
-                                              "reason": answer.reason}}
+    evidence: ConclusionEvidence = {"diagnosis": {**answer.evidence, "id": answer.id,
+                                                  "reason": answer.reason}}
     if not answer.passed:
         evidence["diagnosis_reason"] = answer.reason
     cleared = pending.signature if answer.passed and answer.complete else None

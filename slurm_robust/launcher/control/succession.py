@@ -33,6 +33,7 @@ from slurm_robust.launcher.control import failover
 from slurm_robust.launcher.control.state import RunState, load_state
 from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.paths import RunPaths
+from slurm_robust.launcher.wire_records import TakeoverEvidence
 from slurm_robust.run_dir_trust import read_trusted_json
 from slurm_robust.secure_fs import UnsafePathError
 from slurm_robust.slurm import Slurm, SlurmCommandError
@@ -139,7 +140,7 @@ def _position(state: RunState, ident: Identity, lost_agent: Any) -> int:
     return order.index(ident.index) if ident.index in order else len(order)
 
 
-def _claim(paths: RunPaths, ident: Identity, term: int, lost: dict[str, Any],
+def _claim(paths: RunPaths, ident: Identity, term: int, lost: failover.ControllerRecord,
            age: float | None, node_state: Callable[[str | None], str | None],
            last_heard: float | None) -> Succession | None:
     """Claim term + 1 for this agent: TAKE_OVER with the takeover's evidence, or None
@@ -148,10 +149,11 @@ def _claim(paths: RunPaths, ident: Identity, term: int, lost: dict[str, Any],
     who: failover.Claimant = {"agent": ident.index, "node": ident.node}
     if not failover.claim_term(paths, ident.step_key, term + 1, who):
         return None
-    evidence = {"controller_lost": True, "detected_by": ident.node,
-                "previous_term": term, "term": term + 1, "previous_agent": lost_agent,
-                "lease_age_s": None if age is None else round(age, 3),
-                "slurm_node_state": node_state(lost_node)}
+    evidence: TakeoverEvidence = {
+        "controller_lost": True, "detected_by": ident.node, "previous_term": term,
+        "term": term + 1, "previous_agent": lost_agent,
+        "lease_age_s": None if age is None else round(age, 3),
+        "slurm_node_state": node_state(lost_node)}
     log.warning("agent %s on %s takes over as controller (term %s) from agent %s on %s",
                 ident.index, ident.node, term + 1, lost_agent, lost_node)
     return Succession(Outcome.TAKE_OVER, failover.Takeover(

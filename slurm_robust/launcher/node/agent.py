@@ -32,7 +32,6 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from slurm_robust.ckpt import CheckpointConfig, purge_job_memory
 from slurm_robust.launcher.auth import (
@@ -81,6 +80,7 @@ from slurm_robust.launcher.protocol import (
     ChannelClosed,
     host_address,
 )
+from slurm_robust.launcher.wire_records import StackSummary
 from slurm_robust.launcher.worker_signals import WARNING_SIGNAL
 from slurm_robust.records import write_json_atomic
 from slurm_robust.run_dir_trust import (
@@ -112,7 +112,7 @@ class Agent:
         self.workers: list[wk.Worker] = []
         self.exits: list[WorkerExit] = []
         self.pending: list[Progress] = []
-        self.stacks_done: dict[str, Any] = {}
+        self.stacks_done: dict[str, StackSummary] = {}
         self._stack_threads: dict[str, threading.Thread] = {}
         self.diagnoses_done: dict[str, DiagnosisReport] = {}
         self._diagnosis_threads: dict[str, threading.Thread] = {}
@@ -359,7 +359,7 @@ class Agent:
         if self.plan is not None and self.plan.code_change:  # hot update: a recorded change
             ev = dataclasses.replace(ev, change_recorded=True)
         c = classify(ev)
-        evidence = dict(c.evidence)
+        evidence = c.evidence.copy()
         evidence["decided_by"] = c.source
         if got.skipped:
             evidence["not_consulted"] = got.skipped
@@ -480,7 +480,7 @@ class Agent:
 
     def _capture(self, capture_id: str) -> None:
         pids = {w.rank: w.pid for w in self.workers if w.popen.poll() is None}
-        summary: dict[str, Any] = {"ranks": sorted(pids), "error": None}
+        summary: StackSummary = {"ranks": sorted(pids), "error": None}
         if pids:
             try:
                 template = str(self.paths.stacks / "faulthandler" / "{node}-{pid}.txt")

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from slurm_robust.health.nvml import read_kmsg
 from slurm_robust.health.probes import Probes, enabled_injections
 from slurm_robust.launcher.classify import Evidence, nvml_evidence
+from slurm_robust.launcher.wire_records import NvmlReadings, TaskExitRecord
 from slurm_robust.site_config import SiteConfig
 
 #: Bytes read from the end of the task-exit journal (a few hundred records).
@@ -55,7 +54,7 @@ def task_exit_journals(site: SiteConfig, node: str) -> list[Path]:
 
 
 def find_task_exit(paths: list[Path], job_id: str, pid: int,
-                   tail_bytes: int = TASK_EXIT_TAIL_BYTES) -> dict[str, Any] | None:
+                   tail_bytes: int = TASK_EXIT_TAIL_BYTES) -> TaskExitRecord | None:
     """The newest ``slurm_robust.task_exit`` record of ``job_id`` with ``pid``, read from
     the last ``tail_bytes`` of each journal; None when there is none."""
     for path in paths:
@@ -116,7 +115,7 @@ def gather(*, site: SiteConfig, node: str, job_id: str, pid: int, exit_code: int
         except OSError as exc:
             kernel = []
             skipped["kernel_log"] = f"kernel log not readable: {exc.strerror or exc}"
-    nvml: Mapping[str, Any] = {}
+    nvml: NvmlReadings = {}
     try:
         if probes is None:
             probes = Probes(enabled_injections(site.state_path(node), site.injection_enabled),

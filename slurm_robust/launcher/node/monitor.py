@@ -37,7 +37,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from slurm_robust.errors import UsageError
 from slurm_robust.health import checks as _builtin  # noqa: F401 - registers the checks
@@ -62,8 +62,36 @@ log = logging.getLogger("slurm_robust.launcher.node.monitor")
 SUITE = "monitor"
 HARDWARE_XIDS = XID_MEMORY | XID_UNAVAILABLE
 
+class KindDefaults(TypedDict):
+    """One kind's keys in the site config's ``monitor`` section, with their defaults;
+    ``alerts`` and ``window_s`` are the network's only."""
+
+    interval_s: float
+    checks: NotRequired[list[str]]
+    alerts: NotRequired[int]
+    window_s: NotRequired[float]
+
+
+class _NetworkRule(TypedDict, total=False):
+    """MonitorSettings' network alert rule, when the site config's section was read."""
+
+    network_alerts: int
+    network_window_s: float
+
+
+class KernelFindingEvidence(TypedDict):
+    """A kernel-log finding's evidence: the record's sequence number, its text, the
+    event kind, and for an Xid its number and PCI bus."""
+
+    seq: int
+    line: str
+    event: str
+    xid: NotRequired[int]
+    bus: NotRequired[str | None]
+
+
 #: Defaults (ByteRobust's schedule); the site config's ``monitor`` section overrides.
-DEFAULTS: dict[str, dict[str, Any]] = {
+DEFAULTS: dict[str, KindDefaults] = {
     "gpu": {"interval_s": 10.0,
             "checks": ["gpu_count", "gpu_xid", "gpu_ecc", "gpu_remap", "gpu_thermal"]},
     "kernel": {"interval_s": 2.0},
@@ -132,7 +160,7 @@ class MonitorSettings:
             raise UsageError(f"site config monitor.enabled={enabled!r} must be true/false")
         known_checks = set(registered_checks())
         kinds: dict[str, KindSettings] = {}
-        extra: dict[str, Any] = {}
+        extra: _NetworkRule = {}
         for kind, defaults in DEFAULTS.items():
             section = raw.get(kind, {})
             if not isinstance(section, dict):
@@ -394,13 +422,13 @@ class NodeMonitor:
             cls = KERNEL_CLASS[event.kind]
             severity = Severity.FATAL if event.kind in FATAL_KERNEL else Severity.WARNING
         what = f"Xid {event.xid}" if event.kind is KernelEventKind.XID else event.kind.value
-        evidence: dict[str, Any] = {"seq": event.seq, "line": event.text,
-                                    "event": event.kind.value}
+        evidence: KernelFindingEvidence = {"seq": event.seq, "line": event.text,
+                                           "event": event.kind.value}
         if event.xid is not None:
             evidence.update(xid=event.xid, bus=event.bus)
         return Finding(kind="kernel", check=KIND_CHECK, severity=severity,
                        reason=f"{KIND_CHECK}: {what} in the kernel log: {event.text[:120]}",
-                       time=self.wall(), cls=cls, evidence=evidence)
+                       time=self.wall(), cls=cls, evidence=dict(evidence))
 
     def _take_sample(self, now: float) -> None:
         view = self.probes.view()

@@ -42,6 +42,7 @@ from slurm_robust.run_dir_trust import read_trusted_json
 from slurm_robust.secure_fs import UnsafePathError
 
 
+# open-ended: any of the NaN ladder's files, raw; each caller checks the keys it reads
 def read_json(path: Path) -> dict[str, Any] | None:
     """The file's object, or None when absent or unreadable (a rehearsal file being
     replaced, a skip list not written yet): never fatal to a training step."""

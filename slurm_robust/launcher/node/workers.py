@@ -40,7 +40,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from slurm_robust.ckpt import CheckpointConfig
 from slurm_robust.launcher.node import zygote
@@ -48,6 +48,12 @@ from slurm_robust.launcher.worker_signals import DRAIN_SIGNAL
 from slurm_robust.stacks import procfs
 
 TAIL_BYTES = 32768
+
+
+class WorkerTraits(TypedDict, total=False):
+    """How a worker was started, when not the plain way."""
+
+    zygote: bool  # forked by the prewarmed zygote (zygote.py), not spawned
 
 
 @dataclass
@@ -67,7 +73,7 @@ class Worker:
     reported: bool = False
     #: Whether it has finished a step (a ``step`` progress line) since it started.
     stepped: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: WorkerTraits = field(default_factory=WorkerTraits)
 
     @property
     def pid(self) -> int:
@@ -178,6 +184,7 @@ def exit_status(returncode: int) -> tuple[int | None, int | None]:
     return (None, -returncode) if returncode < 0 else (returncode, None)
 
 
+# open-ended: the training script's own lines, checked afterwards (messages.Progress)
 def read_progress(worker: Worker) -> list[dict[str, Any]]:
     """New complete lines of the worker's progress channel since the last call."""
     try:

@@ -24,9 +24,10 @@ import os
 import pickle
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.config import RunConfig
@@ -62,7 +63,28 @@ class SlurmOptions:
     exclude: str | None = None
     #: Submit onto lemons too (health/lemons.py); by default they join ``exclude``.
     allow_lemons: bool = False
+    # open-ended: the user's own sbatch options (additional_parameters), passed through
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+class SubmititParams(TypedDict, total=False):
+    """What the robust job asks of submitit's SlurmExecutor (its parameter names)."""
+
+    nodes: int
+    ntasks_per_node: int
+    time: int
+    job_name: str
+    comment: str
+    additional_parameters: Mapping[str, object]
+    srun_args: list[str]
+    signal_delay_s: int
+    stderr_to_stdout: bool
+    partition: str
+    gpus_per_node: int
+    cpus_per_task: int
+    account: str
+    exclude: str
+    mem: str
 
 
 def submit_run(cfg: RunConfig, slurm: SlurmOptions) -> Any:
@@ -88,7 +110,7 @@ def submit_run(cfg: RunConfig, slurm: SlurmOptions) -> Any:
     exclude = exclude_for_submit(slurm.exclude, slurm.allow_lemons, cfg.site_config,
                                  warn=lambda text: print(f"slurm-robust: {text}",
                                                          file=sys.stderr))
-    params: dict[str, Any] = {
+    params: SubmititParams = {
         "nodes": cfg.total_nodes, "ntasks_per_node": 1, "time": slurm.time_min,
         "job_name": slurm.job_name, "comment": f"{COMMENT_PREFIX}{cfg.run_dir}",
         # Slurm's warning before the time limit: WARNING_SIGNAL by number (sbatch takes
@@ -99,11 +121,16 @@ def submit_run(cfg: RunConfig, slurm: SlurmOptions) -> Any:
         "srun_args": ["--no-kill", "--kill-on-bad-exit=0"],
         "signal_delay_s": warn_s, "stderr_to_stdout": True,
     }
-    for key, value in (("partition", slurm.partition), ("gpus_per_node", slurm.gpus_per_node),
-                       ("cpus_per_task", slurm.cpus_per_task), ("account", slurm.account),
-                       ("exclude", exclude)):
-        if value is not None:
-            params[key] = value
+    if slurm.partition is not None:
+        params["partition"] = slurm.partition
+    if slurm.gpus_per_node is not None:
+        params["gpus_per_node"] = slurm.gpus_per_node
+    if slurm.cpus_per_task is not None:
+        params["cpus_per_task"] = slurm.cpus_per_task
+    if slurm.account is not None:
+        params["account"] = slurm.account
+    if exclude is not None:
+        params["exclude"] = exclude
     if slurm.mem_gb is not None:
         params["mem"] = f"{int(slurm.mem_gb * 1024)}M"
     ex.update_parameters(**params)
@@ -131,6 +158,7 @@ class RobustExecutor:
 
     def __init__(self, folder: str | os.PathLike[str], **params: Any) -> None:
         self.folder = Path(folder).absolute()
+        # open-ended: the caller's submitit-style and RunConfig parameters, checked by name
         self._params: dict[str, Any] = {"nodes": 1, "time": 60}
         self.update_parameters(**params)
 
@@ -195,6 +223,7 @@ class RobustJob:
     def done(self) -> bool:
         return bool(self._job.done())
 
+    # open-ended: events.jsonl records, whose keys vary by event (docs/SCHEMAS.md)
     def events(self) -> list[dict[str, Any]]:
         return read_records(RunPaths.of(self.run_dir).events, EVENT_SCHEMA).records
 

@@ -114,7 +114,8 @@ def build_config(args: argparse.Namespace, nodes: int, gpus_per_node: int | None
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
-    values: dict[str, Any] = env_defaults()
+    # open-ended: RunConfig keyword arguments from the user's flags and environment
+    values: dict[str, Any] = {**env_defaults()}
     for flag, key in (("spares", "spares"), ("hang_timeout", "hang_floor_s"),
                       ("hang_factor", "hang_factor"), ("max_restarts", "max_restarts"),
                       ("startup_timeout", "startup_timeout_s"),

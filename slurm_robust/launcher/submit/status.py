@@ -11,7 +11,7 @@ from typing import Any, TypedDict
 from slurm_robust.errors import SlurmRobustError, UsageError
 from slurm_robust.launcher.control.external_requeue import read_previous_end
 from slurm_robust.launcher.control.state import RunState, load_state
-from slurm_robust.launcher.messages import Incident
+from slurm_robust.launcher.messages import Incident, IncidentState
 from slurm_robust.launcher.paths import RunPaths, run_dir_from_comment
 from slurm_robust.records import EVENT_SCHEMA, VERDICT_SCHEMA, read_records
 from slurm_robust.run_dir_trust import check_run_dir, run_dir_owner
@@ -101,7 +101,7 @@ class StatusReport(TypedDict, total=False):
     loss: float | None
     last_step_time: float | None
     incidents: list[IncidentSummary]
-    open_incident: dict[str, Any] | None
+    open_incident: IncidentState | None
     verdicts: list[dict[str, str]]
     events: int
     malformed_lines: int
@@ -139,7 +139,7 @@ def run_status(target: str) -> StatusReport:
         "step_reports": bool(steps),
         "loss": last.get("loss"), "last_step_time": last.get("time"),
         "incidents": incidents,
-        "open_incident": state.open_incident.to_json() if state.open_incident else None,
+        "open_incident": state.open_incident.state() if state.open_incident else None,
         "verdicts": [{"node": v["node"], "class": v["class"], "reason": v["reason"]}
                      for v in verdicts],
         "events": len(events), "malformed_lines": read.malformed,
@@ -219,6 +219,7 @@ def _requeued_by_slurm(job_id: str | None, state: RunState, step: int | None) ->
             f"the next allocation goes on from step {step}")
 
 
+# open-ended: an events.jsonl record as read, not checked against its schema here
 def _incident_summary(e: dict[str, Any]) -> IncidentSummary:
     start = e.get("fault_time") or e.get("detected_at")
     rec = e.get("recovered_at")

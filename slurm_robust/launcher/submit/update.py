@@ -19,6 +19,7 @@ from typing import Any
 
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher import versions as vs
+from slurm_robust.launcher.control.failover import ControllerRecord
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.run_dir_trust import check_run_dir, read_trusted_json
@@ -45,7 +46,7 @@ def slurm_job_running(job_id: str) -> bool:
 
 
 def check_running(run_dir: str, job_running: Callable[[str], bool] = slurm_job_running
-                  ) -> dict[str, Any]:
+                  ) -> ControllerRecord:
     """The controller's address record of a live run; UsageError otherwise."""
     paths = RunPaths.of(run_dir)
     if not paths.config.exists():
@@ -70,7 +71,9 @@ def request_update(run_dir: str, *, code: str | None = None, git: str | None = N
                    args: Sequence[str] | None = None, env: Sequence[str] = (),
                    mode: vs.ApplyMode = vs.ApplyMode.NOW, deadline_s: float | None = None,
                    rollback_steps: int = 10, message: str = "",
-                   job_running: Callable[[str], bool] = slurm_job_running) -> dict[str, Any]:
+                   job_running: Callable[[str], bool] = slurm_job_running,
+                   # open-ended: the change-log line, whose fields vary by event
+                   ) -> dict[str, Any]:
     """Make and request a version (or a rollback); returns the change-log line."""
     if mode is vs.ApplyMode.ROLLBACK:
         if code is not None or git is not None or args is not None or env:

@@ -3,6 +3,7 @@ closing only the connection that sent a bad report."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -13,11 +14,13 @@ from slurm_robust.errors import UsageError
 from slurm_robust.launcher.auth import client_handshake
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control.controller import Controller
+from slurm_robust.launcher.control.events import INCIDENT_FIELDS
 from slurm_robust.launcher.enums import Category, ProgressKind, Role, Rung
 from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.messages import (
     BadMessage,
     Incident,
+    IncidentRecord,
     Plan,
     Report,
     WorkerExit,
@@ -71,6 +74,35 @@ def test_incident_keeps_the_documented_order() -> None:
     out = inc.to_json()
     assert list(out)[:3] == ["incident", "category", "class"] and out["rung"] == "in_place"
     assert Incident.from_json(wire(out)) == inc
+
+
+def test_an_incident_record_is_its_state_form_without_cut_short() -> None:
+    earlier = Incident(incident="i0", category=Category.EXPLICIT, cls="oom",
+                       fault_time=1.0, detected_at=2.0)
+    inc = Incident(incident="i1", category=Category.IMPLICIT, cls="job_hang", fault_time=2.5,
+                   detected_at=3.0, rung=Rung.IN_PLACE, nodes=["n1"], ranks=[0, 1],
+                   evidence={"stacks": "/s"}, cut_short=[earlier])
+    full = inc.to_json()
+    assert list(full)[-1] == "_cut_short" and full["_cut_short"] == [earlier.to_json()]
+    rest = {k: v for k, v in full.items() if k != "_cut_short"}
+    assert json.dumps(inc.record()) == json.dumps(rest)
+    assert "_cut_short" not in earlier.to_json()
+    assert json.dumps(inc.state()) == json.dumps(full)
+    assert json.dumps(earlier.state()) == json.dumps(earlier.to_json())
+    assert tuple(IncidentRecord.__annotations__) == INCIDENT_FIELDS
+
+
+def test_a_report_leaves_out_only_the_optional_fields_it_does_not_use() -> None:
+    bare = Report.from_json(REPORT).to_json()
+    assert not {"findings", "sample", "term", "warned", "ending", "plan_id"} & set(bare)
+    full = {**REPORT, "term": 2, "warned": 0.0, "ending": 7.0, "plan_id": "p1",
+            "findings": [{"kind": "gpu", "check": "gpu_ecc", "severity": "warning",
+                          "reason": "r", "time": 1.0, "class": None, "evidence": {}}],
+            "sample": {"time": 1.0, "gpu_util": None, "sm_clock_mhz": None,
+                       "net_bytes_per_s": None, "rdma_bytes_per_s": None}}
+    out = Report.from_json(full).to_json()
+    assert wire(out) == wire(full)
+    assert list(out) == [f.name for f in dataclasses.fields(Report)]  # the fields' order
 
 
 @pytest.mark.parametrize("raw, message", [
