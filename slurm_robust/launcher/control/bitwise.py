@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from slurm_robust.launcher.messages import Incident
 from slurm_robust.launcher.nan_files import BITWISE_FILE, NAN_FILES_VERSION, nan_dir
@@ -34,11 +34,22 @@ class BitwiseRequest:
     asked_at: float
 
 
+class BitwiseEvidence(TypedDict, total=False):
+    """What the test found, as it goes into the NaN incident's ``evidence.nan.bitwise``
+    (docs/SCHEMAS.md): each rank's digest (16 hex digits), the majority's, the nodes off
+    it, and the result in words."""
+
+    digests: dict[str, str]
+    reference: str
+    differing_nodes: list[str]
+    result: str
+
+
 @dataclass(frozen=True)
 class BitwiseResult:
     reference: str | None
     differing: tuple[str, ...]
-    evidence: dict[str, Any]
+    evidence: BitwiseEvidence
 
     @property
     def passed(self) -> bool:
@@ -63,12 +74,14 @@ def compare(digests: Mapping[int, str], rank_nodes: Sequence[str]) -> BitwiseRes
         by_node.setdefault(node, set()).add(digest)
     votes = Counter(d for ds in by_node.values() for d in ds)
     ranked = votes.most_common()
-    evidence: dict[str, Any] = {"digests": {str(r): d[:16] for r, d in sorted(digests.items())}}
+    evidence: BitwiseEvidence = {
+        "digests": {str(r): d[:16] for r, d in sorted(digests.items())}}
     if not ranked or (len(ranked) > 1 and ranked[0][1] == ranked[1][1]):
         evidence["result"] = "no majority: nobody named"
         return BitwiseResult(None, (), evidence)
     reference = ranked[0][0]
     differing = tuple(sorted(n for n, ds in by_node.items() if ds != {reference}))
-    evidence.update(reference=reference[:16], differing_nodes=list(differing),
-                    result="differ" if differing else "all identical")
+    evidence["reference"] = reference[:16]
+    evidence["differing_nodes"] = list(differing)
+    evidence["result"] = "differ" if differing else "all identical"
     return BitwiseResult(reference, differing, evidence)

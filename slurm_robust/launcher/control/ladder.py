@@ -111,6 +111,7 @@ class Facts:
     outage_backoff_s: float = 10.0
     outage_backoff_max_s: float = 300.0
 
+    # open-ended: a trace line holds every field of Facts, whatever fields it grows
     def to_json(self) -> dict[str, Any]:
         """The facts as a trace line (tests replay recorded traces)."""
         out = dataclasses.asdict(self)
