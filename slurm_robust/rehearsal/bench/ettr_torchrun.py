@@ -33,7 +33,19 @@ from typing import Any
 
 from slurm_robust.cluster.config import ClusterConfig
 from slurm_robust.errors import SlurmRobustError
-from slurm_robust.rehearsal.bench import recovery
+from slurm_robust.rehearsal.bench.arms.base import EXAMPLE, EttrRun
+from slurm_robust.rehearsal.bench.arms.peers import find_worker, torchrun_script
+from slurm_robust.rehearsal.bench.arms.peers import steps as progress_steps
+from slurm_robust.rehearsal.bench.ettr_common import (
+    LONG_RUN_LR,
+    TARGET_ETTR,
+    TARGET_FAULT_EVERY_S,
+    TARGET_MINUTES,
+    planned_steps,
+    schedule,
+    section_args,
+    section_s_per_step,
+)
 from slurm_robust.rehearsal.bench.polling import wait_for
 from slurm_robust.rehearsal.inject.job import kill_node
 from slurm_robust.slurm import Slurm
@@ -68,7 +80,7 @@ def run_peer(args: argparse.Namespace, faults: list[str], lr: float,
     try:
         started = wait_for(lambda: (j := slurm.job(job)) is not None and j.running
                            and time.time(), 600, "the peer job to start", every_s=0.2)
-        first = wait_for(lambda: recovery._steps(progress)[:1], 600,
+        first = wait_for(lambda: progress_steps(progress)[:1], 600,
                          "the peer's first step", every_s=0.5)
         t0 = first[0][1]
         cap = t0 + args.minutes * 60 + CAP_EXTRA_S
@@ -87,7 +99,7 @@ def run_peer(args: argparse.Namespace, faults: list[str], lr: float,
         j = slurm.job(job)
         if j is not None and not j.finished:
             slurm.cancel(job)
-    return figures(recovery._steps(progress), steps, float(started), ended_at,
+    return figures(progress_steps(progress), steps, float(started), ended_at,
                    injected, job, run_dir, section_s)
 
 
@@ -134,24 +146,24 @@ def figures(lines: list[tuple[int, float]], steps: int, started: float, ended_at
 def _script(args: argparse.Namespace, steps: int, lr: float, progress: Path,
             marker: str, extra: list[str]) -> str:
     port = 41000 + os.getpid() % 1000  # clear of the launcher's and bench recovery's
-    worker = [str(recovery.EXAMPLE), "--steps", str(steps), "--min-step-time",
+    worker = [str(EXAMPLE), "--steps", str(steps), "--min-step-time",
               str(args.step_time), "--lr", str(lr), "--save-every", str(SAVE_EVERY),
               "--ckpt-dir", marker, "--progress-file", str(progress),
               "--ckpt-format", "dcp_async", *extra]
-    return recovery.torchrun_script(args.nodes, MAX_RESTARTS, port, "ettr", worker)
+    return torchrun_script(args.nodes, MAX_RESTARTS, port, "ettr", worker)
 
 
 def _done(slurm: Slurm, job: str, progress: Path, steps: int) -> bool:
     j = slurm.job(job)
     return (j is not None and j.finished) or \
-        max((s for s, _ in recovery._steps(progress)), default=0) >= steps
+        max((s for s, _ in progress_steps(progress)), default=0) >= steps
 
 
 def _inject(fault: str, job: str, marker: str, nodes: int, at_s: float,
             cluster_dir: str) -> dict[str, Any]:
     rec: dict[str, Any] = {"at_s": round(at_s, 1), "fault": fault, "time": time.time()}
     try:
-        pid = recovery._find_worker(marker, str(nodes - 1))
+        pid = find_worker(marker, str(nodes - 1))
         node = procfs.environ_value(pid, "SLURMD_NODENAME")
         rec.update(pid=pid, node=node)
         if fault == "kill-worker":
@@ -176,6 +188,23 @@ def _release(job: str, marker: str, nodes: int) -> None:
     """Let a stopped worker go (SIGCONT) so that cancelling the job can end it."""
     for rank in range(nodes):
         try:
-            os.kill(recovery._find_worker(marker, str(rank)), signal.SIGCONT)
+            os.kill(find_worker(marker, str(rank)), signal.SIGCONT)
         except (OSError, SlurmRobustError):
             pass
+
+
+def report(one: EttrRun, label: str) -> dict[str, Any]:
+    """The peer's run on the schedule and its report, its ``"arm"``: ``label``."""
+    args, faults = one.args, one.faults
+    out = run_peer(args, faults, LONG_RUN_LR, schedule,
+                   planned_steps(args.minutes, args.step_time, args.section),
+                   section_args(args.section), section_s_per_step(args.section))
+    at_scale = args.minutes >= TARGET_MINUTES and args.fault_every <= TARGET_FAULT_EVERY_S
+    return {"benchmark": "ettr", "arm": label,
+            "config": {"minutes": args.minutes, "fault_every_s": args.fault_every,
+                       "faults": faults, "nodes": args.nodes,
+                       "step_time_s": args.step_time, "lr": LONG_RUN_LR,
+                       "sections": args.section},
+            **out,
+            "target": {"ettr_min": TARGET_ETTR, "at_target_scale": at_scale,
+                       "note": "the target is slurm_robust's; this arm is its peer"}}
