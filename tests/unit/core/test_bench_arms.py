@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_robust.rehearsal.bench import arms as arms_pkg
-from slurm_robust.rehearsal.bench import ettr, recovery, update
-from slurm_robust.rehearsal.bench.arms import (
+from slurm_robust_rehearsal.bench import arms as arms_pkg
+from slurm_robust_rehearsal.bench import ettr, recovery, update
+from slurm_robust_rehearsal.bench.arms import (
     ARMS,
     REGISTRY,
     Arm,
