@@ -1,9 +1,11 @@
 """``slurm-robust bench NAME``: benchmarks that print their numbers as JSON.
 
-Each benchmark is a module of ``slurm_robust_rehearsal.bench`` exposing ``HELP``,
-``add_arguments(parser)`` and ``run(args) -> dict``; the dict is printed as JSON
-(``--json``) or as indented JSON for people. Targets are checked by reading these
-numbers, never by timed tests.
+Each benchmark is a module of ``slurm_robust_rehearsal.bench`` (the rehearsal tooling, a
+distribution of its own) exposing ``HELP``, ``add_arguments(parser)`` and
+``run(args) -> dict``; the dict is printed as JSON (``--json``) or as indented JSON for
+people. Targets are checked by reading these numbers, never by timed tests. The modules
+are imported by name: where the rehearsal tooling is not installed, ``bench`` says in one
+line how to install it.
 """
 
 from __future__ import annotations
@@ -11,7 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from slurm_robust.cli.optional import Unavailable, add_unavailable, import_optional
+from slurm_robust.cli.optional import (
+    Unavailable,
+    add_unavailable,
+    import_optional,
+    require_rehearsal,
+)
+
+require_rehearsal()
 
 BENCHMARKS: dict[str, str] = {
     "prolog": "slurm_robust_rehearsal.bench.prolog",

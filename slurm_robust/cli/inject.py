@@ -9,6 +9,9 @@ Two families, both rehearsal tooling in ``slurm_robust_rehearsal.inject``:
 - network faults on the ``cluster up --netns`` mini-cluster (``partition``, ``link-slow``):
   ``slurm_robust_rehearsal.inject.network_cli``.
 
+The rehearsal tooling is a distribution of its own, reached here by name only: where it
+is not installed, ``inject`` says in one line how to install it.
+
 Each module exposes ``register(subparsers)`` adding its actions with ``_inject``
 defaults. The actions of each family are also listed here, so that a family whose module
 fails to import still shows them, as unavailable, instead of losing them silently.
@@ -18,7 +21,14 @@ from __future__ import annotations
 
 import argparse
 
-from slurm_robust.cli.optional import Unavailable, add_unavailable, import_optional
+from slurm_robust.cli.optional import (
+    Unavailable,
+    add_unavailable,
+    import_optional,
+    require_rehearsal,
+)
+
+require_rehearsal()
 
 HELP = "inject faults: node probe values, or real faults in a running robust job"
 # module -> the actions it registers (checked against register() by a unit test)
