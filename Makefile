@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 CLI := $(VENV)/bin/slurm-robust
 # The CPU build of torch that pip finds on this machine's disk; installed first so the
 # package's own torch range is met without downloading a CUDA build of several GB.
+# Two distributions, both editable: the library (.) and its rehearsal tooling (rehearsal/:
+# the mini-cluster, fault injection, benchmarks; docs/DEVELOPING.md says why apart).
 TORCH_PIN ?= torch==2.13.0
 PYTEST_ARGS ?=
 
@@ -18,7 +20,7 @@ $(PY):
 venv: $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_PIN)"
-	$(PY) -m pip install -q -e '.[test,lightning,hf]'
+	$(PY) -m pip install -q -e '.[test,lightning,hf]' -e ./rehearsal
 
 packages: venv
 	$(CLI) cluster packages
@@ -55,7 +57,7 @@ test-unit: venv
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
 lint: venv
-	$(VENV)/bin/ruff check slurm_robust ckpt analysis prolog epilog tests examples
+	$(VENV)/bin/ruff check slurm_robust rehearsal ckpt analysis prolog epilog tests examples
 
 cluster-up: setup
 	$(CLI) cluster up

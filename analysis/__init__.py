@@ -8,7 +8,7 @@ by class and resolution), ``nodes`` (blame, drains, repeat offenders), ``fleet``
 failures, node-hours lost, failure rate, reserve size). ``pipeline.analyse`` runs them
 all; ``report.write_report`` writes report.md/report.html with ``plots``. Synthetic
 traces with exact ground truth and the scale benchmark are rehearsal tooling
-(``slurm_robust.rehearsal.synth``, ``slurm_robust.rehearsal.bench.analysis``).
+(``slurm_robust_rehearsal.synth``, ``slurm_robust_rehearsal.bench.analysis``).
 
 The package itself imports nothing heavy: names below load their module on first use.
 """

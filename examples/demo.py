@@ -40,10 +40,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    from slurm_robust.cluster.config import ClusterConfig
-    from slurm_robust.cluster.manager import MiniCluster, choose_network
     from slurm_robust.launcher.submit.status import format_status, run_status
-    from slurm_robust.rehearsal.inject.job import revive_node
+    from slurm_robust_rehearsal.cluster.config import ClusterConfig
+    from slurm_robust_rehearsal.cluster.manager import MiniCluster, choose_network
+    from slurm_robust_rehearsal.inject.job import revive_node
 
     print("bringing the mini-cluster up ...", flush=True)
     cfg, notice = choose_network(ClusterConfig())

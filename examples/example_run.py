@@ -4,7 +4,7 @@
     slurm-robust report runs/example -o runs/example/report
 
 The records are the ones a robust run writes (docs/SCHEMAS.md), from the synthetic run
-generator the analysis tests use (slurm_robust/rehearsal/synth/runs.py): 60 steps of
+generator the analysis tests use (rehearsal/slurm_robust_rehearsal/synth/runs.py): 60 steps of
 10 s on three nodes, with a killed worker restarted in place, a lost node replaced by a
 spare, and a NaN rolled back one step. The figures are exact by construction; a real
 run's come from `make demo` or your own jobs.
@@ -16,7 +16,7 @@ import argparse
 from pathlib import Path
 
 from slurm_robust.analysis.loaders import EVENTS_FILE, VERDICTS_FILE
-from slurm_robust.rehearsal.synth.runs import Fault, synth_run, write_run_dir
+from slurm_robust_rehearsal.synth.runs import Fault, synth_run, write_run_dir
 
 FAULTS = (Fault(10, "worker_signal", "in_place", nodes=("node2",)),
           Fault(25, "node_lost", "spare", detect_s=8.0, nodes=("node3",)),

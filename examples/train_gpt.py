@@ -8,7 +8,7 @@ checkpoints every ``--save-every`` steps in ``--ckpt-dir`` and resumes from them
 Determinism (the closing comparison of every fault test is the SHA-256 of the final
 parameters): the data of step s on rank r comes from a generator seeded with (seed, s, r),
 so a restored run replays exactly the batches it lost; the model
-(:mod:`slurm_robust.rehearsal.workloads.gpt`) has no dropout; torch uses
+(:mod:`slurm_robust_rehearsal.workloads.gpt`) has no dropout; torch uses
 one thread; gradients are averaged with ONE all-reduce over a flat vector in a fixed
 order. (torch's DistributedDataParallel re-buckets its gradients after the first
 iteration, so a run restarted mid-way would sum in a different order for one step and
@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from slurm_robust import train
-from slurm_robust.rehearsal.workloads.gpt import GPT, GPTConfig
+from slurm_robust_rehearsal.workloads.gpt import GPT, GPTConfig
 
 #: What PyTorch prints for these CUDA errors (the RuntimeError text, with its usual
 #: follow-up lines), keyed by the --cuda-fault choice.

@@ -27,14 +27,14 @@ from typing import Any
 
 import pytest
 
-from slurm_robust.cluster import netns
-from slurm_robust.cluster.config import CLUSTER_DIR_ENV, REPO_ROOT, ClusterConfig
-from slurm_robust.cluster.manager import MiniCluster, choose_network
 from slurm_robust.health import ledger_writer
 from slurm_robust.health.ledger_writer import record_safely
 from slurm_robust.health.node_ledger import EventKind, LedgerConfig, NodeEvent
 from slurm_robust.site_config import load_site_config
 from slurm_robust.slurm import Slurm
+from slurm_robust_rehearsal.cluster import netns
+from slurm_robust_rehearsal.cluster.config import CLUSTER_DIR_ENV, REPO_ROOT, ClusterConfig
+from slurm_robust_rehearsal.cluster.manager import MiniCluster, choose_network
 from tests.cluster_smoke import diagnosis, smoke
 from tests.timing import CLUSTER_SETUP_PROPERTY, TimingSummary
 

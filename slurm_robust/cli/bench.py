@@ -1,9 +1,11 @@
 """``slurm-robust bench NAME``: benchmarks that print their numbers as JSON.
 
-Each benchmark is a module of ``slurm_robust.rehearsal.bench`` exposing ``HELP``,
-``add_arguments(parser)`` and ``run(args) -> dict``; the dict is printed as JSON
-(``--json``) or as indented JSON for people. Targets are checked by reading these
-numbers, never by timed tests.
+Each benchmark is a module of ``slurm_robust_rehearsal.bench`` (the rehearsal tooling, a
+distribution of its own) exposing ``HELP``, ``add_arguments(parser)`` and
+``run(args) -> dict``; the dict is printed as JSON (``--json``) or as indented JSON for
+people. Targets are checked by reading these numbers, never by timed tests. The modules
+are imported by name: where the rehearsal tooling is not installed, ``bench`` says in one
+line how to install it.
 """
 
 from __future__ import annotations
@@ -11,22 +13,29 @@ from __future__ import annotations
 import argparse
 import json
 
-from slurm_robust.cli.optional import Unavailable, add_unavailable, import_optional
+from slurm_robust.cli.optional import (
+    Unavailable,
+    add_unavailable,
+    import_optional,
+    require_rehearsal,
+)
+
+require_rehearsal()
 
 BENCHMARKS: dict[str, str] = {
-    "prolog": "slurm_robust.rehearsal.bench.prolog",
-    "ckpt": "slurm_robust.rehearsal.bench.ckpt",
-    "stacks": "slurm_robust.rehearsal.bench.stacks",
-    "analysis": "slurm_robust.rehearsal.bench.analysis",
-    "recovery": "slurm_robust.rehearsal.bench.recovery",
-    "simulate": "slurm_robust.rehearsal.bench.simulate",
-    "classify": "slurm_robust.rehearsal.bench.classify",
-    "metrics": "slurm_robust.rehearsal.bench.metrics",
-    "ettr": "slurm_robust.rehearsal.bench.ettr",
-    "phases": "slurm_robust.rehearsal.bench.phases",
-    "monitor": "slurm_robust.rehearsal.bench.monitor",
-    "update": "slurm_robust.rehearsal.bench.update",
-    "scale": "slurm_robust.rehearsal.bench.scale",
+    "prolog": "slurm_robust_rehearsal.bench.prolog",
+    "ckpt": "slurm_robust_rehearsal.bench.ckpt",
+    "stacks": "slurm_robust_rehearsal.bench.stacks",
+    "analysis": "slurm_robust_rehearsal.bench.analysis",
+    "recovery": "slurm_robust_rehearsal.bench.recovery",
+    "simulate": "slurm_robust_rehearsal.bench.simulate",
+    "classify": "slurm_robust_rehearsal.bench.classify",
+    "metrics": "slurm_robust_rehearsal.bench.metrics",
+    "ettr": "slurm_robust_rehearsal.bench.ettr",
+    "phases": "slurm_robust_rehearsal.bench.phases",
+    "monitor": "slurm_robust_rehearsal.bench.monitor",
+    "update": "slurm_robust_rehearsal.bench.update",
+    "scale": "slurm_robust_rehearsal.bench.scale",
 }
 
 HELP = "run a benchmark and print its numbers as JSON"

@@ -1,13 +1,16 @@
 """``slurm-robust inject ...``: fault injection for tests and rehearsals.
 
-Two families, both rehearsal tooling in ``slurm_robust.rehearsal.inject``:
+Two families, both rehearsal tooling in ``slurm_robust_rehearsal.inject``:
 
-- node probes (``probe``, ``clear``): ``slurm_robust.rehearsal.inject.probes_cli``; a probe
+- node probes (``probe``, ``clear``): ``slurm_robust_rehearsal.inject.probes_cli``; a probe
   returns a chosen value on one node, everything after it is the real code path;
 - job faults (``kill-worker``, ``stop-worker``, ``nan``, ``kill-node``, ``slow-worker``):
-  ``slurm_robust.rehearsal.inject.job_cli``; real signals on real processes;
+  ``slurm_robust_rehearsal.inject.job_cli``; real signals on real processes;
 - network faults on the ``cluster up --netns`` mini-cluster (``partition``, ``link-slow``):
-  ``slurm_robust.rehearsal.inject.network_cli``.
+  ``slurm_robust_rehearsal.inject.network_cli``.
+
+The rehearsal tooling is a distribution of its own, reached here by name only: where it
+is not installed, ``inject`` says in one line how to install it.
 
 Each module exposes ``register(subparsers)`` adding its actions with ``_inject``
 defaults. The actions of each family are also listed here, so that a family whose module
@@ -18,15 +21,22 @@ from __future__ import annotations
 
 import argparse
 
-from slurm_robust.cli.optional import Unavailable, add_unavailable, import_optional
+from slurm_robust.cli.optional import (
+    Unavailable,
+    add_unavailable,
+    import_optional,
+    require_rehearsal,
+)
+
+require_rehearsal()
 
 HELP = "inject faults: node probe values, or real faults in a running robust job"
 # module -> the actions it registers (checked against register() by a unit test)
 FAMILIES: dict[str, tuple[str, ...]] = {
-    "slurm_robust.rehearsal.inject.probes_cli": ("probe", "clear"),
-    "slurm_robust.rehearsal.inject.job_cli": (
+    "slurm_robust_rehearsal.inject.probes_cli": ("probe", "clear"),
+    "slurm_robust_rehearsal.inject.job_cli": (
         "kill-worker", "stop-worker", "nan", "kill-node", "slow-worker", "sdc"),
-    "slurm_robust.rehearsal.inject.network_cli": ("partition", "link-slow"),
+    "slurm_robust_rehearsal.inject.network_cli": ("partition", "link-slow"),
 }
 
 

@@ -1,7 +1,10 @@
 """Entry point of ``slurm-robust``.
 
 Each subcommand lives in its own module ``slurm_robust.cli.<name>`` exposing
-``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``. Modules are
+``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``; ``cluster``'s
+is the rehearsal tooling's (``slurm_robust_rehearsal.cluster.cli``, a distribution of its
+own, named here and never imported otherwise: where it is not installed, the subcommand
+says in one line how to install it). Modules are
 imported only when their subcommand runs (and to build ``--help``), so a quick command
 does not pay for torch or pandas. A module that fails to import is listed in ``--help`` as
 ``unavailable: <reason>`` and fails with that reason when invoked (see optional.py).
@@ -21,7 +24,7 @@ from slurm_robust.errors import SlurmRobustError
 
 # name -> module; order is the order shown in --help.
 SUBCOMMANDS: dict[str, str] = {
-    "cluster": "slurm_robust.cli.cluster",
+    "cluster": "slurm_robust_rehearsal.cluster.cli",
     "check": "slurm_robust.cli.check",
     "node": "slurm_robust.cli.node",
     "inject": "slurm_robust.cli.inject",

@@ -5,6 +5,11 @@ A module that fails to import (a missing dependency, a module left out of this b
 bug) stays visible: ``--help`` lists it as ``unavailable: <reason>``, and invoking it
 prints that reason as one line and exits non-zero, instead of the entry silently missing
 or the whole CLI failing because of one feature.
+
+The rehearsal tooling (the mini-cluster, fault injection, benchmarks) is a second
+distribution, ``slurm_robust_rehearsal`` (rehearsal/ in the checkout), that the library
+never imports: its subcommands are reached by name, and where it is not installed they
+say in one line how to install it (:func:`slurm_robust.tooling.require_rehearsal`).
 """
 
 from __future__ import annotations
@@ -16,6 +21,17 @@ from types import ModuleType
 from typing import NoReturn
 
 from slurm_robust.errors import SlurmRobustError
+from slurm_robust.tooling import (
+    REHEARSAL,
+    REHEARSAL_MISSING,
+    RehearsalMissingError,
+    rehearsal_installed,
+    require_rehearsal,
+)
+
+__all__ = ["REHEARSAL", "REHEARSAL_MISSING", "FeatureUnavailableError", "RehearsalMissingError",
+           "Unavailable", "add_unavailable", "import_optional", "rehearsal_installed",
+           "require_rehearsal"]
 
 
 class FeatureUnavailableError(SlurmRobustError):
@@ -34,10 +50,15 @@ class Unavailable:
 
 
 def import_optional(modname: str) -> ModuleType | Unavailable:
-    """The module, or an :class:`Unavailable` naming the exception that stopped it."""
+    """The module, or an :class:`Unavailable` naming the exception that stopped it (where
+    the rehearsal tooling is missing: how to install it)."""
     try:
         return importlib.import_module(modname)
+    except RehearsalMissingError as exc:
+        return Unavailable(modname, str(exc))
     except Exception as exc:  # noqa: BLE001 - any import failure must stay visible, see above
+        if isinstance(exc, ModuleNotFoundError) and exc.name == REHEARSAL:
+            return Unavailable(modname, REHEARSAL_MISSING)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return Unavailable(modname, f"{modname}: {type(exc).__name__}: {first}".rstrip(": "))
 

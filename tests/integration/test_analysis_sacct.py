@@ -12,8 +12,8 @@ from cluster_helpers import wait_until as _wait_until
 from slurm_robust.analysis.fetch import TIME_ENV, fetch_slurm_records
 from slurm_robust.analysis.frames import LoadIssues
 from slurm_robust.cli.main import main
-from slurm_robust.rehearsal.synth.runs import Fault, synth_run, write_run_dir
 from slurm_robust.slurm import Slurm
+from slurm_robust_rehearsal.synth.runs import Fault, synth_run, write_run_dir
 
 pytestmark = pytest.mark.integration
 

@@ -25,15 +25,15 @@ from typing import Any
 import pytest
 from cluster_helpers import wait_until
 
-from slurm_robust.cluster.manager import MiniCluster
-from slurm_robust.cluster.templates import render_robust_conf
 from slurm_robust.health import read_journal
 from slurm_robust.health.journal import journal_path
 from slurm_robust.health.repair import load_record
 from slurm_robust.node_deep_check import OUTCOME_FILE
 from slurm_robust.records import read_records
-from slurm_robust.rehearsal.inject.probes import clear_injections, inject_probe
 from slurm_robust.site_config import load_site_config
+from slurm_robust_rehearsal.cluster.manager import MiniCluster
+from slurm_robust_rehearsal.cluster.templates import render_robust_conf
+from slurm_robust_rehearsal.inject.probes import clear_injections, inject_probe
 
 pytestmark = pytest.mark.integration
 

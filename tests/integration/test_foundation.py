@@ -10,8 +10,8 @@ import pytest
 from cluster_helpers import shared_out_dir as _out_dir
 from cluster_helpers import wait_until
 
-from slurm_robust.cluster.manager import MiniCluster
 from slurm_robust.slurm import SlurmCommandError
+from slurm_robust_rehearsal.cluster.manager import MiniCluster
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from slurm_robust.health import read_journal
-from slurm_robust.rehearsal.inject.probes import clear_injections, inject_probe
 from slurm_robust.site_config import load_site_config
+from slurm_robust_rehearsal.inject.probes import clear_injections, inject_probe
 
 pytestmark = pytest.mark.integration
 

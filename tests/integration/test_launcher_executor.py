@@ -112,7 +112,7 @@ def test_own_sbatch_script_with_no_kill_survives_a_node_loss_on_its_spare(minicl
 
     from slurm_robust.launcher.control.state import load_state
     from slurm_robust.launcher.paths import RunPaths
-    from slurm_robust.rehearsal.inject.job import revive_node
+    from slurm_robust_rehearsal.inject.job import revive_node
 
     run_dir = minicluster.cfg.shared_dir / f"test-launch-nokill-{int(time.time() * 1000)}"
     script = run_dir.with_suffix(".sbatch")

@@ -125,7 +125,7 @@ def runs(minicluster):
     for run in started:
         run.cancel()
     if killed:
-        from slurm_robust.rehearsal.inject.job import revive_node
+        from slurm_robust_rehearsal.inject.job import revive_node
 
         for node in killed:
             revive_node(node)

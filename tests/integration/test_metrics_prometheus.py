@@ -16,8 +16,8 @@ import pytest
 from cluster_helpers import wait_until
 from test_launcher_faults import NODES, Run
 
-from slurm_robust.cluster import prometheus as prom
-from slurm_robust.cluster.manager import MiniCluster
+from slurm_robust_rehearsal.cluster import prometheus as prom
+from slurm_robust_rehearsal.cluster.manager import MiniCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -22,10 +22,10 @@ import pytest
 from cluster_helpers import spare_path_victim, wait_until
 from test_launcher_faults import CLI, Run, baseline_sha, runs  # noqa: F401
 
-from slurm_robust.cluster import netns
-from slurm_robust.cluster.manager import MiniCluster
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.records import read_records
+from slurm_robust_rehearsal.cluster import netns
+from slurm_robust_rehearsal.cluster.manager import MiniCluster
 
 WHY_NOT = netns.unavailable_reason()
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.netns,

@@ -15,9 +15,9 @@ import time
 import pytest
 from test_launcher_faults import baseline_sha, runs  # noqa: F401
 
-from slurm_robust.cluster.manager import MiniCluster
 from slurm_robust.health import PENDING_PREFIX
 from slurm_robust.launcher.control.state import load_state
+from slurm_robust_rehearsal.cluster.manager import MiniCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from cluster_helpers import wait_until as _wait_until
 
-from slurm_robust.cluster.templates import SPANK_PLUGIN
 from slurm_robust.records import TASK_EXIT_SCHEMA, read_records
 from slurm_robust.slurm import RetryPolicy, SlurmCommandError, run_slurm_command
+from slurm_robust_rehearsal.cluster.templates import SPANK_PLUGIN
 
 pytestmark = [
     pytest.mark.integration,

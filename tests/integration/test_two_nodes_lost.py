@@ -20,10 +20,10 @@ import pytest
 from cluster_helpers import spare_path_victim, standalone_digest
 from test_launcher_faults import CLI, EXAMPLE, NODES, REPO, runs  # noqa: F401
 
-from slurm_robust.cluster.manager import MiniCluster
 from slurm_robust.health import PENDING_PREFIX
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.records import read_records
+from slurm_robust_rehearsal.cluster.manager import MiniCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from slurm_robust.cluster.daemons import our_processes
-from slurm_robust.cluster.manager import MiniCluster
+from slurm_robust_rehearsal.cluster.daemons import our_processes
+from slurm_robust_rehearsal.cluster.manager import MiniCluster
 
 pytestmark = pytest.mark.integration
 

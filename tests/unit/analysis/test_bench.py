@@ -7,8 +7,8 @@ import argparse
 import pytest
 
 from slurm_robust.analysis.pipeline import analyse
-from slurm_robust.rehearsal.bench import analysis as bench
-from slurm_robust.rehearsal.synth.fleet import synth_fleet
+from slurm_robust_rehearsal.bench import analysis as bench
+from slurm_robust_rehearsal.synth.fleet import synth_fleet
 
 
 def test_fleet_analysis_reproduces_the_generators_truth():

@@ -15,7 +15,7 @@ from slurm_robust.analysis.loaders import events_from_records, load_health, load
 from slurm_robust.analysis.pipeline import Inputs, analyse
 from slurm_robust.analysis.slurm_text import parse_node_events
 from slurm_robust.analysis.taxonomy import CLASSES, RUNGS
-from slurm_robust.rehearsal.synth.runs import Fault, synth_run
+from slurm_robust_rehearsal.synth.runs import Fault, synth_run
 
 T0 = 1_000_000.0
 
@@ -272,7 +272,7 @@ def test_short_runs_get_a_fine_sampling_grid():
 def test_grid_is_bounded_and_chunking_does_not_change_it(monkeypatch):
     import pandas as pd
 
-    from slurm_robust.rehearsal.synth.fleet import synth_fleet
+    from slurm_robust_rehearsal.synth.fleet import synth_fleet
 
     spans = pd.DataFrame({"wall_s": [43.0] * 1000})
     # A fleet of short runs: the fine step grows until the fleet fits the budget.

@@ -21,7 +21,7 @@ from slurm_robust.analysis.nodes import node_table, repeat_offenders
 from slurm_robust.analysis.pipeline import Inputs, analyse
 from slurm_robust.analysis.slurm_text import EVENT_FIELDS, parse_node_events, parse_sacct
 from slurm_robust.analysis.taxonomy import CLASS_CATEGORY, CLASSES, RUNGS
-from slurm_robust.rehearsal.synth.runs import Fault, synth_run
+from slurm_robust_rehearsal.synth.runs import Fault, synth_run
 
 
 def _analyse(events):

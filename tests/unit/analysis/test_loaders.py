@@ -10,7 +10,7 @@ from slurm_robust.analysis.loaders import (
     load_run_dirs,
     load_verdicts,
 )
-from slurm_robust.rehearsal.synth.runs import Fault, synth_run, write_run_dir
+from slurm_robust_rehearsal.synth.runs import Fault, synth_run, write_run_dir
 
 
 def _health(node: str, status: str, run_id: str, t: float) -> dict:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from slurm_robust.cli.main import main
-from slurm_robust.rehearsal.synth.runs import Fault, synth_run, write_run_dir
+from slurm_robust_rehearsal.synth.runs import Fault, synth_run, write_run_dir
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FAULTS = [Fault(5, "cuda_error", "spare", restore_back=2, nodes=("node2",)),

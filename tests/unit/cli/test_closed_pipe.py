@@ -11,7 +11,8 @@ import textwrap
 # of a run with many incidents is the real case): what is under test is main's handling.
 FLOOD = textwrap.dedent("""
     import sys
-    from slurm_robust.cli import cluster, main
+    from slurm_robust.cli import main
+    from slurm_robust_rehearsal.cluster import cli as cluster
 
     def flood(args):
         for i in range(200_000):

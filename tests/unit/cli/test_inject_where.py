@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from slurm_robust.launcher.errors import InjectionError
-from slurm_robust.rehearsal.inject.job import pick_worker
+from slurm_robust_rehearsal.inject.job import pick_worker
 
 
 def _run_dir(tmp_path: Path, workers: dict[str, int]) -> str:

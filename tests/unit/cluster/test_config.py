@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from slurm_robust.cluster.config import ClusterConfig
-from slurm_robust.cluster.templates import (
+from slurm_robust_rehearsal.cluster.config import ClusterConfig
+from slurm_robust_rehearsal.cluster.templates import (
     render_plugstack_conf,
     render_slurm_conf,
     render_wrapper,
@@ -42,7 +42,7 @@ def test_plugstack_only_loads_a_built_plugin(tmp_path):
 
 
 def test_ensure_reachable_adds_only_the_search_bit(tmp_path):
-    from slurm_robust.cluster.manager import ensure_reachable
+    from slurm_robust_rehearsal.cluster.manager import ensure_reachable
 
     private = tmp_path / "home"
     target = private / "venv" / "bin"

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from slurm_robust.cluster import netns
-from slurm_robust.cluster.config import ClusterConfig
-from slurm_robust.cluster.daemons import ClusterError
-from slurm_robust.cluster.manager import MiniCluster
-from slurm_robust.cluster.templates import render_slurm_conf
+from slurm_robust_rehearsal.cluster import netns
+from slurm_robust_rehearsal.cluster.config import ClusterConfig
+from slurm_robust_rehearsal.cluster.daemons import ClusterError
+from slurm_robust_rehearsal.cluster.manager import MiniCluster
+from slurm_robust_rehearsal.cluster.templates import render_slurm_conf
 
 
 def _cfg(tmp_path: Path, **kw) -> ClusterConfig:
@@ -106,7 +106,7 @@ def test_create_is_idempotent_and_destroy_removes_everything_by_name(tmp_path):
 
 def test_inject_network_faults_check_their_arguments(tmp_path, monkeypatch):
     from slurm_robust.launcher.errors import InjectionError
-    from slurm_robust.rehearsal.inject.network_cli import apply
+    from slurm_robust_rehearsal.inject.network_cli import apply
 
     monkeypatch.setenv("SLURM_ROBUST_CLUSTER_DIR", str(tmp_path / "mc"))
     with pytest.raises(InjectionError, match="no node 'node9'"):
@@ -118,7 +118,7 @@ def test_inject_network_faults_check_their_arguments(tmp_path, monkeypatch):
 
 
 def test_up_without_a_mode_is_namespaced_where_namespaces_can_be_made(tmp_path, monkeypatch):
-    from slurm_robust.cluster.manager import choose_network
+    from slurm_robust_rehearsal.cluster.manager import choose_network
 
     monkeypatch.setattr(netns, "unavailable_reason", lambda: None)
     cfg, notice = choose_network(_cfg(tmp_path))
@@ -127,7 +127,7 @@ def test_up_without_a_mode_is_namespaced_where_namespaces_can_be_made(tmp_path, 
 
 def test_up_without_a_mode_falls_back_to_the_shared_network_and_says_why(tmp_path,
                                                                           monkeypatch):
-    from slurm_robust.cluster.manager import choose_network
+    from slurm_robust_rehearsal.cluster.manager import choose_network
 
     monkeypatch.setattr(netns, "unavailable_reason", lambda: "`ip` (iproute2) is not installed")
     cfg, notice = choose_network(_cfg(tmp_path, netns=True))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_robust.rehearsal.bench import abtest
+from slurm_robust_rehearsal.bench import abtest
 
 
 def test_round_order_is_a_seeded_shuffle_that_varies_by_round():

@@ -10,8 +10,8 @@ from slurm_robust.analysis.loaders import events_from_records, load_health, load
 from slurm_robust.analysis.pipeline import Inputs, analyse
 from slurm_robust.analysis.slurm_text import parse_node_events
 from slurm_robust.errors import UsageError
-from slurm_robust.rehearsal.bench import ettr as bench_ettr
-from slurm_robust.rehearsal.synth.runs import Fault, synth_run
+from slurm_robust_rehearsal.bench import ettr as bench_ettr
+from slurm_robust_rehearsal.synth.runs import Fault, synth_run
 
 
 def test_schedule_cycles_faults_and_leaves_time_to_recover():
@@ -45,7 +45,7 @@ def test_downtime_split_adds_up_per_phase():
 
 
 def test_torchrun_peer_figures_from_its_progress_lines(tmp_path):
-    from slurm_robust.rehearsal.bench.ettr_torchrun import figures
+    from slurm_robust_rehearsal.bench.ettr_torchrun import figures
 
     # 0.5 s steps from t=10; a kill at t=13.2 after step 7; DCP saved at step 5, so the
     # restarted workers redo 6 and 7 and the next step (6) ends at t=20.
@@ -66,7 +66,7 @@ def test_torchrun_peer_figures_from_its_progress_lines(tmp_path):
 
 
 def test_torchrun_peer_fault_is_timed_to_the_restart_not_the_step_in_flight(tmp_path):
-    from slurm_robust.rehearsal.bench.ettr_torchrun import figures
+    from slurm_robust_rehearsal.bench.ettr_torchrun import figures
 
     # A NaN poison at t=11.7 lands after step 4 (t=12.0); step 5 fails, and the restarted
     # workers resume from step 2 (redoing 3 and 4) at t=17.
@@ -83,7 +83,7 @@ def test_torchrun_peer_fault_is_timed_to_the_restart_not_the_step_in_flight(tmp_
 
 
 def test_torchrun_peer_fault_not_injected_has_no_figures(tmp_path):
-    from slurm_robust.rehearsal.bench.ettr_torchrun import figures
+    from slurm_robust_rehearsal.bench.ettr_torchrun import figures
 
     # kill-node at t=12 failed to inject; the only restart (t=20) is the kill-worker's
     # at t=13.7, which must not be counted twice.
@@ -101,7 +101,7 @@ def test_torchrun_peer_fault_not_injected_has_no_figures(tmp_path):
 
 def test_kill_node_takes_the_cluster_root_it_is_given(tmp_path, monkeypatch):
     from slurm_robust.launcher.errors import InjectionError
-    from slurm_robust.rehearsal.inject.job import kill_node
+    from slurm_robust_rehearsal.inject.job import kill_node
 
     monkeypatch.delenv("SLURM_ROBUST_CLUSTER_DIR", raising=False)
     with pytest.raises(InjectionError, match="/nonexistent/run/mc-slurmd-node2.pid"):
@@ -147,7 +147,7 @@ def test_phase_figures_name_each_hang_limit(tmp_path):
 
 
 def test_torchrun_peer_counts_section_time_as_productive(tmp_path):
-    from slurm_robust.rehearsal.bench.ettr_torchrun import figures
+    from slurm_robust_rehearsal.bench.ettr_torchrun import figures
 
     per_step = bench_ettr.section_s_per_step(["eval:200:5", "save:500:3"])
     assert per_step == pytest.approx(5 / 200 + 3 / 500)

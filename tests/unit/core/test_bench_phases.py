@@ -8,7 +8,7 @@ import pytest
 
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.control.state import RunState, save_state
-from slurm_robust.rehearsal.bench import phases as bench_phases
+from slurm_robust_rehearsal.bench import phases as bench_phases
 
 
 def test_section_options_are_checked():

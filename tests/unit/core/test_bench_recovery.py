@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from slurm_robust.errors import SlurmRobustError, UsageError
-from slurm_robust.rehearsal.bench import recovery
+from slurm_robust_rehearsal.bench import recovery
 
 WORKER = [str(recovery.EXAMPLE), "--steps", "40", "--ckpt-dir", "/shared/x y/ckpt",
           "--ckpt-format", "dcp_async"]
@@ -157,7 +157,7 @@ def test_a_step_in_flight_at_the_kill_is_not_the_peers_recovery(tmp_path):
     # all-reduce had finished), and the ft_launcher round measured 0.0 s. The restarted
     # run redoes from its last save (70), so its first step is at most the last one
     # before the kill.
-    from slurm_robust.rehearsal.bench.recovery import _first_after
+    from slurm_robust_rehearsal.bench.arms.peers import first_after as _first_after
 
     progress = tmp_path / "progress.txt"
     progress.write_text("74 100.0\n75 100.2\n76 100.41\n71 108.9\n72 109.1\n")

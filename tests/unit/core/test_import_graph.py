@@ -1,8 +1,12 @@
-"""The installed package's import graph has no cycles, lazy imports included.
+"""The installed packages' import graph has no cycles, lazy imports included, and the
+library never imports the rehearsal tooling.
 
-The graph is built with :mod:`ast` from the source files that setup.cfg installs
-(``package_dir`` maps ``slurm_robust.ckpt`` to ckpt/ and ``slurm_robust.analysis`` to
-analysis/), so it needs no third-party tool and imports nothing it inspects.
+The checkout holds two distributions: the library (setup.cfg at the root) and its
+rehearsal tooling (rehearsal/setup.cfg: the mini-cluster, fault injection, benchmarks,
+synthetic data, workloads). The graph is built with :mod:`ast` from the source files that
+both setup.cfg files install (``package_dir`` maps ``slurm_robust.ckpt`` to ckpt/ and
+``slurm_robust.analysis`` to analysis/), so it needs no third-party tool and imports
+nothing it inspects.
 
 What counts as an edge ``A -> B`` (both inside the package):
 
@@ -25,29 +29,43 @@ from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
+#: The library's top-level package, and the rehearsal distribution's.
+LIBRARY, REHEARSAL = "slurm_robust", "slurm_robust_rehearsal"
+#: Top-level package -> the folder of the setup.cfg that installs it.
+DISTRIBUTIONS = {LIBRARY: REPO, REHEARSAL: REPO / "rehearsal"}
 
-def package_dirs() -> dict[str, Path]:
-    """Package name -> folder, from setup.cfg (the same mapping setuptools installs)."""
-    cfg = configparser.ConfigParser()
-    cfg.read(REPO / "setup.cfg")
-    mapping: dict[str, Path] = {}
-    for line in cfg["options"]["package_dir"].strip().splitlines():
-        name, _, folder = (part.strip() for part in line.partition("="))
-        mapping[name] = REPO / folder
-    packages = cfg["options"]["packages"].split()
+
+def package_dirs(dist: str | None = None) -> dict[str, Path]:
+    """Package name -> folder, from the setup.cfg of ``dist`` (both when None): the same
+    mapping setuptools installs."""
     dirs: dict[str, Path] = {}
-    for pkg in packages:
-        # The longest mapped prefix decides where a package's files are.
-        base = max((k for k in mapping if pkg == k or pkg.startswith(k + ".")), key=len)
-        rest = pkg[len(base):].lstrip(".")
-        dirs[pkg] = mapping[base].joinpath(*rest.split(".")) if rest else mapping[base]
+    for top, root in DISTRIBUTIONS.items():
+        if dist is not None and dist != top:
+            continue
+        cfg = configparser.ConfigParser()
+        cfg.read(root / "setup.cfg")
+        mapping: dict[str, Path] = {}
+        for line in cfg["options"].get("package_dir", "").strip().splitlines():
+            name, _, folder = (part.strip() for part in line.partition("="))
+            mapping[name] = root / folder
+        for pkg in cfg["options"]["packages"].split():
+            # The longest mapped prefix decides where a package's files are (unmapped:
+            # the folder of that name beside setup.cfg).
+            base = max((k for k in mapping if pkg == k or pkg.startswith(k + ".")), key=len,
+                       default=None)
+            if base is None:
+                dirs[pkg] = root.joinpath(*pkg.split("."))
+                continue
+            rest = pkg[len(base):].lstrip(".")
+            dirs[pkg] = mapping[base].joinpath(*rest.split(".")) if rest else mapping[base]
     return dirs
 
 
-def module_files() -> dict[str, Path]:
-    """Module name -> source file for every module of every installed package."""
+def module_files(dist: str | None = None) -> dict[str, Path]:
+    """Module name -> source file for every module of every installed package (of
+    ``dist`` only, when given)."""
     files: dict[str, Path] = {}
-    for pkg, folder in package_dirs().items():
+    for pkg, folder in package_dirs(dist).items():
         for path in sorted(folder.glob("*.py")):
             files[pkg if path.stem == "__init__" else f"{pkg}.{path.stem}"] = path
     return files
@@ -180,17 +198,29 @@ def test_package_maps_to_files() -> None:
     assert "slurm_robust.ckpt.manager" in files
     assert "slurm_robust.analysis.ettr" in files
     assert "slurm_robust.launcher.control.controller" in files
-    assert len(files) > 100
+    assert "slurm_robust_rehearsal.cluster.manager" in files
+    assert "slurm_robust_rehearsal.bench.arms.base" in files
+    assert len(module_files(LIBRARY)) > 100 and len(module_files(REHEARSAL)) > 30
 
 
 def test_every_package_folder_is_installed() -> None:
-    """A package folder missing from setup.cfg ``packages`` would not be installed (and
+    """A package folder missing from its setup.cfg ``packages`` would not be installed (and
     would be invisible to the graph)."""
-    dirs = package_dirs()
-    listed = set(dirs.values())
-    for folder in set(dirs.values()):
-        for init in folder.glob("*/__init__.py"):
-            assert init.parent in listed, f"{init.parent} is not in setup.cfg packages"
+    for dist in DISTRIBUTIONS:
+        dirs = package_dirs(dist)
+        listed = set(dirs.values())
+        for folder in set(dirs.values()):
+            for init in folder.glob("*/__init__.py"):
+                assert init.parent in listed, f"{init.parent} is not in {dist}'s packages"
+
+
+def test_each_distribution_installs_only_its_own_packages() -> None:
+    """The library's setup.cfg lists no rehearsal package and the rehearsal's lists only
+    its own, so that installing the library alone leaves the tooling out."""
+    lib, reh = package_dirs(LIBRARY), package_dirs(REHEARSAL)
+    assert all(p == LIBRARY or p.startswith(LIBRARY + ".") for p in lib), sorted(lib)
+    assert all(p == REHEARSAL or p.startswith(REHEARSAL + ".") for p in reh), sorted(reh)
+    assert not set(lib.values()) & set(reh.values())
 
 
 def test_graph_sees_lazy_and_type_checking_imports() -> None:
@@ -229,11 +259,26 @@ def test_no_cycles_between_features() -> None:
     assert not bad, "cycles between features:\n" + _describe(graph, bad)
 
 
-def test_production_code_does_not_import_rehearsal_tooling() -> None:
-    """Benchmarks, synthetic data, workloads and injection stay out of what a node runs;
-    the CLI reaches them only by name through its registries (cli/bench.py, cli/inject.py)."""
-    graph = import_graph()
-    leaks = sorted(f"{module} -> {target}" for module, targets in graph.items()
-                   if not module.startswith("slurm_robust.rehearsal")
-                   for target in targets if target.startswith("slurm_robust.rehearsal"))
-    assert not leaks, "production modules import rehearsal tooling:\n" + "\n".join(leaks)
+def test_the_library_never_imports_the_rehearsal_distribution() -> None:
+    """The mini-cluster, benchmarks, synthetic data, workloads and injection stay out of
+    what a node runs: no module of the library imports the rehearsal distribution, at
+    module level, lazily or for typing. The CLI reaches it only by name (cli/main.py,
+    cli/bench.py, cli/inject.py); the seams production code reads (probe files, fault
+    files, environment variables) are the library's own."""
+    leaks = []
+    for module, path in module_files(LIBRARY).items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for target, name in _imported(tree, module, path.stem == "__init__"):
+            full = f"{target}.{name}" if name else target
+            if target == REHEARSAL or target.startswith(REHEARSAL + ".") or \
+                    full.startswith(REHEARSAL + "."):
+                leaks.append(f"{module} -> {full}")
+    assert not leaks, "library modules import the rehearsal distribution:\n" + \
+        "\n".join(sorted(leaks))
+
+
+def test_the_rehearsal_check_sees_every_kind_of_import() -> None:
+    tree = ast.parse("import slurm_robust_rehearsal.cluster\n"
+                     "def f():\n    from slurm_robust_rehearsal.bench import arms\n")
+    targets = {t for t, _ in _imported(tree, "slurm_robust.cli.main", False)}
+    assert targets == {"slurm_robust_rehearsal.cluster", "slurm_robust_rehearsal.bench"}

@@ -10,7 +10,6 @@ from slurm_robust import records as rec
 from slurm_robust.analysis.loaders import events_from_records
 from slurm_robust.analysis.pipeline import analyse, load_inputs
 from slurm_robust.analysis.taxonomy import CLASSES, read_class
-from slurm_robust.rehearsal.synth.runs import Fault, synth_run, write_run_dir
 from slurm_robust.simulate.paper import TABLE1_SHARES as PAPER_SHARES
 from slurm_robust.taxonomy import (
     LEGACY,
@@ -25,6 +24,7 @@ from slurm_robust.taxonomy import (
     evicts,
     stops_on_repeat,
 )
+from slurm_robust_rehearsal.synth.runs import Fault, synth_run, write_run_dir
 
 TABLE1 = {"CUDA error": "cuda_error", "CPU overload": "cpu_overload", "CPU OOM": "cpu_oom",
           "Disk full": "disk_full", "Disk fault": "disk_fault",

@@ -123,22 +123,33 @@ def resolve_path(token: str) -> str | None:
 
 # ---------------------------------------------------------------- the package, by ast
 
+#: The folders of the checkout's two setup.cfg files: the library and its rehearsal
+#: tooling (rehearsal/, package slurm_robust_rehearsal).
+DISTRIBUTIONS = (REPO, REPO / "rehearsal")
+
+
 @functools.cache
 def module_files() -> dict[str, Path]:
-    """Module name -> source file, through setup.cfg's package_dir (ckpt/, analysis/)."""
-    cfg = configparser.ConfigParser()
-    cfg.read(REPO / "setup.cfg")
-    mapping = {}
-    for line in cfg["options"]["package_dir"].strip().splitlines():
-        name, _, folder = (part.strip() for part in line.partition("="))
-        mapping[name] = REPO / folder
+    """Module name -> source file of both distributions, through each setup.cfg's
+    package_dir (ckpt/, analysis/; an unmapped package is the folder of its name)."""
     files: dict[str, Path] = {}
-    for pkg in cfg["options"]["packages"].split():
-        base = max((k for k in mapping if pkg == k or pkg.startswith(k + ".")), key=len)
-        rest = pkg[len(base):].lstrip(".")
-        folder = mapping[base].joinpath(*rest.split(".")) if rest else mapping[base]
-        for path in folder.glob("*.py"):
-            files[pkg if path.stem == "__init__" else f"{pkg}.{path.stem}"] = path
+    for root in DISTRIBUTIONS:
+        cfg = configparser.ConfigParser()
+        cfg.read(root / "setup.cfg")
+        mapping = {}
+        for line in cfg["options"].get("package_dir", "").strip().splitlines():
+            name, _, folder = (part.strip() for part in line.partition("="))
+            mapping[name] = root / folder
+        for pkg in cfg["options"]["packages"].split():
+            base = max((k for k in mapping if pkg == k or pkg.startswith(k + ".")), key=len,
+                       default=None)
+            if base is None:
+                folder = root.joinpath(*pkg.split("."))
+            else:
+                rest = pkg[len(base):].lstrip(".")
+                folder = mapping[base].joinpath(*rest.split(".")) if rest else mapping[base]
+            for path in folder.glob("*.py"):
+                files[pkg if path.stem == "__init__" else f"{pkg}.{path.stem}"] = path
     return files
 
 
@@ -216,7 +227,8 @@ def code_index() -> CodeIndex:
 
 
 def resolve_dotted(name: str) -> str | None:
-    """None when ``slurm_robust.a.b.C.m`` exists, else what is missing."""
+    """None when ``slurm_robust.a.b.C.m`` (or ``slurm_robust_rehearsal.a.b``) exists,
+    else what is missing."""
     files = module_files()
     parts = name.split(".")
     k = len(parts)

@@ -16,8 +16,8 @@ README_MAX_LINES = 250
 TRACKER_REF = re.compile(r"\bissues? ?#?[0-9]+", re.I)
 #: Where the rule applies: code, docs and tests (not the failure corpus, whose entries
 #: quote public issue threads by their URLs).
-SCOPES = ("slurm_robust", "ckpt", "analysis", "prolog", "epilog", "examples", "spank",
-          "tests", "docs", "README.md", "Makefile", "setup.cfg", "pyproject.toml")
+SCOPES = ("slurm_robust", "rehearsal", "ckpt", "analysis", "prolog", "epilog", "examples",
+          "spank", "tests", "docs", "README.md", "Makefile", "setup.cfg", "pyproject.toml")
 EXCLUDED = ("tests/data/",)
 
 

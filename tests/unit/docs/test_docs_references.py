@@ -92,7 +92,7 @@ def test_named_modules_exist(doc: Path) -> None:
     schemas = code_index().schemas
     bad = []
     for n, line in enumerate(text.splitlines(), 1):
-        for name in re.findall(r"(?<![\w/])slurm_robust(?:\.\w+)+", line):
+        for name in re.findall(r"(?<![\w/])slurm_robust(?:_rehearsal)?(?:\.\w+)+", line):
             name = name.rstrip(".")
             if name in schemas:  # a record schema ("slurm_robust.verdict"), not a module
                 continue

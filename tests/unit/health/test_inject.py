@@ -12,13 +12,13 @@ import pytest
 
 from slurm_robust.errors import UsageError
 from slurm_robust.health import Status, run_suite
-from slurm_robust.rehearsal.inject.probes import (
+from slurm_robust.site_config import SiteConfig
+from slurm_robust_rehearsal.inject.probes import (
     InjectionRefusedError,
     clear_injections,
     inject_probe,
     list_injections,
 )
-from slurm_robust.site_config import SiteConfig
 
 
 def test_refused_unless_enabled(tmp_path: Path) -> None:

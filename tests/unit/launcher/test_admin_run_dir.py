@@ -17,13 +17,13 @@ from slurm_robust.launcher.paths import COMMENT_PREFIX
 from slurm_robust.launcher.submit import status as status_mod
 from slurm_robust.launcher.submit.update import request_update
 from slurm_robust.records import write_json_atomic
-from slurm_robust.rehearsal.inject import job as inject_job
 from slurm_robust.run_dir_trust import (
     UntrustedRunDirError,
     ensure_private_subdir,
     write_json_as_owner,
 )
 from slurm_robust.secure_fs import UnsafePathError
+from slurm_robust_rehearsal.inject import job as inject_job
 
 OTHER = 4242
 needs_root = pytest.mark.skipif(os.geteuid() != 0,

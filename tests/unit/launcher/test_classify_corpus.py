@@ -13,9 +13,9 @@ import argparse
 
 import pytest
 
-from slurm_robust.rehearsal.bench import classify as bench
-from slurm_robust.rehearsal.bench.corpus_split import Split
 from slurm_robust.taxonomy import Action, Side
+from slurm_robust_rehearsal.bench import classify as bench
+from slurm_robust_rehearsal.bench.corpus_split import Split
 
 ENTRIES, UNREADABLE = bench.load_corpus(bench.CORPUS)
 SEEN = bench.load_seen_ids(bench.SEEN_IDS)

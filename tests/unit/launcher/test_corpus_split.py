@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_robust.rehearsal.bench import classify as bench
-from slurm_robust.rehearsal.bench.corpus_split import HELD_OUT_BELOW, Split, split_of
+from slurm_robust_rehearsal.bench import classify as bench
+from slurm_robust_rehearsal.bench.corpus_split import HELD_OUT_BELOW, Split, split_of
 
 
 def test_the_split_is_the_first_byte_of_the_url_hash():

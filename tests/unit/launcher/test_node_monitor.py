@@ -13,8 +13,8 @@ from slurm_robust.errors import UsageError
 from slurm_robust.health.journal import read_journal
 from slurm_robust.launcher.enums import Severity
 from slurm_robust.launcher.node.monitor import MonitorSettings, NodeMonitor
-from slurm_robust.rehearsal.inject.probes import clear_injections, inject_probe
 from slurm_robust.site_config import SiteConfig
+from slurm_robust_rehearsal.inject.probes import clear_injections, inject_probe
 
 NODE = "n2"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from slurm_robust.rehearsal.bench import scale
+from slurm_robust_rehearsal.bench import scale
 
 
 def test_scale_bench_runs_and_decides_the_injected_failure():

@@ -9,8 +9,6 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurm_robust.cluster import prometheus as prom
-from slurm_robust.cluster.config import ClusterConfig
 from slurm_robust.reserve.metrics import (
     ExporterView,
     ReserveCollector,
@@ -19,6 +17,8 @@ from slurm_robust.reserve.metrics import (
     tally_reserve_log,
     tally_verdict_log,
 )
+from slurm_robust_rehearsal.cluster import prometheus as prom
+from slurm_robust_rehearsal.cluster.config import ClusterConfig
 
 NOW = 1_000_000.0
 H = 3600.0

@@ -8,10 +8,10 @@ import pytest
 
 from slurm_robust.errors import UsageError
 from slurm_robust.layout import ParallelLayout, parse_layout
-from slurm_robust.rehearsal.synth.stacks import synthetic_capture, synthetic_rank
 from slurm_robust.stacks.analyze import AnalyzeOptions, analyze, compress_ranks, explain
 from slurm_robust.stacks.dumps import Frame
 from slurm_robust.stacks.signature import SignatureOptions
+from slurm_robust_rehearsal.synth.stacks import synthetic_capture, synthetic_rank
 
 FIG7 = parse_layout("tp=2,pp=4,dp=4", ranks_per_node=2)
 

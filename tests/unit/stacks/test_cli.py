@@ -13,8 +13,8 @@ import pytest
 
 from slurm_robust.cli.main import main
 from slurm_robust.layout import parse_layout
-from slurm_robust.rehearsal.synth.stacks import synthetic_capture
 from slurm_robust.stacks.dumps import write_rank_dump
+from slurm_robust_rehearsal.synth.stacks import synthetic_capture
 
 SLEEPER = "import time\ndef hold_here():\n    time.sleep(60)\nhold_here()\n"
 

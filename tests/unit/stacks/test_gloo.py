@@ -39,7 +39,7 @@ def gloo_job(tmp_path):
         ready = tmp_path / "ready"
         ready.mkdir()
         for rank in range(WORLD):
-            argv = [sys.executable, "-m", "slurm_robust.rehearsal.workloads.stacks_gloo",
+            argv = [sys.executable, "-m", "slurm_robust_rehearsal.workloads.stacks_gloo",
                     "--rank", str(rank),
                     "--world", str(WORLD), "--store", str(tmp_path / "store"),
                     "--ready-dir", str(ready), "--hang-rank", str(hang_rank),
