@@ -26,7 +26,10 @@ BASE_TIME = 1_700_000_000.0
 SPAN_S = 90 * 86400.0        # three months, as ByteRobust's 778,135 jobs
 CLUSTER_NODES = 1000
 STARTUP_S = 10.0
-RUNG_P = (0.5, 0.25, 0.15, 0.1)
+#: How often each rung ends a synthetic incident; a rung without a weight is never drawn,
+#: so a rung added to the vocabulary needs nothing here.
+RUNG_WEIGHTS = {Rung.IN_PLACE: 0.5, Rung.SPARE: 0.25, Rung.REQUEUE: 0.15, Rung.STOP: 0.1}
+RUNG_P = tuple(RUNG_WEIGHTS.get(Rung(r), 0.0) for r in RUNGS)
 
 
 @dataclass
