@@ -3,10 +3,10 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CLI := $(VENV)/bin/slurm-robust
-# The CPU build of torch that pip finds on this machine's disk; installed first so the
-# package's own torch range is met without downloading a CUDA build of several GB.
 # Two distributions, both editable: the library (.) and its rehearsal tooling (rehearsal/:
 # the mini-cluster, fault injection, benchmarks; docs/DEVELOPING.md says why apart).
+# The CPU build of torch that pip finds on this machine's disk; installed first so the
+# package's own torch range is met without downloading a CUDA build of several GB.
 TORCH_PIN ?= torch==2.13.0
 PYTEST_ARGS ?=
 
