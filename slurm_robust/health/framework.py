@@ -28,6 +28,7 @@ from typing import Any
 from slurm_robust.errors import UsageError
 from slurm_robust.health.errors import NoNVMLError, NVMLHungError
 from slurm_robust.health.probes import ProbeView
+from slurm_robust.taxonomy import FailureClass
 from slurm_robust.vocabulary import HealthStatus
 
 log = logging.getLogger("slurm_robust.health")
@@ -114,9 +115,29 @@ class CheckResult:
 CheckFn = Callable[[CheckContext, Mapping[str, Any]], Outcome]
 
 
+#: The in-job monitor's kinds that run checks (launcher/node/monitor.py schedules each).
+IN_JOB_KINDS = ("gpu", "network", "host")
+
+
+@dataclass(frozen=True)
+class InJob:
+    """What the in-job monitor (launcher/node/monitor.py) does with a check, declared
+    where the check is: the ``kind`` whose schedule runs it, the incident class ``cls``
+    its finding is handled as (None: the monitor judges it from the evidence, as an
+    Xid's from the Xid catalogue), whether a failure is ``fatal`` (the controller evicts
+    the node), and whether the kind runs it by ``default`` (a site may list the others
+    in its ``monitor`` section). A check without one never runs in-job."""
+
+    kind: str
+    cls: FailureClass | None
+    fatal: bool = False
+    default: bool = True
+
+
 @dataclass(frozen=True)
 class Check:
-    """A registered check: name, the suites it belongs to, budget, default parameters."""
+    """A registered check: name, the suites it belongs to, budget, default parameters,
+    and what the in-job monitor does with it (None: nothing)."""
 
     name: str
     fn: CheckFn
@@ -124,6 +145,7 @@ class Check:
     budget_s: float
     params: Mapping[str, Any]
     gpu: bool = False
+    in_job: InJob | None = None
 
     def resolve_params(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
         """Defaults overlaid with the site's values; unknown or mistyped keys are errors."""
@@ -164,17 +186,21 @@ _REGISTRY: dict[str, Check] = {}
 
 def check(name: str, suites: tuple[str, ...], budget_s: float,
           params: Mapping[str, Any] | None = None,
-          gpu: bool = False) -> Callable[[CheckFn], CheckFn]:
+          gpu: bool = False, in_job: InJob | None = None) -> Callable[[CheckFn], CheckFn]:
     """Register a check function. ``gpu=True``: "no NVML" skips it (or fails it when the
-    site expects GPUs); names must be unique."""
+    site expects GPUs); ``in_job``: how the in-job monitor runs it; names must be
+    unique."""
     def register(fn: CheckFn) -> CheckFn:
         if name in _REGISTRY and _REGISTRY[name].fn is not fn:
             raise ValueError(f"check {name!r} is registered twice")
         bad = set(suites) - {QUICK, DEEP}
         if bad or not suites:
             raise ValueError(f"check {name!r}: suites must be a subset of quick/deep")
+        if in_job is not None and in_job.kind not in IN_JOB_KINDS:
+            raise ValueError(f"check {name!r}: in-job kind must be one of "
+                             f"{', '.join(IN_JOB_KINDS)}, got {in_job.kind!r}")
         _REGISTRY[name] = Check(name, fn, tuple(suites), float(budget_s),
-                                dict(params or {}), gpu)
+                                dict(params or {}), gpu, in_job)
         return fn
     return register
 

@@ -13,12 +13,14 @@ from typing import Any
 from slurm_robust.health.framework import (
     QUICK_AND_DEEP,
     CheckContext,
+    InJob,
     Outcome,
     check,
     fail,
     ok,
     warn,
 )
+from slurm_robust.taxonomy import FailureClass
 
 # Xids that mean the GPU or its memory cannot be trusted for the next job (NVIDIA's
 # Xid catalogue: 13 graphics engine exception, 31 MMU fault, 43 reset channel, 45 preemptive
@@ -53,7 +55,10 @@ def nvml_responsive(ctx: CheckContext, params: Mapping[str, Any]) -> Outcome:
     return ok(latency_s=round(took, 4))
 
 
-@check("gpu_count", QUICK_AND_DEEP, GPU_BUDGET_S, {"expected": -1}, gpu=True)
+# In-job: a GPU gone, or memory the GPU cannot trust any more, is fatal (the node is
+# evicted); a hardware Xid is judged by the monitor from the Xid catalogue.
+@check("gpu_count", QUICK_AND_DEEP, GPU_BUDGET_S, {"expected": -1}, gpu=True,
+       in_job=InJob("gpu", FailureClass.GPU_UNAVAILABLE, fatal=True))
 def gpu_count(ctx: CheckContext, params: Mapping[str, Any]) -> Outcome:
     """As many GPUs as configured (``expected``, default the site's ``gpus_per_node``)."""
     count = ctx.probes.gpu("gpu_count")["gpu_count"]
@@ -65,7 +70,8 @@ def gpu_count(ctx: CheckContext, params: Mapping[str, Any]) -> Outcome:
     return ok(count=count, expected=expected)
 
 
-@check("gpu_xid", QUICK_AND_DEEP, GPU_BUDGET_S, {"critical": CRITICAL_XIDS}, gpu=True)
+@check("gpu_xid", QUICK_AND_DEEP, GPU_BUDGET_S, {"critical": CRITICAL_XIDS}, gpu=True,
+       in_job=InJob("gpu", None))
 def gpu_xid(ctx: CheckContext, params: Mapping[str, Any]) -> Outcome:
     """No critical Xid since the last check; other Xids warn."""
     events = ctx.probes.gpu("xid_events")["xid_events"] or []
@@ -83,7 +89,8 @@ def gpu_xid(ctx: CheckContext, params: Mapping[str, Any]) -> Outcome:
     return ok(**evidence)
 
 
-@check("gpu_ecc", QUICK_AND_DEEP, GPU_BUDGET_S, {"max_uncorrectable": 0}, gpu=True)
+@check("gpu_ecc", QUICK_AND_DEEP, GPU_BUDGET_S, {"max_uncorrectable": 0}, gpu=True,
+       in_job=InJob("gpu", FailureClass.GPU_MEMORY_ERROR, fatal=True))
 def gpu_ecc(ctx: CheckContext, params: Mapping[str, Any]) -> Outcome:
     """Volatile (since driver load) uncorrectable ECC errors at most ``max_uncorrectable``."""
     counts = ctx.probes.gpu("ecc_uncorrectable")["ecc_uncorrectable"] or []
@@ -96,7 +103,8 @@ def gpu_ecc(ctx: CheckContext, params: Mapping[str, Any]) -> Outcome:
     return ok(uncorrectable=counts)
 
 
-@check("gpu_remap", QUICK_AND_DEEP, GPU_BUDGET_S, {"max_retired_pages": 60}, gpu=True)
+@check("gpu_remap", QUICK_AND_DEEP, GPU_BUDGET_S, {"max_retired_pages": 60}, gpu=True,
+       in_job=InJob("gpu", FailureClass.GPU_MEMORY_ERROR, fatal=True))
 def gpu_remap(ctx: CheckContext, params: Mapping[str, Any]) -> Outcome:
     """No row remapping pending or failed; no page retirement pending; few retired pages."""
     r = ctx.probes.gpu("remap", "retired_pages")
@@ -117,7 +125,8 @@ def gpu_remap(ctx: CheckContext, params: Mapping[str, Any]) -> Outcome:
     return ok(**evidence)
 
 
-@check("gpu_thermal", QUICK_AND_DEEP, GPU_BUDGET_S, {"max_temp_c": 85}, gpu=True)
+@check("gpu_thermal", QUICK_AND_DEEP, GPU_BUDGET_S, {"max_temp_c": 85}, gpu=True,
+       in_job=InJob("gpu", FailureClass.GPU_UNAVAILABLE))
 def gpu_thermal(ctx: CheckContext, params: Mapping[str, Any]) -> Outcome:
     """Temperature at most ``max_temp_c``; no hardware thermal/power throttling (fail);
     software power-cap or thermal throttling warns."""
@@ -158,7 +167,8 @@ def gpu_pcie(ctx: CheckContext, params: Mapping[str, Any]) -> Outcome:
     return ok(**evidence)
 
 
-@check("gpu_nvlink", QUICK_AND_DEEP, GPU_BUDGET_S, {}, gpu=True)
+@check("gpu_nvlink", QUICK_AND_DEEP, GPU_BUDGET_S, {}, gpu=True,
+       in_job=InJob("gpu", FailureClass.GPU_UNAVAILABLE, default=False))
 def gpu_nvlink(ctx: CheckContext, params: Mapping[str, Any]) -> Outcome:
     """Every NVLink link present is up."""
     links = ctx.probes.gpu("nvlink")["nvlink"] or []

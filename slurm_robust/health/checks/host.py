@@ -12,6 +12,7 @@ from typing import Any
 from slurm_robust.health.framework import (
     QUICK_AND_DEEP,
     CheckContext,
+    InJob,
     Outcome,
     Status,
     check,
@@ -19,6 +20,7 @@ from slurm_robust.health.framework import (
     ok,
     warn,
 )
+from slurm_robust.taxonomy import FailureClass
 
 GIB = 1 << 30
 HOST_BUDGET_S = 2.0
@@ -70,7 +72,8 @@ def shortfall(ctx: CheckContext, what: str, have: int, want: int,
 
 
 @check("host_disk_free", QUICK_AND_DEEP, HOST_BUDGET_S,
-       {"paths": ["{state_dir}", "/tmp"], "min_free_gib": 1.0, "min_uid": 1000})
+       {"paths": ["{state_dir}", "/tmp"], "min_free_gib": 1.0, "min_uid": 1000},
+       in_job=InJob("host", FailureClass.DISK_FULL))
 def host_disk_free(ctx: CheckContext, params: Mapping[str, Any]) -> Outcome:
     """Each configured path has at least ``min_free_gib`` free (a missing path fails).
 
@@ -96,7 +99,8 @@ def host_disk_free(ctx: CheckContext, params: Mapping[str, Any]) -> Outcome:
     return next((o for o in outcomes if o.status is Status.FAIL), outcomes[0])
 
 
-@check("host_mem_available", QUICK_AND_DEEP, HOST_BUDGET_S, {"min_gib": 1.0, "min_uid": 1000})
+@check("host_mem_available", QUICK_AND_DEEP, HOST_BUDGET_S, {"min_gib": 1.0, "min_uid": 1000},
+       in_job=InJob("host", FailureClass.CPU_OOM))
 def host_mem_available(ctx: CheckContext, params: Mapping[str, Any]) -> Outcome:
     """MemAvailable at least ``min_gib``; memory other users' processes hold that
     explains the shortfall is a warning naming them (``shortfall``)."""

@@ -13,12 +13,14 @@ from typing import Any
 from slurm_robust.health.framework import (
     QUICK_AND_DEEP,
     CheckContext,
+    InJob,
     Outcome,
     check,
     fail,
     ok,
     warn,
 )
+from slurm_robust.taxonomy import FailureClass
 
 NET_BUDGET_S = 2.0
 #: Port error counters worth showing as evidence (the rest stay in sysfs).
@@ -43,7 +45,10 @@ def iface_errors(iface: Mapping[str, Any]) -> dict[str, int]:
     return {k: int(stats[k]) for k in ETH_ERROR_STATS if k in stats}
 
 
-@check("net_ib_ports", QUICK_AND_DEEP, NET_BUDGET_S, {"ignore": []})
+# In-job: an alert is a warning; the monitor makes repeated alerts within its window
+# fatal (its ``network`` kind's alerts and window_s).
+@check("net_ib_ports", QUICK_AND_DEEP, NET_BUDGET_S, {"ignore": []},
+       in_job=InJob("network", FailureClass.NETWORK))
 def net_ib_ports(ctx: CheckContext, params: Mapping[str, Any]) -> Outcome:
     """Every InfiniBand/RoCE port (``device/port`` not in ``ignore``) is ACTIVE/LinkUp."""
     ports = [p for p in ctx.probes.get("ib_ports") or []
@@ -61,7 +66,8 @@ def net_ib_ports(ctx: CheckContext, params: Mapping[str, Any]) -> Outcome:
     return ok(**evidence)
 
 
-@check("net_eth_links", QUICK_AND_DEEP, NET_BUDGET_S, {"required": [], "fail": False})
+@check("net_eth_links", QUICK_AND_DEEP, NET_BUDGET_S, {"required": [], "fail": False},
+       in_job=InJob("network", FailureClass.NETWORK))
 def net_eth_links(ctx: CheckContext, params: Mapping[str, Any]) -> Outcome:
     """Ethernet links up (operstate ``up`` or ``unknown`` with carrier). An interface in
     ``required`` that is down or missing fails; any other one that lost its carrier warns

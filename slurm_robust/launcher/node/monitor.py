@@ -45,6 +45,7 @@ from slurm_robust.health.errors import NoNVMLError, NVMLHungError
 from slurm_robust.health.framework import (
     CheckContext,
     CheckResult,
+    InJob,
     Status,
     registered_checks,
     run_check,
@@ -90,27 +91,32 @@ class KernelFindingEvidence(TypedDict):
     bus: NotRequired[str | None]
 
 
+#: The checks that declare what the in-job monitor does with them (``in_job`` of
+#: health.framework.check, written beside each check), in registration order.
+IN_JOB: dict[str, InJob] = {name: c.in_job for name, c in registered_checks().items()
+                            if c.in_job is not None}
+
+
+def _default_checks(kind: str, declared: Mapping[str, InJob] = IN_JOB) -> list[str]:
+    return [name for name, how in declared.items() if how.kind == kind and how.default]
+
+
 #: Defaults (ByteRobust's schedule); the site config's ``monitor`` section overrides.
+#: Which checks each kind runs comes from the checks' own declarations.
 DEFAULTS: dict[str, KindDefaults] = {
-    "gpu": {"interval_s": 10.0,
-            "checks": ["gpu_count", "gpu_xid", "gpu_ecc", "gpu_remap", "gpu_thermal"]},
+    "gpu": {"interval_s": 10.0, "checks": _default_checks("gpu")},
     "kernel": {"interval_s": 2.0},
-    "network": {"interval_s": 30.0, "checks": ["net_ib_ports", "net_eth_links"],
+    "network": {"interval_s": 30.0, "checks": _default_checks("network"),
                 "alerts": 2, "window_s": 300.0},
-    "host": {"interval_s": 30.0, "checks": ["host_disk_free", "host_mem_available"]},
+    "host": {"interval_s": 30.0, "checks": _default_checks("host")},
     "sample": {"interval_s": 10.0},
 }
 #: Checks whose failure is fatal (besides gpu_xid with a hardware Xid and the network's
-#: repeated alerts): the GPU or its memory cannot be trusted any more.
-DEFAULT_FATAL = ["gpu_count", "gpu_ecc", "gpu_remap"]
-#: The incident class a check's finding is handled as.
-CHECK_CLASS: dict[str, str] = {
-    "gpu_count": IncidentClass.GPU_UNAVAILABLE, "gpu_ecc": IncidentClass.GPU_MEMORY_ERROR,
-    "gpu_remap": IncidentClass.GPU_MEMORY_ERROR, "gpu_thermal": IncidentClass.GPU_UNAVAILABLE,
-    "gpu_nvlink": IncidentClass.GPU_UNAVAILABLE, "net_ib_ports": IncidentClass.NETWORK,
-    "net_eth_links": IncidentClass.NETWORK, "host_disk_free": IncidentClass.DISK_FULL,
-    "host_mem_available": IncidentClass.CPU_OOM,
-}
+#: repeated alerts), as each check declares.
+DEFAULT_FATAL = [name for name, how in IN_JOB.items() if how.fatal]
+#: The incident class a check's finding is handled as, as each check declares.
+CHECK_CLASS: dict[str, str] = {name: how.cls for name, how in IN_JOB.items()
+                               if how.cls is not None}
 KERNEL_CLASS: dict[KernelEventKind, str] = {
     KernelEventKind.OOM: IncidentClass.CPU_OOM, KernelEventKind.PANIC: IncidentClass.KERNEL_PANIC,
     KernelEventKind.IO_ERROR: IncidentClass.DISK_FAULT,
