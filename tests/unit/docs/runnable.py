@@ -84,3 +84,13 @@ def run(example: Example, timeout_s: float = 120.0) -> str | None:
         return (f"{example.id}: `{example.command}` printed\n" + "\n".join(actual) +
                 "\nbut the doc shows\n" + "\n".join(example.expected))
     return None
+
+
+def by_block(found: list[Example]) -> list[list[Example]]:
+    """The examples grouped by their block, in the doc's order: a block's commands run
+    in turn in one test (a later one may read what an earlier one wrote, so they must
+    not land on different test processes)."""
+    groups: dict[str, list[Example]] = {}
+    for example in found:
+        groups.setdefault(example.id, []).append(example)
+    return list(groups.values())

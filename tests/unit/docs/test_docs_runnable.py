@@ -5,9 +5,18 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.docs.runnable import MARK_CLUSTER, MARK_LOCAL, Example, examples, matches, run
+from tests.unit.docs.runnable import (
+    MARK_CLUSTER,
+    MARK_LOCAL,
+    Example,
+    by_block,
+    examples,
+    matches,
+    run,
+)
 
 LOCAL = examples(MARK_LOCAL)
+BLOCKS = by_block(LOCAL)
 
 
 def test_there_are_runnable_examples() -> None:
@@ -15,10 +24,11 @@ def test_there_are_runnable_examples() -> None:
     assert examples(MARK_CLUSTER), "no <!-- runnable: cluster --> block found"
 
 
-@pytest.mark.parametrize("example", LOCAL, ids=[e.id for e in LOCAL])
-def test_runnable_example(example: Example) -> None:
-    problem = run(example)
-    assert problem is None, problem
+@pytest.mark.parametrize("block", BLOCKS, ids=[b[0].id for b in BLOCKS])
+def test_runnable_example(block: list[Example]) -> None:
+    for example in block:  # in the doc's order: a command may read what one before wrote
+        problem = run(example)
+        assert problem is None, problem
 
 
 def test_the_output_match_can_fail() -> None:
