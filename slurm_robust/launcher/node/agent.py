@@ -454,7 +454,7 @@ class Agent:
                 pass
             for local_rank, rank in enumerate(plan.ranks or []):
                 progress = pdir / f"rank{rank}.gen{self.gen}.jsonl"
-                env = wk.worker_env(os.environ, plan.to_json(), rank, local_rank,
+                env = wk.worker_env(os.environ, plan, rank, local_rank,
                                     self.ident.node,
                                     self.ident.job_id, self.cfg.run_dir, progress, ckpt,
                                     extra_env)

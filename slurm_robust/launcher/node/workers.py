@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from slurm_robust.ckpt import CheckpointConfig
+from slurm_robust.launcher.messages import Plan
 from slurm_robust.launcher.node import zygote
 from slurm_robust.launcher.worker_signals import DRAIN_SIGNAL
 from slurm_robust.stacks import procfs
@@ -80,14 +81,15 @@ class Worker:
         return self.popen.pid
 
 
-def worker_env(base: Mapping[str, str], plan: Mapping[str, Any], rank: int, local_rank: int,
+def worker_env(base: Mapping[str, str], plan: Plan, rank: int, local_rank: int,
                node: str, job_id: str, run_dir: str, progress: Path,
                ckpt: CheckpointConfig, extra: Mapping[str, str]) -> dict[str, str]:
-    """The environment of one worker (see the module docstring)."""
-    ranks = plan["ranks"]
+    """The environment of one worker (see the module docstring). ``plan``: an active
+    plan (its rendezvous fields are set: Plan.validate refuses one that lacks them)."""
+    ranks = plan.ranks or []
     env = dict(base)
     env.update(extra)
-    world = int(plan["world_size"])
+    world = int(plan.world_size or 0)
     # torchrun's rule (torch.distributed.run): one OpenMP thread per process when a node
     # runs several, unless the user chose; N processes x all cores oversubscribe a node.
     if len(ranks) > 1 and "OMP_NUM_THREADS" not in env:
@@ -96,21 +98,21 @@ def worker_env(base: Mapping[str, str], plan: Mapping[str, Any], rank: int, loca
     env.update({
         "RANK": str(rank), "LOCAL_RANK": str(local_rank),
         "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(len(ranks)),
-        "GROUP_RANK": str(plan["slot"]), "GROUP_WORLD_SIZE": str(world // max(1, len(ranks))),
+        "GROUP_RANK": str(plan.slot), "GROUP_WORLD_SIZE": str(world // max(1, len(ranks))),
         "ROLE_NAME": "default", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
-        "MASTER_ADDR": str(plan["master_addr"]), "MASTER_PORT": str(plan["master_port"]),
-        "TORCHELASTIC_RESTART_COUNT": str(plan["attempt"]),
-        "TORCHELASTIC_MAX_RESTARTS": str(plan.get("max_restarts", 0)),
-        "TORCHELASTIC_RUN_ID": str(plan.get("run_id", "")),
+        "MASTER_ADDR": str(plan.master_addr), "MASTER_PORT": str(plan.master_port),
+        "TORCHELASTIC_RESTART_COUNT": str(plan.attempt),
+        "TORCHELASTIC_MAX_RESTARTS": str(plan.max_restarts or 0),
+        "TORCHELASTIC_RUN_ID": str(plan.run_id or ""),
         # No torchelastic agent store here: init_process_group uses MASTER_ADDR/PORT.
         "TORCHELASTIC_USE_AGENT_STORE": "False",
-        "SLURM_ROBUST_ATTEMPT": str(plan["attempt"]),
-        "SLURM_ROBUST_RESTART_COUNT": str(plan["attempt"]),
+        "SLURM_ROBUST_ATTEMPT": str(plan.attempt),
+        "SLURM_ROBUST_RESTART_COUNT": str(plan.attempt),
         "SLURM_ROBUST_RUN_DIR": run_dir,
         "SLURM_ROBUST_PROGRESS": str(progress),
         "SLURM_ROBUST_NODE": node,
         "SLURM_ROBUST_JOB_ID": job_id,
-        "SLURM_ROBUST_RANK_NODES": json.dumps(plan["rank_nodes"]),
+        "SLURM_ROBUST_RANK_NODES": json.dumps(plan.rank_nodes),
         "PYTHONUNBUFFERED": "1",
         **ckpt.to_env(),
     })

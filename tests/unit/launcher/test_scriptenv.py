@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -11,13 +12,15 @@ import pytest
 from slurm_robust.ckpt import CheckpointConfig
 from slurm_robust.errors import UsageError
 from slurm_robust.launcher.config import RunConfig
+from slurm_robust.launcher.enums import Role
+from slurm_robust.launcher.messages import Plan
 from slurm_robust.launcher.node.workers import worker_env
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.launcher.submit.options import add_robust_options, build_config
 from slurm_robust.scriptenv import interpreter_warning, worker_command
 
-PLAN = {"ranks": [2, 3], "world_size": 4, "slot": 1, "master_addr": "n1", "master_port": 1,
-        "attempt": 2, "max_restarts": 5, "run_id": "abc", "rank_nodes": ["a"] * 4}
+PLAN = Plan(role=Role.ACTIVE, gen=1, ranks=[2, 3], world_size=4, slot=1, master_addr="n1",
+            master_port=1, attempt=2, max_restarts=5, run_id="abc", rank_nodes=["a"] * 4)
 
 
 def env_of(base: dict[str, str], plan=PLAN) -> dict[str, str]:
@@ -40,7 +43,7 @@ def test_worker_env_matches_torchrun_names():
 
 def test_omp_threads_kept_when_set_and_not_forced_for_one_process():
     assert env_of({"OMP_NUM_THREADS": "4"})["OMP_NUM_THREADS"] == "4"
-    single = {**PLAN, "ranks": [3]}
+    single = dataclasses.replace(PLAN, ranks=[3])
     assert "OMP_NUM_THREADS" not in env_of({}, single)
 
 
