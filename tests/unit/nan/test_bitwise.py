@@ -9,7 +9,7 @@ from slurm_robust.launcher.control.bitwise import compare
 from slurm_robust.launcher.enums import Role
 from slurm_robust.launcher.node.nan_local import BITWISE_FILE, Rehearsal, nan_dir
 from slurm_robust.launcher.node.reference_step import reference_digest
-from tests.unit.launcher.test_recovery_owner import Harness
+from tests.unit.launcher.control.test_recovery_owner import Harness
 from tests.unit.nan.test_nan_recovery import _nan
 
 

@@ -9,7 +9,7 @@ import json
 from slurm_robust.launcher.control.nan_ladder import NAN_SETTLE_S
 from slurm_robust.launcher.enums import Phase, Role
 from slurm_robust.launcher.node.nan_local import SKIP_FILE, nan_dir
-from tests.unit.launcher.test_recovery_owner import Harness
+from tests.unit.launcher.control.test_recovery_owner import Harness
 
 
 def _nan(h: Harness, member, step: int, local: bool | None, pos: int | None = None,

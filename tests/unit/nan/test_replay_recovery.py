@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from slurm_robust.launcher.control import replay
 from slurm_robust.launcher.enums import Phase, Role
-from tests.unit.launcher.test_recovery_owner import Harness
+from tests.unit.launcher.control.test_recovery_owner import Harness
 from tests.unit.nan.test_nan_recovery import _nan
 
 

@@ -22,7 +22,7 @@ from slurm_robust_rehearsal.bench.arms.base import (
     Seconds,
     UpdateRun,
 )
-from slurm_robust_rehearsal.bench.arms.peers import PeerBase, first_after, max_step
+from slurm_robust_rehearsal.bench.arms.peers import RDZV_HOST, PeerBase, first_after, max_step
 from slurm_robust_rehearsal.bench.polling import wait_for
 
 DEFAULT_CRED_EXPIRE_S = 120  # slurm.conf AuthInfo cred_expire when unset
@@ -52,7 +52,10 @@ class PlainRequeue(PeerBase):
                 'exec "$0" "$@"')
         return "\n".join([
             "#!/bin/sh",
-            f"export MASTER_ADDR=127.0.0.1 MASTER_PORT={port}",
+            # The first node's address: 127.0.0.1 reaches only the node itself when each
+            # node has its own network namespace (the mini-cluster's default).
+            RDZV_HOST,
+            f'export MASTER_ADDR="$RDZV_HOST" MASTER_PORT={port}',
             f"srun --kill-on-bad-exit=1 sh -c {shlex.quote(task)} "
             + " ".join(shlex.quote(w) for w in worker),
             # What a plain-Slurm user does: a failed step requeues the job.
@@ -75,8 +78,8 @@ class PlainRequeue(PeerBase):
                       str(args.save_every), "--ckpt-dir", str(ckpt), "--progress-file",
                       str(progress)]
             task = 'RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=0 exec "$0" "$@"'
-            return "\n".join(["#!/bin/sh",
-                              f"export MASTER_ADDR=127.0.0.1 MASTER_PORT={port}",
+            return "\n".join(["#!/bin/sh", RDZV_HOST,
+                              f'export MASTER_ADDR="$RDZV_HOST" MASTER_PORT={port}',
                               f"srun --kill-on-bad-exit=1 sh -c {shlex.quote(task)} "
                               + " ".join(shlex.quote(w) for w in worker)]) + "\n"
 

@@ -25,10 +25,10 @@ from slurm_robust.launcher.control import applier
 from slurm_robust.launcher.control.ladder import Decision, Facts, decision_from_json
 from slurm_robust.simulate import job as sim_job
 from slurm_robust.simulate.engine import simulate
-from tests.unit.launcher.test_recovery_owner import Harness
+from tests.unit.launcher.control.test_recovery_owner import Harness
 from tests.unit.simulate.helpers import GPU, config, incident
 
-TRACE = Path(__file__).resolve().parents[2] / "data" / "ladder_trace.jsonl"
+TRACE = Path(__file__).resolve().parents[3] / "data" / "ladder_trace.jsonl"
 
 
 def _trace() -> list[dict[str, Any]]:

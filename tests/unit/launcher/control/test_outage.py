@@ -24,7 +24,7 @@ from slurm_robust.launcher.control.state import RunState, load_state, save_state
 from slurm_robust.launcher.enums import Phase, Role, Rung
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.launcher.submit.options import add_robust_options, build_config
-from tests.unit.launcher.test_recovery_owner import SETTLE_S, Harness
+from tests.unit.launcher.control.test_recovery_owner import SETTLE_S, Harness
 
 HF_LINE = ("requests.exceptions.ConnectionError: HTTPSConnectionPool(host='huggingface.co', "
            "port=443): Max retries exceeded with url: /gpt2/resolve/main/config.json")

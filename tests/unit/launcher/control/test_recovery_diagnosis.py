@@ -16,7 +16,7 @@ from slurm_robust.launcher.control.stop_diagnosis import DIAGNOSIS_WAIT_S
 from slurm_robust.launcher.enums import Phase, Role
 from slurm_robust.launcher.messages import DiagnosisReport, WorkerExit
 from slurm_robust.launcher.paths import RunPaths
-from tests.unit.launcher.test_recovery_owner import Harness, Member
+from tests.unit.launcher.control.test_recovery_owner import Harness, Member
 
 SIG = "cuda_error:RuntimeError"
 

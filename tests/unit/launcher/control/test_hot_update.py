@@ -22,7 +22,7 @@ from slurm_robust.launcher.enums import Phase, Rung
 from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.submit.update import parse_duration, request_update
 from slurm_robust.launcher.worker_signals import DRAIN_S
-from tests.unit.launcher.test_recovery_owner import Clock, Harness, Member, SlurmRecorder
+from tests.unit.launcher.control.test_recovery_owner import Clock, Harness, Member, SlurmRecorder
 
 
 def code_dir(root: Path, marker: str) -> Path:

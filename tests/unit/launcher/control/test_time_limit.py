@@ -13,7 +13,7 @@ from slurm_robust.launcher.control.ladder import Facts, decide
 from slurm_robust.launcher.enums import Phase, Role, Rung
 from slurm_robust.launcher.messages import Report
 from slurm_robust.launcher.worker_signals import WARNING_SIGNAL
-from tests.unit.launcher.test_recovery_owner import Harness
+from tests.unit.launcher.control.test_recovery_owner import Harness
 
 
 def _facts(**kw) -> Facts:

@@ -10,7 +10,7 @@ from slurm_robust.launcher.enums import Phase, Role, Severity
 from slurm_robust.launcher.messages import BadMessage, Finding, NodeSample, Report
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.records import read_records
-from tests.unit.launcher.test_recovery_owner import Harness
+from tests.unit.launcher.control.test_recovery_owner import Harness
 
 
 def _xid(t: float) -> Finding:

@@ -20,7 +20,7 @@ from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.slurm import SlurmCommandError
 from slurm_robust.slurm.records import parse_sacct_parsable
-from tests.unit.launcher.test_recovery_owner import Harness, Member
+from tests.unit.launcher.control.test_recovery_owner import Harness, Member
 
 # `sacct -X --duplicates -j 412 --parsable2 --noheader --format=<SACCT_FIELDS>` as Slurm
 # 22.05 printed it on the mini-cluster for a job preempted once, then requeued by an

@@ -23,7 +23,7 @@ from slurm_robust.launcher.enums import Phase, WorkPhase
 from slurm_robust.launcher.messages import BadMessage, Progress
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.launcher.submit.status import format_status
-from tests.unit.launcher.test_recovery_owner import Harness
+from tests.unit.launcher.control.test_recovery_owner import Harness
 
 #: The launcher's defaults, not the fast ones of the owner tests' harness.
 DEFAULTS: dict[str, Any] = {"hang_floor_s": RunConfig.hang_floor_s,

@@ -11,7 +11,7 @@ from slurm_robust.launcher.control import env_change
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.enums import Phase
 from slurm_robust.launcher.paths import RunPaths
-from tests.unit.launcher.test_hot_update import CodeHarness
+from tests.unit.launcher.control.test_hot_update import CodeHarness
 
 
 def test_fingerprint_names_the_script_that_changed(tmp_path):
