@@ -187,20 +187,31 @@ CRASH_NAMES = ("NVRM: Xid (PCI:", "Kernel panic - ", "Out of memory: ", "INFO: t
                "blk_update_requ")
 
 
-def _crash_lines() -> int:
+def _kernel_times() -> list[tuple[float, str]]:
+    """The kernel log's lines with their timestamps (seconds since boot)."""
     dmesg = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=30)
-    return sum(1 for ln in dmesg.stdout.splitlines()
-               if "segfault at" in ln and any(f"{n}[" in ln for n in CRASH_NAMES))
+    out = []
+    for ln in dmesg.stdout.splitlines():
+        stamp, _, rest = ln.partition("]")
+        try:
+            out.append((float(stamp.lstrip("[ ")), rest))
+        except ValueError:
+            continue
+    return out
 
 
 def _kernel_log_attack(user: str) -> int:
     """Fault one process per name; returns how many kernel-log lines that carry the names
-    appeared (none where the kernel does not log user faults: debug.exception-trace 0)."""
-    before = _crash_lines()
+    appeared (none where the kernel does not log user faults: debug.exception-trace 0).
+    Counted by timestamp, not as a difference of counts: the ring buffer is finite, and
+    on a long-lived machine the new lines push as many old ones of the same names out."""
+    lines = _kernel_times()
+    since = lines[-1][0] if lines else -1.0
     for name in CRASH_NAMES:
         crashed = _as(user, CRASH, name)
         assert crashed.returncode in (-signal.SIGSEGV, 128 + signal.SIGSEGV), crashed
-    return _crash_lines() - before
+    return sum(1 for t, ln in _kernel_times() if t > since and "segfault at" in ln
+               and any(f"{n}[" in ln for n in CRASH_NAMES))
 
 
 def _as(user: str, code: str, *args: str, timeout: float = 60.0, env=None):
