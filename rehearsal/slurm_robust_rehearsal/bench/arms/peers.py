@@ -102,14 +102,20 @@ def peer_run(arm: PeerBase, run: RecoveryRun) -> dict[str, Any]:
         j = slurm.job(job)
         if j is not None and not j.finished:
             slurm.cancel(job)
-    out = (run_dir / f"slurm-{job}.out").read_text(errors="replace")
-    sha = next((ln.split("=")[1].split()[0] for ln in out.splitlines()
-                if ln.startswith("params_sha256=")), None)
+    sha = printed_sha(run_dir, job)
     step, t_next = nxt
     return {"job_id": job, "fault_to_next_step_s": round(t_next - fault_t, 2),
             "last_step_before_fault": last, "resumed_at_step": step - 1,
             "steps_redone": last - (step - 1), "wall_s": round(time.time() - t0, 1),
             "params_sha256": sha, "run_dir": str(run_dir)}
+
+
+def printed_sha(run_dir: Path, job: str) -> str | None:
+    """The final parameters' digest the example printed (``params_sha256=...``) into the
+    job's ``slurm-<job>.out``; None when it never got there."""
+    out = (run_dir / f"slurm-{job}.out").read_text(errors="replace")
+    return next((ln.split("=")[1].split()[0] for ln in out.splitlines()
+                 if ln.startswith("params_sha256=")), None)
 
 
 def elastic_worker(worker: list[str]) -> list[str]:

@@ -22,7 +22,13 @@ from slurm_robust_rehearsal.bench.arms.base import (
     Seconds,
     UpdateRun,
 )
-from slurm_robust_rehearsal.bench.arms.peers import RDZV_HOST, PeerBase, first_after, max_step
+from slurm_robust_rehearsal.bench.arms.peers import (
+    RDZV_HOST,
+    PeerBase,
+    first_after,
+    max_step,
+    printed_sha,
+)
 from slurm_robust_rehearsal.bench.polling import wait_for
 
 DEFAULT_CRED_EXPIRE_S = 120  # slurm.conf AuthInfo cred_expire when unset
@@ -113,9 +119,7 @@ class PlainRequeue(PeerBase):
                 rec = slurm.job(j)
                 if rec is not None and not rec.finished:
                     slurm.cancel(j)
-        out = (run_dir / f"slurm-{job2}.out").read_text(errors="replace")
-        sha = next((ln.split("=")[1].split()[0] for ln in out.splitlines()
-                    if ln.startswith("params_sha256=")), None)
+        sha = printed_sha(run_dir, job2)
         step, t_next = nxt
         return {"job_ids": jobs, "downtime_s": round(t_next - t_req, 3),
                 "last_step_before_change": last, "resumed_at_step": step - 1,

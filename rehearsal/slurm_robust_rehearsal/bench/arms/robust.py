@@ -56,15 +56,8 @@ class RobustLauncher:
 
         cfg, args = run.cfg, run.args
         run_dir = str(cfg.shared_dir / f"bench-robust-{int(time.time() * 1000)}")
-        env = dict(os.environ, **cfg.env())
         t0 = time.time()
-        out = subprocess.run([*CLI, "submit", "--nodes", str(args.nodes), "--spares", "1",
-                              "--time", "20", "--folder", run_dir, "--json", "--",
-                              sys.executable, str(EXAMPLE), *run.train], env=env,
-                             capture_output=True, text=True, timeout=120)
-        if out.returncode != 0:
-            raise SlurmRobustError(f"robust submit failed: {out.stderr.strip()}")
-        job = json.loads(out.stdout)["job_id"]
+        job = _submit(cfg.env(), args.nodes, 1, run_dir, run.train)
         try:
             wait_for(lambda: (run_status(run_dir).get("step") or 0) >= args.fault_step,
                      args.timeout, "robust run to reach the fault step")
@@ -112,13 +105,7 @@ class RobustLauncher:
         run_dir = str(cfg.shared_dir / f"bench-update-hot-{int(time.time() * 1000)}")
         env = dict(os.environ, **cfg.env())
         t0 = time.time()
-        out = subprocess.run([*CLI, "submit", "--nodes", str(args.nodes), "--spares", "0",
-                              "--time", "20", "--folder", run_dir, "--json", "--",
-                              sys.executable, str(EXAMPLE), *run.train], env=env,
-                             capture_output=True, text=True, timeout=120)
-        if out.returncode != 0:
-            raise SlurmRobustError(f"robust submit failed: {out.stderr.strip()}")
-        job = json.loads(out.stdout)["job_id"]
+        job = _submit(cfg.env(), args.nodes, 0, run_dir, run.train)
         wait_for(lambda: (run_status(run_dir).get("step") or 0) >= args.change_step,
                  args.timeout, "robust run to reach the change step")
         t_req = time.time()
@@ -140,3 +127,16 @@ class RobustLauncher:
                 "steps_redone": resumed["steps_redone"], "status": status.get("status"),
                 "wall_s": round(time.time() - t0, 1),
                 "params_sha256": status.get("params_sha256"), "run_dir": run_dir}
+
+
+def _submit(cluster_env: dict[str, str], nodes: int, spares: int, run_dir: str,
+            train: list[str]) -> str:
+    """``slurm-robust submit`` of the example on the mini-cluster; its job id."""
+    out = subprocess.run([*CLI, "submit", "--nodes", str(nodes), "--spares", str(spares),
+                          "--time", "20", "--folder", run_dir, "--json", "--",
+                          sys.executable, str(EXAMPLE), *train],
+                         env=dict(os.environ, **cluster_env), capture_output=True, text=True,
+                         timeout=120)
+    if out.returncode != 0:
+        raise SlurmRobustError(f"robust submit failed: {out.stderr.strip()}")
+    return str(json.loads(out.stdout)["job_id"])
