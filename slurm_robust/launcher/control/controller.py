@@ -39,6 +39,7 @@ from slurm_robust.launcher.control.admission import PreauthGate
 from slurm_robust.launcher.control.failover import StoodDown, Takeover
 from slurm_robust.launcher.control.metrics import RunMetrics, serve_for_controller
 from slurm_robust.launcher.control.outcome import RunOutcome
+from slurm_robust.launcher.control.overload import EPISODE_S, Lateness, OverloadRecorder
 from slurm_robust.launcher.control.recovery import Fence, Recovery, SlurmSide
 from slurm_robust.launcher.control.replies import ReplyEncoder, incarnation
 from slurm_robust.launcher.control.state import load_state
@@ -64,7 +65,10 @@ log = logging.getLogger("slurm_robust.launcher.control.controller")
 TICK_S = 0.05
 #: A closed agent connection not re-opened within this long counts as a lost agent.
 RECONNECT_GRACE_S = 0.5
-#: Seconds a new connection has to pass the handshake.
+#: An answer that took longer than this after its report arrived is late: the agent may
+#: have given up on it (its socket timeout) and closed the connection, which is then no
+#: evidence that its node is lost (see AgentView.close_excused).
+LATE_ANSWER_S = 1.0
 
 
 def listen_backlog(agents: int) -> int:
@@ -112,6 +116,10 @@ class AgentView:
         #: the connection's thread before it waits for the lock): the agent is alive and
         #: the controller is the one late, so the heartbeat timeout does not run.
         self.pending_since: float | None = None
+        #: Its last connection closed while the controller was late (an agent that gave
+        #: up waiting for an answer closes it): no evidence of a lost node, so only the
+        #: heartbeat timeout on the controller's responsive time applies.
+        self.close_excused = False
 
 
 class Controller:
@@ -130,11 +138,16 @@ class Controller:
         self.term = takeover.term if takeover else state.term + 1
         # Live metrics: kept from the start, served once start() binds the endpoint.
         self.metrics = RunMetrics(ident.job_id, state.run_id)
+        #: The tick loop's lateness: not counted against the agents (overload.py).
+        self.lateness = Lateness(time.time())
         self.recovery = Recovery(cfg, ident, self.agents,
                                  expected=int(os.environ.get("SLURM_NTASKS")
                                               or cfg.total_nodes), slurm=slurm,
                                  state=state, fence=Fence(self.term, self.superseded),
-                                 takeover=takeover, metrics=self.metrics)
+                                 takeover=takeover, metrics=self.metrics,
+                                 elapsed=self.lateness.elapsed)
+        self.overload = OverloadRecorder(self.recovery.events.controller_overload,
+                                         self.metrics.on_lateness)
         self._server: socketserver.ThreadingTCPServer | None = None
         self._thread: threading.Thread | None = None
         # Channel security (docs/SECURITY.md): the run secret for the handshake,
@@ -275,6 +288,8 @@ class Controller:
                     if now - self._lease_at >= failover.LEASE_RENEW_S:
                         failover.renew_lease(self.paths, self.term)
                         self._lease_at = now
+                    # How late this tick is: that time is not the agents' silence.
+                    self.overload.note(self.lateness.beat(now), now, len(self.agents))
                     self.tick(now)
                 except StoodDown as exc:
                     self.stand_down(str(exc))
@@ -325,6 +340,7 @@ class Controller:
         view: AgentView | None = None
         peer = "?"
         counted = False
+        late = False  # the last answer on this connection was late (LATE_ANSWER_S)
         try:
             peer = str(sock.getpeername()[0])
             self._handshake(chan, sock, peer)
@@ -338,17 +354,19 @@ class Controller:
             while True:
                 raw = chan.recv()
                 arrived = time.time()  # liveness counts from here, not from our turn
-                # Ranges and list bounds first (they need the world size), then the
-                # typed message; either refuses at the boundary with BadMessage.
-                check_report(raw, self.cfg.world_size)
-                report = Report.from_json(raw)
-                # Read without the lock (one dict lookup): the tick must see this agent
-                # as heard while its report waits for a busy controller.
-                sender = self.agents.get(report.agent)
+                # Marked before the report is checked and decoded (CPU a starved process
+                # may take long over): read without the lock (one dict lookup), so that
+                # the tick sees this agent as heard while its report waits.
+                index = raw.get("agent")
+                sender = self.agents.get(index) if type(index) is int else None
                 if sender is not None:
                     sender.pending_since = arrived
                 answer = None
                 try:
+                    # Ranges and list bounds first (they need the world size), then the
+                    # typed message; either refuses at the boundary with BadMessage.
+                    check_report(raw, self.cfg.world_size)
+                    report = Report.from_json(raw)
                     with self.lock:
                         answer = self._answer(report, chan)
                     if answer is not None:
@@ -362,6 +380,7 @@ class Controller:
                         answer[0].last_seen = max(answer[0].last_seen, time.time())
                     if sender is not None:
                         sender.pending_since = None
+                    late = time.time() - arrived > LATE_ANSWER_S
                 if answer is None:
                     break  # never answer once replaced: the agent reconnects
         except (AuthError, BadMessage) as exc:
@@ -373,7 +392,7 @@ class Controller:
             pass
         finally:
             self.preauth.leave(sock)
-            self._closed(view, chan, counted)
+            self._closed(view, chan, counted, late)
 
     def _answer(self, report: Report, chan: Channel
                 ) -> tuple[AgentView | None, Plan | None] | None:
@@ -394,9 +413,16 @@ class Controller:
             self._tick_now.set()
         return view, plan
 
-    def _closed(self, view: AgentView | None, chan: Channel, counted: bool) -> None:
+    def _closed(self, view: AgentView | None, chan: Channel, counted: bool,
+                late: bool = False) -> None:
         """A connection ended: its agent gets no wake-up on it and counts as closed
-        (``counted``: it was an authenticated connection, one of the capped ones)."""
+        (``counted``: it was an authenticated connection, one of the capped ones).
+
+        A close is evidence of a lost node (the kernel closes a dead agent's sockets)
+        unless the controller was late meanwhile: its last answer on this connection was
+        (``late``), or its tick loop was since it last answered the agent. An agent that
+        waited in vain closes its connection and reconnects once the controller answers
+        again; it is then judged by the heartbeat timeout on responsive time."""
         if counted:
             with self._conn_lock:
                 self.connections -= 1
@@ -406,8 +432,11 @@ class Controller:
         chan.close()
         if view is not None:
             with self.lock:
+                now = time.time()
                 view.connected = False
-                view.closed_at = time.time()
+                view.closed_at = now
+                view.close_excused = late or \
+                    self.lateness.late_between(view.last_seen, now) >= EPISODE_S
 
     def _wake_agents(self, answered: AgentView | None) -> None:
         """Wake every connected agent but ``answered`` (its answer carries the plan) once
@@ -437,6 +466,7 @@ class Controller:
             view = AgentView(report.agent, report.node, report.pid, str(report.addr), now)
             self.agents[report.agent] = view
         view.last_seen, view.connected, view.closed_at = max(view.last_seen, now), True, None
+        view.close_excused = False
         view.heard, view.pid = True, report.pid
         if report.addr:
             view.addr = str(report.addr)
@@ -488,12 +518,19 @@ class Controller:
         self.recovery.tick(now)
 
     def _check_agents(self, now: float) -> None:
+        """Agents lost: a connection closed and not re-opened within RECONNECT_GRACE_S,
+        or silence for longer than the heartbeat timeout. Both are measured on the
+        controller's responsive time (overload.py): the time its own loop was late does
+        not count, so a slow controller blames no node and a healthy one still notices a
+        dead one within the timeout."""
+        elapsed = self.lateness.elapsed
         for view in self.agents.values():
             if view.lost:
                 continue
             closed = (not view.connected and view.closed_at is not None
-                      and now - view.closed_at > RECONNECT_GRACE_S)
-            silent = now - view.last_seen > self.cfg.heartbeat_timeout_s \
+                      and not view.close_excused
+                      and elapsed(view.closed_at, now) > RECONNECT_GRACE_S)
+            silent = elapsed(view.last_seen, now) > self.cfg.heartbeat_timeout_s \
                 and not self._report_waiting(view)
             if closed or silent:
                 view.lost = True

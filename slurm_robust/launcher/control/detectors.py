@@ -80,10 +80,16 @@ class Detectors:
     def __init__(self, run: RunView, hot: HotUpdate, nans: NanRecovery,
                  watch: MonitorListener,
                  diagnoses: Mapping[tuple[int, str], DiagnosisReport],
-                 limit: TimeLimitWatch | None = None) -> None:
+                 limit: TimeLimitWatch | None = None,
+                 elapsed: Callable[[float, float], float] | None = None) -> None:
         self.run, self.hot, self.nans, self.watch = run, hot, nans, watch
         self.diagnoses = diagnoses
         self.limit = limit or TimeLimitWatch()
+        #: Seconds between two moments that count against the nodes: the controller's
+        #: responsive time (overload.py). A late controller must neither cut a failure's
+        #: settle short (the root cause's report may wait behind the stall and another
+        #: node be blamed) nor see a hang in its own silence.
+        self.elapsed = elapsed or (lambda since, now: now - since)
 
     def running(self) -> tuple[Detector, ...]:
         """The running phase's detectors, in priority order."""
@@ -144,10 +150,11 @@ class Detectors:
         first_seen = gen.first_failure_seen or now
         if primary:
             first = min(f.seen for f in primary)
-            if now - first < SETTLE_S and not self._all_heard_since(gen, first + SETTLE_HEARD_S):
+            if self.elapsed(first, now) < SETTLE_S and \
+                    not self._all_heard_since(gen, first + SETTLE_HEARD_S):
                 return act.Wait()
             root = min(primary, key=lambda f: f.exit.time)
-        elif now - first_seen < self.run.cfg.heartbeat_timeout_s:
+        elif self.elapsed(first_seen, now) < self.run.cfg.heartbeat_timeout_s:
             return act.Wait()
         else:
             root = min(gen.failures, key=lambda f: f.exit.time)
@@ -217,6 +224,9 @@ class Detectors:
         (control/phases.py), or, for a run that never declared a phase, the one rule
         of policy.is_hung."""
         run, cfg = self.run, self.run.cfg
+        # The limits are judged at the moment the controller's own lateness since the
+        # last progress is taken off: the late time is its silence, not the group's.
+        now = gen.last_progress + self.elapsed(gen.last_progress, now)
         if run.state.declares_phases:
             stepping = run.reports_steps(gen)
             limit = phases.group_limit(gen, run.state.phase_times, cfg.hang_limits,

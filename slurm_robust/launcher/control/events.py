@@ -88,6 +88,11 @@ class EventLog:
         return self.emit("controller", {"term": term, "node": node, "agent": agent,
                                         "takeover": dict(takeover) if takeover else None})
 
+    def controller_overload(self, fields: Mapping[str, Any], now: float) -> dict:
+        """The controller's tick loop was late (control/overload.py): how late, how
+        often, since when; nobody was blamed for it."""
+        return self.emit("controller_overload", fields, now)
+
     def step(self, step: int, step_time_s: float | None, loss: float | None,
              grad_norm: float | None, force: bool = False, now: float | None = None) -> bool:
         """Write a step event unless sampled out; returns whether it was written."""

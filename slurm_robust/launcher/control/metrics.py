@@ -58,6 +58,7 @@ class RunMetrics:
         self._lock = threading.Lock()
         self._ettr = LiveEttr(clock() if started_at is None else started_at)
         self._last_step_at: float | None = None
+        self._lag_max = 0.0
         self._server: BoundedMetricsServer | None = None
         self._sd_file: Path | None = None
         ids = ("job_id", "run_id")
@@ -98,7 +99,20 @@ class RunMetrics:
                            [*ids, "phase"], registry=r)
         self.start_time = Gauge("slurm_robust_run_start_time_seconds", "Unix time this "
                                 "controller started", ids, registry=r)
+        # The controller's own lateness (control/overload.py): overload shows here and
+        # as latency, never as a node declared lost.
+        self.late = Counter("slurm_robust_controller_late_seconds", "Seconds the "
+                            "controller's tick loop was late (beyond its normal pace)",
+                            ids, registry=r)
+        self.overloads = Counter("slurm_robust_controller_overloads", "Overload episodes: "
+                                 "the tick loop at least 1 s late in one gap", ids,
+                                 registry=r)
+        self.lag_max = Gauge("slurm_robust_controller_lag_max_seconds", "The longest "
+                             "lateness of the tick loop in one gap so far", ids, registry=r)
         self._ids = (self.job_id, self.run_id)
+        self.late.labels(*self._ids)  # present (0) before any lateness
+        self.overloads.labels(*self._ids)
+        self.lag_max.labels(*self._ids).set(0.0)
         self.start_time.labels(*self._ids).set(self._ettr.started_at)
         for window, fn in (("cumulative", self._ettr.cumulative), ("1h", self._ettr.windowed)):
             self.ettr.labels(*self._ids, window).set_function(self._locked(fn))
@@ -142,6 +156,17 @@ class RunMetrics:
         self.steps_lost.labels(*self._ids).inc(max(0, int(incident.steps_lost or 0)))
         with self._lock:
             self._ettr.rollback(incident.restored_step)
+
+    def on_lateness(self, lag_s: float, episode: bool) -> None:
+        """The controller's tick loop was ``lag_s`` late in one gap (``episode``: an
+        overload episode)."""
+        self.late.labels(*self._ids).inc(lag_s)
+        if episode:
+            self.overloads.labels(*self._ids).inc()
+        gauge = self.lag_max.labels(*self._ids)
+        with self._lock:
+            self._lag_max = max(self._lag_max, lag_s)
+            gauge.set(self._lag_max)
 
     def watch(self, phase: Callable[[], str] | None = None,
               spares_parked: Callable[[], int] | None = None,

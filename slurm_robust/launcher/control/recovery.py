@@ -105,14 +105,17 @@ class Recovery:
     Collaborators come in through the constructor: the run's state and event log (a
     controller passes the ones it loaded; by default they are read from ``cfg.run_dir``),
     the Slurm side, the failover ``fence`` (term and supersession check), the ``takeover``
-    a successor starts from, and the live ``metrics`` (None: not kept)."""
+    a successor starts from, the live ``metrics`` (None: not kept), and ``elapsed(since,
+    now)``: the seconds between two moments that count against the run's nodes (the
+    controller's responsive time, overload.py; by default the wall time)."""
 
     def __init__(self, cfg: RunConfig, ident: Identity, members: Mapping[int, Member], *,
                  expected: int, slurm: SlurmSide | None = None,
                  clock: Callable[[], float] = time.time, state: RunState | None = None,
                  events: EventLog | None = None, fence: Fence | None = None,
                  takeover: Takeover | None = None,
-                 metrics: RunMetrics | None = None) -> None:
+                 metrics: RunMetrics | None = None,
+                 elapsed: Callable[[float, float], float] | None = None) -> None:
         self.cfg, self.ident, self.members = cfg, ident, members
         self.expected, self.clock = expected, clock
         self.takeover, self.metrics = takeover, metrics
@@ -145,7 +148,7 @@ class Recovery:
         self.limit = TimeLimitWatch(cfg.warn_before_s, None if side.end_time is None else
                                     (lambda: side.end_time(ident.job_id)))
         self.detect = Detectors(self.app, self.hot, self.nans, self.watch, self.diagnoses,
-                                self.limit)
+                                self.limit, elapsed)
         #: Slurm ending the allocation (an agent's SIGTERM): no decisions meanwhile.
         self.ending = SlurmEnding()
 
