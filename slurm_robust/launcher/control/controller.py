@@ -69,6 +69,12 @@ RECONNECT_GRACE_S = 0.5
 #: have given up on it (its socket timeout) and closed the connection, which is then no
 #: evidence that its node is lost (see AgentView.close_excused).
 LATE_ANSWER_S = 1.0
+#: A tick loop that has not ticked for this long is frozen, not late (a deadlock, a hung
+#: file system under the lock): its lease is no longer renewed and a successor takes over
+#: (failover.py). Shorter stand-stills are lateness (overload.py): the lease is kept, so
+#: that a slow controller is waited for instead of replaced and its node blamed. A
+#: stopped or dead process renews nothing: it is replaced after a heartbeat timeout.
+FROZEN_S = 30.0
 
 
 def listen_backlog(agents: int) -> int:
@@ -140,6 +146,8 @@ class Controller:
         self.metrics = RunMetrics(ident.job_id, state.run_id)
         #: The tick loop's lateness: not counted against the agents (overload.py).
         self.lateness = Lateness(time.time())
+        #: Seconds without a tick after which the lease lapses (FROZEN_S).
+        self.frozen_s = FROZEN_S
         self.recovery = Recovery(cfg, ident, self.agents,
                                  expected=int(os.environ.get("SLURM_NTASKS")
                                               or cfg.total_nodes), slurm=slurm,
@@ -161,7 +169,6 @@ class Controller:
         self._conn_lock = threading.Lock()  # for the count: a frozen loop must not block it
         self.preauth = PreauthGate()
         self.stood_down = False
-        self._lease_at = 0.0
         #: recovery.wake_token() when the agents were last woken.
         self._woken_at_token: tuple[int, bool] | None = None
         #: Set by a report that leaves a decision to make: the tick runs at once.
@@ -249,6 +256,8 @@ class Controller:
         self._thread = threading.Thread(target=self._loop, daemon=True,
                                         name="robust-controller")
         self._thread.start()
+        threading.Thread(target=self._keep_lease, daemon=True,
+                         name="robust-controller-lease").start()
         log.info("controller for %s listening on port %s", self.ident.step_key, port)
         overlap = ephemeral_overlap(self.cfg.master_port)
         if overlap:
@@ -277,6 +286,21 @@ class Controller:
         """Whether the tick loop still runs (its own agent waits for a live, slow controller)."""
         return self._thread is not None and self._thread.is_alive()
 
+    def _keep_lease(self) -> None:
+        """Renew the lease while the tick loop runs and is not frozen (FROZEN_S).
+
+        Its own thread, outside the lock: a tick that holds the lock for seconds is a late
+        controller, and a lapsed lease would have a successor take over and blame its
+        node. A stopped process (SIGSTOP) or a dead one renews nothing."""
+        while self._thread is not None and self._thread.is_alive():
+            if time.time() - self.lateness.last_beat < self.frozen_s \
+                    and not self.superseded():
+                try:
+                    failover.renew_lease(self.paths, self.term)
+                except OSError as exc:  # the next renewal tries again
+                    log.warning("could not renew the controller lease: %s", exc)
+            time.sleep(failover.LEASE_RENEW_S)
+
     def _loop(self) -> None:
         while True:
             with self.lock:
@@ -285,9 +309,6 @@ class Controller:
                     return
                 try:
                     now = time.time()
-                    if now - self._lease_at >= failover.LEASE_RENEW_S:
-                        failover.renew_lease(self.paths, self.term)
-                        self._lease_at = now
                     # How late this tick is: that time is not the agents' silence.
                     self.overload.note(self.lateness.beat(now), now, len(self.agents))
                     self.tick(now)

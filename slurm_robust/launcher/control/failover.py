@@ -11,9 +11,11 @@ exactly one controller acting:
   before answering an agent and before writing ``state.json`` (:func:`superseded`). An old
   controller that comes back (SIGSTOP, a long pause) therefore stands down at its first
   step; it never writes a plan or the state again.
-- **Lease.** A controller touches ``<run_dir>/controller.lease`` every :data:`LEASE_RENEW_S`;
-  a successor claims only once the lease is older than the heartbeat timeout, so a
-  controller that still runs but is briefly unreachable is not replaced behind its back.
+- **Lease.** A controller touches ``<run_dir>/controller.lease`` every :data:`LEASE_RENEW_S`
+  from a thread of its own, while its tick loop is late at worst, not frozen
+  (controller.FROZEN_S); a successor claims only once the lease is older than the
+  heartbeat timeout, so a controller that still runs but is unreachable or slow for a
+  while is not replaced behind its back (nor its node blamed).
 - **Agents.** An agent remembers the newest term it has seen (``controller.json``, plans)
   and ignores a plan of an older term; it sends its term in every report, and a
   controller that reads a newer term in a report stands down too.

@@ -5,7 +5,8 @@ Called by the agent (node/agent.py) after ``heartbeat_timeout_s`` without an ans
 :func:`after_controller_loss` blocks until one of:
 
 - ``FOLLOW``: ``controller.json`` names a newer term (another agent took over, or this
-  agent's own old controller was replaced): reconnect and go on.
+  agent's own old controller was replaced), or the controller answers again (it was
+  late, not gone): reconnect and go on.
 - ``TAKE_OVER``: this agent is the successor. Preference is by agent index, lowest
   first, among the persisted members other than the lost controller's agent: the agent
   in position ``p`` waits ``p * STAGGER_S`` and then tries; the term claim
@@ -13,9 +14,16 @@ Called by the agent (node/agent.py) after ``heartbeat_timeout_s`` without an ans
   claims only once the old controller's lease is stale (it is gone or frozen); Slurm's
   view of the old node (``sinfo``, a short timeout) goes into the incident as evidence
   only, since Slurm marks a lost node down only after ``SlurmdTimeout`` (tens of seconds).
-- ``REQUEUE``: no spare is parked (the spare rung cannot help), the state predates
-  failover, or no successor appeared within :data:`FAILOVER_BUDGET_S`: the existing
-  path (requeue.requeue_after_controller_loss) records the incident and requeues.
+- ``REQUEUE``: the lease is stale and no spare is parked (the spare rung cannot help),
+  the state predates failover, or no successor appeared within :data:`FAILOVER_BUDGET_S`
+  of the lease going stale: the existing path (requeue.requeue_after_controller_loss)
+  records the incident and requeues.
+
+While the lease is fresh the controller lives (controller.py renews it from its own
+thread for as long as its tick loop is late rather than frozen): the agent neither
+replaces it nor requeues behind its back, however long that lasts, and tries every
+:data:`PROBE_S` whether it answers again. A controller that lives but has lost this
+agent decides about its node itself.
 - ``FINISHED``: the run had already ended; the agent exits.
 """
 
@@ -43,8 +51,10 @@ log = logging.getLogger("slurm_robust.launcher.control.succession")
 
 #: Delay between successive candidates (lowest index tries first).
 STAGGER_S = 1.0
-#: Longest wait for a successor before falling back to the requeue rung.
+#: Longest wait for a successor, once the lease is stale, before the requeue rung.
 FAILOVER_BUDGET_S = 30.0
+#: While the lease is fresh: how often to try whether the controller answers again.
+PROBE_S = 1.0
 #: Slurm's view of the old node is evidence: asked once, briefly.
 SLURM_QUERY = RetryPolicy(attempts=1, timeout_s=3.0)
 
@@ -86,10 +96,13 @@ def after_controller_loss(cfg: RunConfig, ident: Identity, known_term: int,
                           clock: Callable[[], float] = time.time,
                           sleep: Callable[[float], None] = time.sleep,
                           node_state: Callable[[str | None], str | None] = slurm_node_state,
-                          last_heard: float | None = None) -> Succession:
-    """Decide (and, for TAKE_OVER, win the claim); see the module docstring."""
+                          last_heard: float | None = None,
+                          answers: Callable[[], bool] | None = None) -> Succession:
+    """Decide (and, for TAKE_OVER, win the claim); see the module docstring.
+    ``answers``: whether the controller passes a handshake now (the agent's probe)."""
     paths = RunPaths.of(cfg.run_dir)
     start = clock()
+    probed = start
     lost = read_controller(paths, ident.step_key) or {}
     lost_agent = lost.get("agent")
     # The controller this agent lost is the one of its own term. A controller.json of a
@@ -103,9 +116,15 @@ def after_controller_loss(cfg: RunConfig, ident: Identity, known_term: int,
             return settled
         age = failover.lease_age(paths, now)
         stale = age is None or age > cfg.heartbeat_timeout_s
-        if not stale and now - start <= FAILOVER_BUDGET_S:
+        if not stale:
             # The controller still renews its lease: it lives (this agent alone lost
-            # contact, or it is slow); neither replace it nor requeue behind its back.
+            # contact, or it is late); neither replace it nor requeue behind its back.
+            start = now  # the budget counts from the lease going stale
+            if answers is not None and now - probed >= PROBE_S:
+                probed = now
+                if answers():
+                    log.info("agent %s: the controller answers again", ident.index)
+                    return Succession(Outcome.FOLLOW)
             sleep(0.1)
             continue
         if not state.spares or not state.members or \

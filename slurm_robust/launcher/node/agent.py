@@ -169,7 +169,7 @@ class Agent:
                     chan = self._connect(1.0)
                 if chan is None:
                     raise ChannelClosed("controller unreachable")
-                reply = Reply.from_json(chan.request(self.report().to_json()))
+                reply = Reply.from_json(self._exchange(chan, last_ok))
                 plan = self._plan_of(reply)
                 if plan is not None and plan.term is not None and plan.term < self.term:
                     # An old controller that came back: not obeyed; the
@@ -224,6 +224,20 @@ class Agent:
             wk.wait_for_exit([w for w in self.workers if not w.reported],
                              self._poll_s(plan), wake_fd=chan.fileno())
 
+    def _exchange(self, chan: Channel, last_ok: float) -> dict[str, object]:
+        """Send a report and wait for its answer: past the socket timeout, until a
+        heartbeat timeout since the last answer. A controller that is late answers late;
+        giving up on its connection would only add a reconnect (and a handshake it
+        refuses while its loop holds the lock) to its load. A dead controller's kernel
+        closes the connection at once; a dead node's silence ends at the timeout."""
+        chan.send(self.report().to_json())
+        while True:
+            try:
+                return chan.recv()
+            except TimeoutError:
+                if time.time() - last_ok > self.cfg.heartbeat_timeout_s:
+                    raise
+
     def _plan_of(self, reply: Reply) -> Plan | None:
         """The plan a reply stands for: its own, or for "unchanged" the plan this agent
         holds under the identity the reply names (BadMessage if it holds another)."""
@@ -270,6 +284,15 @@ class Agent:
             if time.time() >= deadline:
                 return None
             time.sleep(0.1)
+
+    def _answers(self) -> bool:
+        """Whether the controller passes a handshake now (it refuses one while its loop
+        holds the lock, so a pass means it ticks again)."""
+        chan = self._connect(1.0)
+        if chan is None:
+            return False
+        chan.close()
+        return True
 
     def _controller_info(self) -> ControllerRecord | None:
         try:
@@ -518,7 +541,8 @@ class Agent:
         if chan is not None:
             chan.close()
             return None
-        got = after_controller_loss(self.cfg, self.ident, self.term, last_heard=last_ok)
+        got = after_controller_loss(self.cfg, self.ident, self.term, last_heard=last_ok,
+                                    answers=self._answers)
         log.warning("agent %s: controller lost (%s): %s", self.ident.index, why,
                     got.outcome)
         if got.outcome is Outcome.FOLLOW:

@@ -14,6 +14,7 @@ from slurm_robust.launcher.control.controller import Controller
 from slurm_robust.launcher.enums import Phase
 from slurm_robust.launcher.messages import Reply
 from slurm_robust.launcher.protocol import Channel
+from tests.unit.launcher.test_agents import run  # noqa: F401 - the fixture, by name
 
 HEARTBEAT_TIMEOUT_S = 1.0
 STALL_S = 3.0
@@ -110,3 +111,42 @@ def test_a_report_still_in_the_socket_counts_as_waiting():
     assert server.has_input()  # the peer's close is input too: the closed path sees it
     server.close()
     assert not server.has_input()
+
+
+# ---------------------------------------------------------------------- real agents
+def test_a_stalled_tick_with_real_agents_evicts_nobody_and_requeues_nothing(run,  # noqa: F811
+                                                                            monkeypatch):
+    """Real agents (node/agent.py, tiny real workers, a spare parked): one tick of the
+    controller holds its lock for three heartbeat timeouts. The agents give up waiting
+    for their answers, their connections close, their handshakes are refused and they
+    look for another controller; the controller's lease is what tells them it lives. No
+    node may be declared lost, no successor take over, nothing be requeued; the run goes
+    on and completes, and the overload is recorded."""
+    from tests.unit.launcher.test_agents import events, finish, wait_for_step
+
+    cfg, parts = run(steps=200, spares=1)
+    ctl = parts[0]
+    wait_for_step(cfg, 5)
+    stall = 3 * cfg.heartbeat_timeout_s
+    real_tick = ctl.recovery.tick
+    stalled = threading.Event()
+
+    def slow_tick(now: float) -> None:
+        real_tick(now)
+        if not stalled.is_set():
+            stalled.set()
+            time.sleep(stall)  # under the controller's lock: no answer, no handshake
+
+    monkeypatch.setattr(ctl.recovery, "tick", slow_tick)
+    result = finish(parts, timeout=120)
+    assert stalled.is_set()
+    evs = events(cfg)
+    assert [e for e in evs if e["event"] == "incident"] == []
+    assert [e for e in evs if e["event"] == "controller"] == []  # no takeover
+    assert result.status == "completed", result
+    assert not any(v.lost for v in ctl.agents.values())
+    [overload] = [e for e in evs if e["event"] == "controller_overload"]
+    assert overload["lag_s"] >= stall - 1.0
+    from slurm_robust.launcher.control.state import load_state
+    state = load_state(ctl.paths.state)
+    assert state.requeues == 0 and state.term == 1 and state.blamed == []

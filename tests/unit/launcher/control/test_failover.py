@@ -1,7 +1,9 @@
 """Controller failover, in one process with tiny real workers (test_agents.py).
 
 The controller runs for agent 1 (as on a cluster, off the batch node). Holding its lock
-freezes it the way SIGSTOP would: no tick, no answer, no lease. Agent 0 must take over at
+freezes it: no tick, no answer, and once the loop has stood still for ``frozen_s`` (lowered
+here from FROZEN_S: a late controller keeps its lease that long), no lease, as SIGSTOP
+would at once. Agent 0 must take over at
 the next term, the frozen controller's slot must go to the spare, and the old controller
 must stand down once unfrozen, without writing a plan or the state again.
 """
@@ -80,7 +82,8 @@ def test_frozen_controller_is_replaced_and_stands_down(cfg):
         t.start()
     wait_for_step(cfg, 5)
     first_term = old.term
-    old.lock.acquire()  # frozen: no tick, no answer, no lease renewal
+    old.frozen_s = 2.0  # the lease lapses 2 s into the freeze
+    old.lock.acquire()  # frozen: no tick, no answer, then no lease renewal
     frozen_at = time.time()
     try:
         deadline = time.time() + 20
