@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from slurm_robust.errors import SlurmRobustError
+from slurm_robust_rehearsal.bench import scale_stress
 from slurm_robust_rehearsal.bench.polling import wait_for
 
 HELP = "controller CPU, report round trips and failure fan-out against N simulated agents"
@@ -64,11 +65,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--procs", type=int, default=0,
                         help="harness processes (0: one per 512 agents, at most the "
                              "cores but one)")
+    scale_stress.add_arguments(parser)
 
 
 # ---------------------------------------------------------------------- the controller
-def controller_main(run_dir: str, nodes: int, rpn: int, hb: float, hbt: float) -> None:
-    """The controller process: what run_agent does for the controller's part."""
+def controller_main(run_dir: str, nodes: int, rpn: int, hb: float, hbt: float,
+                    stall_s: float = 0.0) -> None:
+    """The controller process: what run_agent does for the controller's part (and a
+    stalled tick on the parent's signal, scale_stress.py)."""
     from slurm_robust.launcher.config import RunConfig
     from slurm_robust.launcher.control.controller import Controller
     from slurm_robust.launcher.identity import Identity
@@ -82,8 +86,9 @@ def controller_main(run_dir: str, nodes: int, rpn: int, hb: float, hbt: float) -
                     startup_timeout_s=1800.0)
     ident = Identity(index=0, node="n0", job_id="bench", step_key=KEY, restart_count=0)
     ctl = Controller(cfg, ident)
+    scale_stress.arm_stall(ctl, stall_s)
     ctl.start()
-    ctl.join()
+    scale_stress.wait_for(ctl)
 
 
 # ---------------------------------------------------------------------- /proc
@@ -212,12 +217,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ctl_log = tmp / "controller.log"
     harnesses: list[subprocess.Popen[str]] = []
     ctl: subprocess.Popen[bytes] | None = None
+    stress: scale_stress.Stress | None = None
     try:
         with open(ctl_log, "wb") as log_f:
             ctl = subprocess.Popen(
                 [sys.executable, "-m", "slurm_robust_rehearsal.bench.scale", "controller",
                  str(run_dir), str(args.agents), str(args.ranks_per_node),
-                 str(args.heartbeat_s), str(args.heartbeat_timeout_s)],
+                 str(args.heartbeat_s), str(args.heartbeat_timeout_s),
+                 str(args.stall_tick_s)],
                 stdout=subprocess.DEVNULL, stderr=log_f, env=_env())
         info_path = run_dir / "controller.json"
 
@@ -240,7 +247,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 [sys.executable, "-m", "slurm_robust_rehearsal.bench.scale_agents",
                  str(info["host"]), str(info["port"]), str(run_dir), KEY, str(first),
                  str(count), str(args.heartbeat_s), str(args.step_s),
-                 str(args.agents - 1)],
+                 str(args.agents - 1),
+                 str(args.agent_timeout_s or args.heartbeat_timeout_s)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env()))
         t_connect = time.time()
         for h in harnesses:
@@ -255,10 +263,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             h.stdin.write(f"GO {window_start} {fail_at} {end}\n")
             h.stdin.flush()
         time.sleep(max(window_start - time.time(), 0.0))
+        stress = scale_stress.Stress(args, ctl.pid)
+        stress.start(window_start, fail_at)
         sampler = Sampler(ctl.pid)
         s0 = sampler.sample()
         sampler.until(fail_at)
         s1 = sampler.last
+        stress.stop()
         sampler.until(end)
         s2 = sampler.last
         results = []
@@ -273,20 +284,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "the steady window", "agents_lost": len(lost),
                     "lost_in_log": dict(list(lost.items())[:20]),
                     "controller_log_end": ctl_log.read_text()[-600:],
-                    "harness": _harness(results), "all_targets_met": False}
+                    "harness": _harness(results), "all_targets_met": False,
+                    "stress": stress.summary(run_dir, ctl_log, window_start)}
         peaks = sampler.peaks
         overflows1 = listen_overflows()
-        return summarize(args, results, s0, s1, s2, peaks, lost, window_start, fail_at, end,
-                         all_active_s, nprocs,
-                         None if overflows0 is None or overflows1 is None
-                         else overflows1 - overflows0,
-                         controller_exited=sampler.exited_at)
+        out = summarize(args, results, s0, s1, s2, peaks, lost, window_start, fail_at, end,
+                        all_active_s, nprocs,
+                        None if overflows0 is None or overflows1 is None
+                        else overflows1 - overflows0,
+                        controller_exited=sampler.exited_at)
+        out["stress"] = stress.summary(run_dir, ctl_log, window_start)
+        return out
     except Exception:
         # What the controller said is what explains most failures of the bench.
         if ctl_log.exists():
             sys.stderr.write("controller log (end):\n" + ctl_log.read_text()[-3000:])
         raise
     finally:
+        if stress is not None:
+            stress.stop()
         if ctl is not None and ctl.poll() is None:
             ctl.send_signal(signal.SIGKILL)
             ctl.wait()
@@ -312,6 +328,8 @@ def _harness(results: list[dict[str, Any]]) -> dict[str, Any]:
             "send_lag_p99_ms": max(r["lag_p99_ms"] for r in results),
             "send_lag_max_ms": max(r["lag_max_ms"] for r in results),
             "wakeups": sum(r["wakeups"] for r in results),
+            # Agents that gave up waiting for an answer and reconnected (--agent-timeout-s).
+            "gave_up": sum(r.get("gave_up", 0) for r in results),
             # Mean bytes per reply (the plan in full or "unchanged"), whole run.
             "reply_bytes_mean": round(sum(r["reply_bytes"] for r in results)
                                       / max(sum(r["replies"] for r in results), 1))}
@@ -395,8 +413,9 @@ def summarize(args: argparse.Namespace, results: list[dict[str, Any]],
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["controller"]:
-        d, n, rpn, hb, hbt = sys.argv[2:7]
-        controller_main(d, int(n), int(rpn), float(hb), float(hbt))
+        d, n, rpn, hb, hbt, stall = sys.argv[2:8]
+        controller_main(d, int(n), int(rpn), float(hb), float(hbt), float(stall))
     else:
         raise SystemExit("usage: python -m slurm_robust_rehearsal.bench.scale controller "
-                         "RUN_DIR NODES RANKS_PER_NODE HEARTBEAT_S HEARTBEAT_TIMEOUT_S")
+                         "RUN_DIR NODES RANKS_PER_NODE HEARTBEAT_S HEARTBEAT_TIMEOUT_S "
+                         "STALL_TICK_S")

@@ -73,6 +73,9 @@ class Args:
     heartbeat_s: float
     step_s: float
     fail_agent: int
+    #: An answer outstanding this long: the agent gives up on its connection, closes
+    #: it and reconnects (handshake again), as node/agent.py does (0: never).
+    give_up_s: float = 0.0
 
 
 class Harness:
@@ -88,6 +91,8 @@ class Harness:
         self.reply_bytes = 0
         self.wakeups = 0
         self.connect_failures = 0
+        self.gave_up = 0
+        self._checked_at = 0.0
         self.fail_sent_at: float | None = None
         self.fail_gen: int | None = None
         self.joined: queue.Queue[SimAgent | ConnectionError] = queue.Queue()
@@ -150,10 +155,38 @@ class Harness:
             if isinstance(got, ConnectionError):
                 raise got
             i = got.index - self.a.first
+            if self.agents[i] is None:
+                self.connected += 1
             self.agents[i] = got
-            self.connected += 1
             self.sel.register(got.chan.sock, selectors.EVENT_READ, i)
             self._schedule(got, now, i)
+
+    def _give_up_waiting(self, now: float) -> None:
+        """Agents whose answer is outstanding past ``give_up_s`` close their connection
+        and reconnect on the pool, keeping their plan and steps (a real agent's workers
+        run on meanwhile); the new connection asks for the plan in full."""
+        if self.a.give_up_s <= 0 or now - self._checked_at < 0.25:
+            return
+        self._checked_at = now
+        for ag in self.agents:
+            if ag is None or ag.closed or ag.sent_at is None \
+                    or now - ag.sent_at < self.a.give_up_s:
+                continue
+            self.sel.unregister(ag.chan.sock)
+            ag.chan.close()
+            ag.closed, ag.sent_at, ag.buf, ag.plan_id = True, None, b"", None
+            self.gave_up += 1
+            assert self.pool is not None
+            self.pool.submit(self._rejoin, ag)
+
+    def _rejoin(self, ag: SimAgent) -> None:
+        try:
+            ag.chan = self._connect(ag.index).chan
+        except ConnectionError as exc:
+            self.joined.put(exc)
+            return
+        ag.closed = False
+        self.joined.put(ag)
 
     def _schedule(self, ag: SimAgent, at: float, i: int) -> None:
         ag.next_at = at
@@ -250,6 +283,7 @@ class Harness:
                 return
             if fail_at is not None and now >= fail_at and self.fail_sent_at is None:
                 self._inject(now)
+            self._give_up_waiting(now)
             while self.heap and self.heap[0][0] <= now:
                 at, i = heapq.heappop(self.heap)
                 ag = self.agents[i]
@@ -294,6 +328,7 @@ class Harness:
                 "replies": self.replies, "reply_bytes": self.reply_bytes,
                 "wakeups": self.wakeups,
                 "connect_failures": self.connect_failures, "closed": self.closed,
+                "gave_up": self.gave_up,
                 "lag_p99_ms": round(_p99(self.lags) * 1000, 1),
                 "lag_max_ms": round(max(self.lags, default=0.0) * 1000, 1),
                 "lost_plans": {str(a.index): a.lost_plan for a in self.agents if a.lost_plan},
@@ -310,9 +345,9 @@ def _p99(values: list[float]) -> float:
 
 
 def main(argv: list[str]) -> int:
-    host, port, run_dir, key, first, count, hb, step_s, fail_agent = argv
+    host, port, run_dir, key, first, count, hb, step_s, fail_agent, give_up = argv
     h = Harness(Args(host, int(port), run_dir, key, int(first), int(count), float(hb),
-                     float(step_s), int(fail_agent)))
+                     float(step_s), int(fail_agent), float(give_up)))
     h.start_connecting()
     h.sel.register(sys.stdin, selectors.EVENT_READ, "stdin")
     h.run(0.0, None, float("inf"), stdin_ok=True)

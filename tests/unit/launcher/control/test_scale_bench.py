@@ -47,3 +47,21 @@ def test_lost_agents_are_read_from_the_controller_log_once_each(tmp_path):
         "(connection closed)\n")
     assert set(scale.lost_in_log(log, 11.5)) == {"3"}
     assert set(scale.lost_in_log(log, 20.0)) == {"3", "5"}
+
+
+def test_a_stalled_tick_and_a_cpu_hog_cost_no_agent_and_are_recorded():
+    # The tick stalls for two heartbeat timeouts with a busy process beside it; the
+    # simulated agents give up on their answers after one and reconnect, as real ones.
+    parser = argparse.ArgumentParser()
+    scale.add_arguments(parser)
+    args = parser.parse_args(["--agents", "8", "--seconds", "4", "--recover-s", "3",
+                              "--heartbeat-timeout-s", "1.0", "--stall-tick-s", "2.0",
+                              "--cpu-hog", "1"])
+    out = scale.run(args)
+    assert out["agents_lost"] == 0, (out["lost_in_log"], out["lost_plans"])
+    stress = out["stress"]
+    assert stress["stalls"] == 1 and stress["cpu_hog"] == 1
+    assert stress["overload_events"] >= 1 and stress["overload_warnings"] >= 1
+    assert stress["overload_lag_max_s"] >= 1.5
+    assert out["harness"]["gave_up"] >= 1  # the closed path was exercised
+    assert out["failure"]["decided"]
