@@ -145,8 +145,9 @@ def test_a_stalled_tick_with_real_agents_evicts_nobody_and_requeues_nothing(run,
     assert [e for e in evs if e["event"] == "controller"] == []  # no takeover
     assert result.status == "completed", result
     assert not any(v.lost for v in ctl.agents.values())
-    [overload] = [e for e in evs if e["event"] == "controller_overload"]
-    assert overload["lag_s"] >= stall - 1.0
+    # The stall's record (a loaded test machine may add its own, shorter lateness).
+    overloads = [e for e in evs if e["event"] == "controller_overload"]
+    assert max(e["lag_s"] for e in overloads) >= stall - 1.0, overloads
     from slurm_robust.launcher.control.state import load_state
     state = load_state(ctl.paths.state)
     assert state.requeues == 0 and state.term == 1 and state.blamed == []

@@ -199,7 +199,9 @@ def test_a_stalled_tick_blames_no_agent_and_records_the_overload(start_controlle
         # Recorded: the log line, the event, the metrics.
         assert any("controller overloaded" in r.message for r in caplog.records)
         recs = [json.loads(line) for line in ctl.paths.events.read_text().splitlines()]
-        [ev] = [r for r in recs if r["event"] == "controller_overload"]
+        # The stall's record (a loaded test machine may add its own, shorter lateness).
+        ev = max((r for r in recs if r["event"] == "controller_overload"),
+                 key=lambda r: r["lag_s"])
         assert ev["lag_s"] >= stall - 1.0 and ev["episodes"] >= 1
         assert ev["overload_version"] == 1 and ev["agents"] == 2
         assert not [r for r in recs if r["event"] == "incident"]
