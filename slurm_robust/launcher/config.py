@@ -101,8 +101,11 @@ class RunConfig:
         startup_timeout_s: longest wait for the first step of a (re)started worker group,
             once the run has ever reported a step; a script that never reports steps is
             never judged hung (only exits, heartbeats and the live inspection apply).
-        heartbeat_s: how often agents report to the controller.
-        heartbeat_timeout_s: an agent silent this long is lost (its node is blamed).
+        heartbeat_s: how often agents report to the controller while they are few;
+            past 1,000 x heartbeat_s agents (nodes and spares) the interval grows with
+            them, 1,000 reports a second in all (control/cadence.py).
+        heartbeat_timeout_s: an agent silent this long is lost (its node is blamed); at
+            least five heartbeats once the heartbeat grows.
         warn_before_s: act this long before the job's time limit (requeue with the newest
             step): on Slurm's warning signal (``submit`` asks for it) or when the job's end
             time, read from Slurm once a minute, is that close, whichever comes first.

@@ -209,9 +209,28 @@ def _procs(args: argparse.Namespace) -> int:
     return max(1, min(math.ceil(args.agents / AGENTS_PER_PROC), max(cores - 1, 1)))
 
 
+def agent_cadence(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with the heartbeat and its timeout the launcher uses for this many
+    agents (control/cadence.py scales them past a few hundred agents; a tree without
+    that uses them as given), so the simulated agents report as real ones would."""
+    from slurm_robust.launcher.config import RunConfig
+    from slurm_robust.launcher.control import cadence
+
+    beat, timeout = args.heartbeat_s, args.heartbeat_timeout_s
+    if hasattr(cadence, "scaled"):
+        cfg = cadence.scaled(RunConfig(command=("bench",), run_dir="/nonexistent",
+                                       nodes=args.agents, spares=0, heartbeat_s=beat,
+                                       heartbeat_timeout_s=timeout))
+        beat, timeout = cfg.heartbeat_s, cfg.heartbeat_timeout_s
+    return argparse.Namespace(**{**vars(args), "heartbeat_s": beat,
+                                 "heartbeat_timeout_s": timeout,
+                                 "asked_heartbeat_s": args.heartbeat_s})
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.agents < 2:
         raise SlurmRobustError("bench scale needs at least 2 agents (one of them fails)")
+    args = agent_cadence(args)
     tmp = Path(tempfile.mkdtemp(prefix="scale-bench-"))
     run_dir = tmp / "run"
     ctl_log = tmp / "controller.log"
@@ -382,6 +401,8 @@ def summarize(args: argparse.Namespace, results: list[dict[str, Any]],
     return {
         "agents": args.agents, "ranks_per_node": args.ranks_per_node,
         "heartbeat_s": args.heartbeat_s, "step_s": args.step_s,
+        "asked_heartbeat_s": getattr(args, "asked_heartbeat_s", args.heartbeat_s),
+        "heartbeat_timeout_s": args.heartbeat_timeout_s,
         "seconds": args.seconds, "harness_procs": nprocs,
         "all_active_s": round(all_active_s, 2),
         "controller": {

@@ -34,7 +34,7 @@ from slurm_robust.launcher.auth import (
     server_handshake,
 )
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.control import failover
+from slurm_robust.launcher.control import cadence, failover
 from slurm_robust.launcher.control.admission import PreauthGate
 from slurm_robust.launcher.control.failover import StoodDown, Takeover
 from slurm_robust.launcher.control.metrics import RunMetrics, serve_for_controller
@@ -133,6 +133,8 @@ class Controller:
 
     def __init__(self, cfg: RunConfig, ident: Identity, slurm: SlurmSide | None = None,
                  takeover: Takeover | None = None) -> None:
+        # The heartbeat and its timeout for this many agents, as the agents derive them.
+        cfg = cadence.scaled(cfg)
         self.cfg = cfg
         self.ident = ident
         self.paths = RunPaths.of(cfg.run_dir)

@@ -42,7 +42,7 @@ from slurm_robust.launcher.auth import (
 )
 from slurm_robust.launcher.classify import classify
 from slurm_robust.launcher.config import RunConfig
-from slurm_robust.launcher.control import failover
+from slurm_robust.launcher.control import cadence, failover
 from slurm_robust.launcher.control.controller import Controller
 from slurm_robust.launcher.control.failover import ControllerRecord
 from slurm_robust.launcher.control.outcome import OutcomeSummary
@@ -103,7 +103,8 @@ class Agent:
     """One node's agent (see the module docstring)."""
 
     def __init__(self, cfg: RunConfig, ident: Identity) -> None:
-        self.cfg = cfg
+        # The heartbeat and its timeout for this many agents (the controller's too).
+        self.cfg = cfg = cadence.scaled(cfg)
         self.ident = ident
         self.paths = RunPaths.of(cfg.run_dir)
         self.site = load_site(cfg.site_config)

@@ -82,7 +82,8 @@ def add_robust_options(p: argparse.ArgumentParser) -> None:
                         f"{_D.durable_every}; 0: never)")
     p.add_argument("--heartbeat-timeout", type=float, default=None, metavar="S",
                    help="an agent silent this long is lost and its node blamed (default "
-                        f"{_D.heartbeat_timeout_s:g})")
+                        f"{_D.heartbeat_timeout_s:g}; at least five heartbeats, which grow "
+                        "past 200 nodes: docs/ARCHITECTURE.md)")
     p.add_argument("--fail-slow-interval", type=float, default=None, metavar="S",
                    help="fail-slow detection: seconds per round (default 10; a node "
                         "flagged slowest in 3 of 5 rounds is evicted)")
