@@ -7,8 +7,10 @@ controller in a thread (control/failover.py says where, and why not on the batch
    pid}, ...}``; the stack capture and ``inject`` read this exact format);
 2. finds the controller of its job step through ``<run_dir>/controller.json`` (its
    ``key`` is job id, step id and Slurm restart count, so a stale file of an earlier
-   allocation is never used) and reports to it every ``heartbeat_s``, and at once
-   when one of its workers exits or the controller wakes it (workers.wait_for_exit);
+   allocation is never used) and reports to it every ``heartbeat_s`` (longer past 200
+   agents, control/cadence.py), and at once when one of its workers exits or the
+   controller wakes it (workers.wait_for_exit); it waits for a late answer up to the
+   heartbeat timeout (a late controller is waited for, control/overload.py);
 3. reconciles its workers with the plan it gets back: a new generation means stop the
    old workers and start the new ones (or park, for a spare); a stack request means
    dump its workers' stacks (in a thread, so reports continue); ``exit`` ends it;
