@@ -255,6 +255,8 @@ class Controller:
         serve_for_controller(self.metrics, self.cfg.run_dir, host_address())
         self.metrics.watch(phase=lambda: rec.phase, spares_parked=lambda: len(rec.spares),
                            spares_used=lambda: len(rec.evicted))
+        # Lateness counts from the loop's start, not from this object's construction.
+        self.lateness.last_beat = time.time()
         self._thread = threading.Thread(target=self._loop, daemon=True,
                                         name="robust-controller")
         self._thread.start()
@@ -546,14 +548,18 @@ class Controller:
         controller's responsive time (overload.py): the time its own loop was late does
         not count, so a slow controller blames no node and a healthy one still notices a
         dead one within the timeout."""
-        elapsed = self.lateness.elapsed
+        elapsed, timeout = self.lateness.elapsed, self.cfg.heartbeat_timeout_s
         for view in self.agents.values():
             if view.lost:
                 continue
+            # The wall time first: responsive time is never longer, and most agents were
+            # heard within it (one cheap test each per tick, thousands of agents).
             closed = (not view.connected and view.closed_at is not None
                       and not view.close_excused
+                      and now - view.closed_at > RECONNECT_GRACE_S
                       and elapsed(view.closed_at, now) > RECONNECT_GRACE_S)
-            silent = elapsed(view.last_seen, now) > self.cfg.heartbeat_timeout_s \
+            silent = now - view.last_seen > timeout \
+                and elapsed(view.last_seen, now) > timeout \
                 and not self._report_waiting(view)
             if closed or silent:
                 view.lost = True
