@@ -25,6 +25,7 @@ import threading
 from bisect import bisect_right
 from collections.abc import Callable
 
+# The controller's logger: the warning is about the controller, beside its other lines.
 log = logging.getLogger("slurm_robust.launcher.control.controller")
 
 #: A gap between two ticks up to this long is the loop's normal pace (its 0.05 s wait, a
