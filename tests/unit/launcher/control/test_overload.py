@@ -153,7 +153,9 @@ def test_a_dead_agent_is_still_lost_within_the_timeout_on_a_healthy_controller(
         took = ctl.lateness.elapsed(last[1] if how == "silent" else died, noticed)
         assert took <= limit + 0.5, (took, limit)
         if how == "silent":
-            assert took > limit - 0.15, "declared lost before the timeout"
+            # Not early either (the agent's own stamp follows the controller's by its
+            # reply's trip, which a loaded machine stretches).
+            assert took > limit - 0.5, "declared lost before the timeout"
     finally:
         stop.set()
         for t in threads:
