@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from slurm_robust.launcher.classify import EXIT_NONFINITE, classify_failure
+from slurm_robust.launcher.classify import EXIT_NONFINITE, Evidence, classify, classify_failure
 
 
 def tb(exc: str, prefix: str = "") -> str:
@@ -429,3 +429,161 @@ def test_a_path_the_job_named_that_does_not_exist_is_configuration():
                                      "'/root/.cache/dalle/tmp.encoder.pkl' -> "
                                      "'/root/.cache/dalle/encoder.pkl'")
     assert race.cls == "user_exception", race
+
+
+def test_the_kernel_modules_api_mismatch_is_a_gpu_the_node_cannot_use():
+    # stackhpc-287-nvrm-api-mismatch: a driver updated and its kernel module not reloaded,
+    # the same state as NVML's "Driver/library version mismatch".
+    log = ("Jun 30 11:07:05 gpu-0 kernel: NVRM: API mismatch: the client has the version "
+           "535.54.03, but#012NVRM: this kernel module has the version 530.30.02.  Please"
+           "#012NVRM: make sure that this kernel module and all NVIDIA driver#012NVRM: "
+           "components have the same version.")
+    c = classify_failure(None, None, log)
+    assert (c.cls, c.rule) == ("gpu_unavailable", "gpu_gone"), c
+    # nvidiadocker-182: the kernel's multi-line wording, its last line alone says nothing.
+    wrapped = ("Aug 26 14:08:07 nyasara-linux kernel: NVRM: API mismatch: the client has the "
+               "version 367.44, but\n    NVRM: this kernel module has the version 367.35.  "
+               "Please\n    NVRM: components have the same version.")
+    assert classify_failure(None, None, wrapped).cls == "gpu_unavailable"
+
+
+def test_an_uncorrectable_nvlink_error_outranks_the_socket_errors_beside_it():
+    # pytorch-58155-uncorrectable-nvlink-terminate: "Transport endpoint is not connected"
+    # is a rank's socket here, not a FUSE mount; the NVLink report names the fault.
+    log = ("terminate called after throwing an instance of 'std::system_error'\n"
+           "  what():  Transport endpoint is not connected\n"
+           "terminate called after throwing an instance of 'c10::Error'\n"
+           "  what():  CUDA error: uncorrectable NVLink error detected during the execution")
+    c = classify_failure(None, signal.SIGABRT, log)
+    assert (c.cls, c.side, c.rule) == ("cuda_error", "unknown", "nvlink_uncorrectable"), c
+    assert not c.evicts
+
+
+def test_a_task_dump_in_uninterruptible_sleep_is_a_hang_not_a_panic():
+    # returnn-1480-uvm-ioctl-hung-task: a dmesg -H copy without the "INFO: task ...
+    # blocked" header; the call trace belongs to the stuck task.
+    log = ("[  +0.000049] task:python3.11      state:D stack:    0 pid:15277 ppid: 15257 "
+           "flags:0x00000002\n[  +0.000006] Call Trace:\n[  +0.000003]  <TASK>\n"
+           "[  +0.000004]  __schedule+0x23d/0x590\n"
+           "[  +0.000005]  uvm_page_tree_get_ptes_async+0x93/0x970 [nvidia_uvm]")
+    c = classify_failure(None, None, log)
+    assert (c.cls, c.side, c.rule) == ("job_hang", "unknown", "d_state_task"), c
+    # The same dump with kernel timestamps is still no panic.
+    stamped = "\n".join("[ 1234.5] " + line.split("] ", 1)[1] for line in log.splitlines())
+    assert classify_failure(None, None, stamped).cls == "job_hang"
+
+
+def test_the_kubelet_evicting_for_node_pressure_is_the_nodes_disk_or_memory():
+    # hushhouse-8-evicted-ephemeral-storage, operatefirst-1352-diskpressure-evictions,
+    # kubefate-64-evicted-node-low-memory.
+    disk = ("  message: 'The node was low on resource: ephemeral-storage. Container worker\n"
+            "    was using 73712Ki, which exceeds its request of 0. '\n  reason: Evicted")
+    pressure = ("build-log-clustering-56b4b9d9vsk56   ds-ml   Evicted   oct-03-09-compute   "
+                "Pod The node had condition: [DiskPressure].")
+    memory = ("4m11s  Warning  Evicted  pod/egg-1  The node was low on resource: memory. "
+              "Container egg was using 5053216Ki, which exceeds its request of 0.")
+    for log, cls in ((disk, "disk_full"), (pressure, "disk_full"), (memory, "cpu_oom")):
+        c = classify_failure(None, None, log)
+        assert (c.cls, c.side) == (cls, "unknown") and not c.evicts, (log, c)
+
+
+def test_an_adapters_async_event_is_the_fabric_not_a_memlock_limit():
+    # nccl-230-ib-local-catastrophic: the verbs call failing after the event is no
+    # configuration error.
+    log = ("host:815:864 [0] transport/net_ib.cu:80 NCCL WARN NET/IB : Got async event : "
+           "local catastrophic error\n"
+           "host:815:864 [0] misc/ibvwrap.cu:220 NCCL WARN Call to ibv_get_async_event failed")
+    c = classify_failure(None, None, log)
+    assert (c.cls, c.rule) == ("network", "ib_async_event"), c
+    assert classify_failure(None, None, "NCCL WARN NET/IB : Got async event : port error"
+                            ).cls == "network"
+
+
+def test_a_container_image_that_cannot_be_unpacked_is_the_container_runtime():
+    # trinotate-100-sif-extract-no-space: the space that ran out is the runtime's
+    # staging directory, and the container never started.
+    log = ("INFO:    Converting SIF file to temporary sandbox...\n"
+           "FATAL:   while extracting /home/u/trinotate.v4.0.0.simg: root filesystem "
+           "extraction failed: failed to copy content in staging file: write /tmp/rootfs-1/"
+           "archive-2: no space left on device")
+    c = classify_failure(None, None, log)
+    assert (c.cls, c.rule) == ("container_runtime", "container_start"), c
+
+
+def test_a_parallel_file_systems_mount_failure_is_a_mount():
+    # dataacc-119-lustre-mount-busy
+    log = ("mount.lustre: mount dac-e-19-opa@o2ib1:/RTsjlttY at /mnt/dac/6038_job failed: "
+           "Device or resource busy\nIs the backend filesystem mounted?\n"
+           "Check /etc/mtab and /proc/mounts")
+    assert classify_failure(None, None, log).cls == "filesystem_mount"
+
+
+def test_object_store_server_errors_from_other_clients_are_remote_storage():
+    # victoriametrics-403-gcs-503-backend, rclone-550-gcs-500-backend,
+    # gcsfuse-408-readfileop-503, azsdkpy-24636-download-stream-reset.
+    for log in ("daily backup failed. On all three storage nodes with `googleapi: Error 503: "
+                "Backend Error`",
+                "2016/06/28 12:45:39 E9E/B0F1: Failed to copy: googleapi: Error 500: Backend "
+                "Error, backendError",
+                "fuseops.ReadFileOp error: fh.reader.ReadAt: startRead: NewReader: googleapi: "
+                "got HTTP response code 503 with body: Backend Error",
+                "2022-05-27T21:51:42+0000 __next__():186 Unable to stream download: "
+                "(\"Connection broken: ConnectionResetError(104, 'Connection reset by peer')"
+                "\", ConnectionResetError(104, 'Connection reset by peer'))\n"
+                "2022-05-27T21:51:42+0000 wrapped():79 Download stream interrupted."):
+        c = classify_failure(None, None, log)
+        assert c.cls == "remote_storage" and not c.evicts, (log, c)
+    # A 4xx from a Google API is no server error of the store.
+    assert classify_failure(None, None, "googleapi: Error 403: Forbidden").cls != \
+        "remote_storage"
+
+
+def test_a_libfabric_providers_failed_completion_is_the_fabric_of_unknown_side():
+    # awsofinccl-346-efa-invalid-address; a provider's warning that is no error is not.
+    log = ("libfabric:451707:1708520807::efa:cq:efa_rdm_txe_handle_error():737<warn> err: 5, "
+           "message: Invalid address My EFA addr: fi_addr_efa://[fe80::13]:0:1072483550")
+    c = classify_failure(None, None, log)
+    assert (c.cls, c.side, c.rule) == ("network", "unknown", "ofi_fabric"), c
+    info = ("libfabric:462:1673041636:efa:core:rxr_info_to_rxr():506<warn> FI_HMEM "
+            "capability requires RDMA, which this device does not support.")
+    assert classify_failure(None, None, info).rule != "ofi_fabric"
+
+
+def test_a_numpy_binary_incompatibility_is_the_jobs_environment():
+    # atrain-10-numpy2-incompatible; loraeasy-220-numpy2-broke-last-week is the same
+    # words right after a recorded change, so the change's.
+    log = ("A module that was compiled using NumPy 1.x cannot be run in\n"
+           "NumPy 2.0.0 as it may crash. To support both 1.x and 2.x\n"
+           "AttributeError: `np.NaN` was removed in the NumPy 2.0 release. Use `np.nan` "
+           "instead.. Did you mean: 'nan'?")
+    c = classify_failure(1, None, log)
+    assert (c.cls, c.side) == ("bad_config", "user"), c
+    changed = classify(Evidence(log_tail="The first line of the command line is: A module "
+                                "that was compiled using NumPy 1.x cannot be run in.",
+                                change_recorded=True))
+    assert changed.cls == "code_data_change", changed
+
+
+def test_a_loss_scale_driven_down_and_the_scalers_floor_are_nan():
+    # fairseq-512-overflow-loss-scale-chain (fairseq's "setting loss scale to: X"),
+    # fairseq-282-bigger-lr-min-loss-scale, dle-543-bert-nan-loss-scale (a scale that
+    # only ever falls), jointre-7-dynet-gradient-bad-nan.
+    fairseq = ("| WARNING: overflow detected, setting loss scale to: 0.00048828125\n"
+               "| WARNING: overflow detected, setting loss scale to: 0.000244140625\n"
+               "| WARNING: overflow detected, setting loss scale to: 0.0001220703125\n"
+               "Traceback (most recent call last):")
+    floor = ("I have encountered “Exception: Minimum loss scale reached ” error several "
+             "times with fp16 training.")
+    falling = "\n".join(f"DLL 2020-05-28 08:5{i}:00.1 - PARAMETER loss_scale : {2.0 ** (19 - i)} "
+                        for i in range(7))
+    dynet = "RuntimeError: Magnitude of gradient is bad: -nan"
+    for log in (fairseq, floor, falling, dynet):
+        assert classify_failure(None, None, log).cls == "nan", log
+    # A scaler that halves now and then and grows back is routine, and a steady scale
+    # says nothing.
+    routine = "\n".join(f"iteration {i} | loss scale: {s} | loss 2.1"
+                        for i, s in enumerate((1024.0, 512.0, 1024.0, 512.0, 1024.0, 2048.0,
+                                               1024.0, 2048.0)))
+    steady = "\n".join(f"iteration {i} | loss scale: 1.0 | lm loss: 2.1" for i in range(9))
+    for log in (routine, steady):
+        assert classify_failure(None, None, log).cls != "nan", log
