@@ -108,7 +108,7 @@ def _rx(text: str, flags: int = re.I) -> re.Pattern[str]:
 # function "+0x1f/0x40" has none of these.
 _KERNEL_PREFIX = re.compile(
     r"^\s*(?:<\d{1,3}>)?(?:\[\s*\d+\.\d+\]|"
-    r"(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.]+\S*) \S+ kernel: )")
+    r"(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|\d{4}-\d\d-\d\dT[\d:.]+\S*) \S+ kernel: )")
 # The kernel's hung-task report: a task blocked in D state (a slow disk or file server);
 # its call trace follows it. Worth diagnosing, never a panic (unless the kernel says
 # "Kernel panic - not syncing: hung_task", which the panic rule reads).
@@ -240,7 +240,16 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("node_fail", F.NODE_LOST, _rx(
         r"Node failure on|\bNODE_FAIL\b|DUE TO NODE FAILURE|node_fail\b|\bNot responding\b|"
         r"Kill task failed|marked dead|missed too many heartbeats|"
-        r"Node unexpectedly rebooted"), strength=_K),
+        r"Node unexpectedly rebooted|"
+        # the kubelet ending pods because its node is shutting down (a preemptible or
+        # spot VM reclaimed, a maintenance drain)
+        r"terminated (due to|in response to) imminent node shutdown"), strength=_K),
+    # Other batch schedulers' own records of a job run past its time limit (PBS/Torque,
+    # Moab, LSF's TERM_RUNLIMIT), as slurm_time_limit reads Slurm's: the job's request.
+    Rule("batch_time_limit", F.BAD_CONFIG, _rx(
+        r"PBS: job killed: walltime \d+ exceeded limit|Job exceeded its walltime limit|"
+        r"job exceeded wallclock limit|TERM_RUNLIMIT: job killed"), side=Side.USER,
+        strength=_K),
     # slurmstepd's own line when the job ran past its time limit (src/slurmd/slurmstepd/
     # req.c): the limit asked for was too short, not a fault of any node. Under the
     # launcher the limit is met by its warning signal first; this is the job that had none.
@@ -326,7 +335,8 @@ LOG_RULES: tuple[Rule, ...] = (
         r"compile|CUDA_HOME environment variable is not set|"
         r"Unsupported gpu architecture|is not compatible with the current PyTorch "
         r"installation|only supports Ampere GPUs or newer|Bfloat16 is only supported on|"
-        r"version `GLIBC\w*_[\d.]+' not found"), side=Side.USER),
+        r"version `GLIBC\w*_[\d.]+' not found|"
+        r"PyTorch and torchvision were compiled with different CUDA versions"), side=Side.USER),
     # A shared library the job's environment cannot find (libcudart, libcudnn...). The
     # driver's own libraries (libcuda, libnvidia-ml) missing in a container are the
     # runtime's GPU hook, so they are left to the container rules; NCCL's optional
@@ -392,6 +402,7 @@ LOG_RULES: tuple[Rule, ...] = (
     # small default location (user); the log rarely says which, host_disk_free does.
     Rule("disk_full", F.DISK_FULL, _rx(
         r"No space left on device|Errno 28\b|\bENOSPC\b|StorageFull|Disk quota exceeded|"
+        r"exceed(ed|ing) (its |the )?(\w+ )?(disk|jobfs|scratch|storage) quota|"
         r"Errno 122\b|PytorchStreamWriter failed writing|file write failed"),
         side=Side.UNKNOWN),
     # LMDB refuses remote file systems (its documentation: no NFS); a stale handle from an
@@ -405,6 +416,14 @@ LOG_RULES: tuple[Rule, ...] = (
         r"Could not mount|mount\.(nfs4?|lustre|cifs|ceph|glusterfs|beegfs|fuse)\b[^\n]*"
         r"(fail|error|refused|timed out)|not a mount point|Host is down|"
         r"nfs:? server[^\n]*not\s+responding")),
+    # An object store refusing the request itself (S3's and its clones' error codes for
+    # credentials, permissions, a bucket's settings, a malformed request): the job's
+    # credentials or its request, not the store's health.
+    Rule("object_store_refused", F.REMOTE_STORAGE, _rx(
+        r"\((AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|ExpiredToken|"
+        r"InvalidToken|AccessControlListNotSupported|AllAccessDisabled|InvalidBucketName|"
+        r"AuthorizationHeaderMalformed|NoSuchBucket)\) when calling the \w+ operation|"
+        r"is not authorized to perform: s3:"), side=Side.USER),
     Rule("remote_io", F.REMOTE_STORAGE, _rx(
         r"(Input/output error|Errno 5\b)[^\n]*(s3://|gs://|hdfs://|/content/drive|/lustre|"
         r"/gpfs|/nfs)|botocore|boto3|\bS3Error|s3fs|NoSuchKey|SlowDown|\bHDFS\b|webhdfs|"
@@ -535,7 +554,10 @@ LOG_RULES: tuple[Rule, ...] = (
         r"\bOOM[- ]kill(ed|er)\b|DefaultCPUAllocator: (can't allocate memory|not enough "
         r"memory)|paging file is too small|java\.lang\.OutOfMemoryError|"
         r"OutOfMemoryError: Java heap|ray\.exceptions\.OutOfMemoryError|"
-        r"node (is )?running low on memory|OOM when allocating[^\n]*device:CPU")),
+        r"node (is )?running low on memory|OOM when allocating[^\n]*device:CPU|"
+        # PBS's and LSF's own records of a job killed at its memory limit
+        r"PBS: job killed: v?mem \d+\w* exceeded limit|Job exceeded a memory resource "
+        r"limit|TERM_MEMLIMIT: job killed")),
     Rule("cpu_overload", F.CPU_OVERLOAD, _rx(
         r"can't start new thread|pthread_create failed|Resource temporarily unavailable|"
         r"fork: retry")),

@@ -587,3 +587,72 @@ def test_a_loss_scale_driven_down_and_the_scalers_floor_are_nan():
     steady = "\n".join(f"iteration {i} | loss scale: 1.0 | lm loss: 2.1" for i in range(9))
     for log in (routine, steady):
         assert classify_failure(None, None, log).cls != "nan", log
+
+
+def test_an_object_store_refusing_the_request_is_the_jobs_credentials_or_request():
+    # lbhackney-1883-iam-not-authorized-putobject, amazonaws-1502-bucket-does-not-allow-acls:
+    # botocore in the line is no longer enough to blame the store.
+    for log in ("> botocore.exceptions.ClientError: An error occurred (AccessDenied) when "
+                "calling the PutObject operation: User: arn:aws:iam::120038763019:user/airflow "
+                "is not authorized to perform: s3:PutObject on resource: \"arn:aws:s3:::landing/\"",
+                "botocore.exceptions.ClientError: An error occurred "
+                "(AccessControlListNotSupported) when calling the PutObject operation: The "
+                "bucket does not allow ACLs"):
+        c = classify_failure(1, None, log)
+        assert (c.cls, c.side, c.rule) == ("remote_storage", "user", "object_store_refused"), c
+    # The store's own load is still not the job's (cccrawlstats-31-s3-slowdown-getobject).
+    slow = classify_failure(1, None, "download failed: s3://cc/part-00000.gz to part.gz An "
+                                     "error occurred (SlowDown) when calling the GetObject "
+                                     "operation (reached max retries: 2): Please reduce your "
+                                     "request rate.")
+    assert slow.cls == "remote_storage" and slow.side != "user", slow
+
+
+def test_torchvision_built_for_another_cuda_than_torch_is_the_jobs_environment():
+    # kohyatrainer-164-torchvision-cuda-mismatch
+    log = ("RuntimeError: Detected that PyTorch and torchvision were compiled with different "
+           "CUDA versions. PyTorch has CUDA Version=11.7 and torchvision has CUDA Version=11.6. "
+           "Please reinstall the torchvision that matches your PyTorch install.")
+    c = classify_failure(1, None, log)
+    assert (c.cls, c.side, c.rule) == ("bad_config", "user", "build_mismatch"), c
+
+
+def test_a_pod_ended_for_its_nodes_shutdown_is_a_lost_node():
+    # argo-9880-gke-imminent-node-shutdown: a preemptible node reclaimed.
+    log = ("During actual pre-emption, we see `WorkflowNodeFailed` - `Pod was terminated due "
+           "to imminent node shutdown` and does not trigger our retry policy.")
+    c = classify_failure(None, None, log)
+    assert (c.cls, c.side) == ("node_lost", "infrastructure"), c
+
+
+def test_other_batch_schedulers_limit_kills_are_the_jobs_request():
+    # cbiocluster-256, canu-444, qiime-1048 (time); souporcell-20, sarek-541 (memory);
+    # payu-587 (the node-local scratch quota, side unknown).
+    for log in ("Aborted by PBS Server\nJob exceeded its walltime limit. Job was aborted\n"
+                "See Administrator for help\nExit_status=-11",
+                "TERM_RUNLIMIT: job killed after reaching LSF run time limit.\n"
+                "Exited with exit code 140.",
+                "=>> PBS: job killed: walltime 259217 exceeded limit 259200"):
+        c = classify_failure(None, None, log)
+        assert (c.cls, c.side) == ("bad_config", "user"), (log, c)
+    for log in ("TERM_MEMLIMIT: job killed after reaching LSF memory usage limit.\n"
+                "Exited with exit code 143.",
+                "Aborted by PBS Server\nJob exceeded a memory resource limit (vmem, pvmem, etc.). "
+                "Job was aborted\nExit_status=-10",
+                "=>> PBS: job killed: mem 38427376kb exceeded limit 33554432kb"):
+        c = classify_failure(None, None, log)
+        assert (c.cls, c.side) == ("cpu_oom", "user"), (log, c)
+    quota = classify_failure(None, None, "Job 143560526.gadi-pbs killed due to exceeding "
+                                         "jobfs quota. Quota: 15.0GB, Used: 15.0GB, Host: cpu-1")
+    assert (quota.cls, quota.side) == ("disk_full", "unknown"), quota
+
+
+def test_a_kernel_oops_with_the_journals_precise_timestamps_is_the_kernels():
+    # tf-26653-nvidia-oops-during-session (journalctl -o short-precise).
+    log = ("Mar 13 11:01:55.588061 myhostname kernel: BUG: unable to handle kernel paging "
+           "request at ffffbb9c52edfdb8\n"
+           "Mar 13 11:01:55.594839 myhostname kernel: Oops: 0000 [#2] PREEMPT SMP PTI\n"
+           "Mar 13 11:01:55.594871 myhostname kernel: CPU: 4 PID: 1334 Comm: nvidia-smi "
+           "Tainted: P      D    OE     5.0.0-arch1-1-ARCH #1")
+    c = classify_failure(None, None, log)
+    assert (c.cls, c.rule) == ("kernel_panic", "kernel_panic"), c
