@@ -317,6 +317,18 @@ LOG_RULES: tuple[Rule, ...] = (
         r"Tried to allocate [\d.]+ [KMGT]iB|Cuda failure '?out of memory|"
         r"cudaMalloc\w*[^\n]*out of memory|RESOURCE_EXHAUSTED: Out of memory|"
         r"MPS backend out of memory")),
+    # cuBLAS unable to create its handle (CUBLAS_STATUS_NOT_INITIALIZED from cublasCreate):
+    # its workspace could not be allocated, most often a GPU already full; an embedding
+    # index out of range or a broken CUDA setup print the same, hence side unknown.
+    Rule("cublas_handle", F.GPU_OOM, _rx(
+        r"CUBLAS_STATUS_NOT_INITIALIZED[^\n]*cublasCreate|failed to create cublas handle"),
+        side=Side.UNKNOWN),
+    # A kernel killed by the display watchdog or the operating system's limit on one kernel
+    # (cudaErrorLaunchTimeout): the GPU drives a display or runs under WDDM, a setting of
+    # the machine the job was given, not a fault of the GPU or of the code.
+    Rule("launch_timeout", F.BAD_CONFIG, _rx(
+        r"the launch timed out and was terminated|CUDA_ERROR_LAUNCH_TIMEOUT|"
+        r"cudaErrorLaunchTimeout"), side=Side.UNKNOWN),
     Rule("memlock", F.BAD_CONFIG, _rx(
         r"ulimit -l|max locked memory|RLIMIT_MEMLOCK|memlock|"
         r"ibv_\w+\S*\)? failed[^\n]*(Cannot allocate memory|errno 12|ENOMEM)|"
@@ -499,7 +511,9 @@ LOG_RULES: tuple[Rule, ...] = (
         r"Temporary failure in name resolution|\bHTTPError\b|raise_for_status|"
         r"\bRateLimitError\b|Error code: 429\b|rate_limit_exceeded|\bCommError\b|"
         r"LocalEntryNotFoundError|check your (internet )?connection|"
-        r"Couldn't reach https?://"),
+        r"Couldn't reach https?://|"
+        # an HTTP download cut off by the server (requests/urllib3 wording)
+        r"Connection broken: IncompleteRead|ChunkedEncodingError"),
         side=Side.UNKNOWN),
     # A rendezvous on a loopback address across nodes: the hostname resolves to 127.x.
     Rule("loopback", F.BAD_CONFIG, _rx(

@@ -656,3 +656,31 @@ def test_a_kernel_oops_with_the_journals_precise_timestamps_is_the_kernels():
            "Tainted: P      D    OE     5.0.0-arch1-1-ARCH #1")
     c = classify_failure(None, None, log)
     assert (c.cls, c.rule) == ("kernel_panic", "kernel_panic"), c
+
+
+def test_cublas_unable_to_create_its_handle_is_most_often_a_full_gpu():
+    # lmeval-1689-cublas-not-initialized-memory (more GPUs fixed it),
+    # qwen-120-cublas-not-initialized-memory; side unknown, since an out-of-range index or
+    # a broken CUDA setup print the same (llama2c-279).
+    c = classify_failure(1, None, "RuntimeError: CUDA error: CUBLAS_STATUS_NOT_INITIALIZED "
+                                  "when calling `cublasCreate(handle)`")
+    assert (c.cls, c.side, c.rule) == ("gpu_oom", "unknown", "cublas_handle"), c
+    assert not c.evicts
+
+
+def test_a_kernel_killed_by_the_display_watchdog_is_the_machines_setting():
+    # pointwise-9-cuda-launch-timeout-os-limit
+    log = ("2018-11-06 11:32:27.452268: E tensorflow/stream_executor/cuda/cuda_event.cc:48] "
+           "Error polling for event status: failed to query event: CUDA_ERROR_LAUNCH_TIMEOUT: "
+           "the launch timed out and was terminated\n"
+           "2018-11-06 11:32:27.452292: F tensorflow/core/common_runtime/gpu/gpu_event_mgr.cc:"
+           "274] Unexpected Event status: 1")
+    c = classify_failure(None, signal.SIGABRT, log)
+    assert (c.cls, c.side, c.rule) == ("bad_config", "unknown", "launch_timeout"), c
+
+
+def test_an_http_download_cut_off_by_the_server_is_an_external_service():
+    # hfhub-2199-incompleteread-download
+    c = classify_failure(None, None, "Error on *.from_pretrained call: Unexpected ('Connection "
+                                     "broken: IncompleteRead( 443")
+    assert (c.cls, c.side) == ("external_service", "unknown"), c
