@@ -1,8 +1,8 @@
 """Run ``script.py args`` or ``-m module args`` in this interpreter as ``__main__``.
 
-A leaf shared by the zygote (launcher/node/zygote.py) and the auto-steps shim
-(autosteps.py): both become the user's script exactly as ``python script.py args`` would
-(sys.argv, sys.path[0], exit status, tracebacks).
+A leaf shared by the fork server's workers (launcher/node/worker_order.py) and the
+auto-steps shim (autosteps.py): both become the user's script exactly as ``python
+script.py args`` would (sys.argv, sys.path[0], exit status, tracebacks).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
   file is named; with ``--auto-steps`` the script runs under ``python -m
   slurm_robust.autosteps`` (an optimizer step hook that reports steps, see autosteps.py).
 - :func:`interpreter_warning`: the worker command's Python cannot import torch, or is
-  not the launcher's interpreter (the zygote pre-start and ``--auto-steps`` then need
+  not the launcher's interpreter (the fork server and ``--auto-steps`` then need
   slurm_robust importable in that interpreter as well).
 """
 

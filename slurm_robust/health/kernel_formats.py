@@ -106,7 +106,8 @@ _ANCHORS: tuple[tuple[KernelEventKind, re.Pattern[str]], ...] = (
 # ``Dec  2 19:33:42 host kernel: `` or an ISO time ``2026-12-02T19:33:42+0000 host kernel: ``.
 _PREFIX = re.compile(
     r"^(?:<\d{1,3}>)?"
-    r"(?:(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.]+(?:[+-]\d\d:?\d\d|Z)?)"
+    r"(?:(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|"
+    r"\d{4}-\d\d-\d\dT[\d:.]+(?:[+-]\d\d:?\d\d|Z)?)"
     r" \S+ kernel: )?"
     r"(?:\[\s*\d+\.\d+\] ?)?")
 

@@ -108,11 +108,16 @@ def _rx(text: str, flags: int = re.I) -> re.Pattern[str]:
 # function "+0x1f/0x40" has none of these.
 _KERNEL_PREFIX = re.compile(
     r"^\s*(?:<\d{1,3}>)?(?:\[\s*\d+\.\d+\]|"
-    r"(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.]+\S*) \S+ kernel: )")
+    r"(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|\d{4}-\d\d-\d\dT[\d:.]+\S*) \S+ kernel: )")
 # The kernel's hung-task report: a task blocked in D state (a slow disk or file server);
 # its call trace follows it. Worth diagnosing, never a panic (unless the kernel says
 # "Kernel panic - not syncing: hung_task", which the panic rule reads).
 _HUNG_TASK = re.compile(r"INFO: task \S.{0,30}:\d+ blocked for more than \d+ seconds")
+# The task line of the kernel's dump of a task in uninterruptible sleep (sched_show_task:
+# "task:python3 state:D stack:0 pid:..."), as a hung-task report or `echo w >
+# /proc/sysrq-trigger` prints it, with or without the "INFO: task ... blocked" header
+# (a dmesg -H copy, a partial paste). A process stuck in the kernel: a hang to diagnose.
+_D_STATE_TASK = re.compile(r"\btask:\S+\s+state:D\s+stack:", re.I)
 
 
 def _kernel_panic_line(line: str, log: str) -> bool:
@@ -125,7 +130,8 @@ def _kernel_panic_line(line: str, log: str) -> bool:
 def _kernel_trace_line(line: str, log: str) -> bool:
     """A kernel stack-trace line (kernel-prefixed), and no hung-task report in the log
     that the trace would belong to."""
-    return _KERNEL_PREFIX.match(line) is not None and _HUNG_TASK.search(log) is None
+    return _KERNEL_PREFIX.match(line) is not None and _HUNG_TASK.search(log) is None \
+        and _D_STATE_TASK.search(log) is None
 
 
 def _hung_task_line(line: str, log: str) -> bool:
@@ -141,24 +147,41 @@ _CPU_STALL = re.compile(r"(?:NMI )?watchdog: BUG: soft lockup - CPU#\d+ stuck fo
 # DeepSpeed's "OVERFLOW! Rank 0 Skipping step. Attempted loss scale: ..." and apex's
 # "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to ...".
 _OVERFLOW_STEP = re.compile(r"OVERFLOW! Rank \d+ Skipping step|Gradient overflow\. +Skipping "
-                            r"step", re.I)
+                            r"step|overflow detected, setting loss scale to", re.I)
 #: Overflow skips in one log tail that make a divergence rather than routine scaling.
 OVERFLOW_RUN = 5
-_SCALE_TO = re.compile(r"loss scale to (?P<scale>[0-9.]+(e[-+]?\d+)?)", re.I)
-#: A loss scale below this has collapsed: every gradient underflows.
-COLLAPSED_SCALE = 1e-4
+_SCALE_TO = re.compile(r"loss scale to:? (?P<scale>[0-9.]+(e[-+]?\d+)?)", re.I)
+#: A loss scale below this has collapsed: the scaler started at 2**7..2**16 and has
+#: halved at least 17 times; healthy fp16 runs keep it well above 1.
+COLLAPSED_SCALE = 1e-3
+# A loss scale a trainer reports ("loss_scale : 8192.0" in DLLogger's PARAMETER lines,
+# fairseq's "loss_scale=0.062", Megatron's "loss scale: 1.0"); every value in the tail.
+_SCALE_VALUE = re.compile(r"\bloss[_ ]scale\b\s*[:=]?\s*(?P<scale>[0-9]+(\.[0-9]*)?(e[-+]?\d+)?)",
+                          re.I)
+#: Reported scales, each lower than the one before, that make a collapse in progress
+#: (a dynamic scaler halves on an overflow and grows back after a quiet stretch).
+FALLING_SCALES = 6
 
 
 def _overflow_run(line: str, log: str) -> bool:
-    """A run of overflow skips, or a loss scale driven below any useful value (a dynamic
-    scaler starts at 2**16 and a healthy one stays well above 1)."""
+    """A run of overflow skips, a loss scale driven below any useful value (a dynamic
+    scaler starts at 2**16 and a healthy one stays well above 1), or the reported scale
+    falling step after step without ever growing back."""
     if len(_OVERFLOW_STEP.findall(log)) >= OVERFLOW_RUN:
         return True
-    scale = _SCALE_TO.search(line)
+    scale = _SCALE_TO.search(line) or _SCALE_VALUE.search(line)
     try:
-        return scale is not None and float(scale["scale"]) < COLLAPSED_SCALE
+        if scale is not None and float(scale["scale"]) < COLLAPSED_SCALE:
+            return True
+        values = [float(m["scale"]) for m in _SCALE_VALUE.finditer(log)]
     except ValueError:
         return False
+    falling = 1
+    for before, after in zip(values, values[1:], strict=False):
+        falling = falling + 1 if after < before else 1
+        if falling >= FALLING_SCALES:
+            return True
+    return False
 
 
 def _cpu_stall_line(line: str, log: str) -> bool:
@@ -181,6 +204,8 @@ LOG_RULES: tuple[Rule, ...] = (
         r"fallen off the bus|GPU is lost|NVML_ERROR_GPU_IS_LOST|"
         r"Failed to initialize NVML(?!: Unknown Error)|"
         r"Driver/library version mismatch|Unable to determine the device handle|"
+        # the kernel module's side of the same mismatch (a driver updated, not reloaded)
+        r"NVRM: API mismatch|this kernel module has the version|"
         r"RmInitAdapter failed|probe routine failed|GPU requires reset"), strength=_H),
     # NVML's "Unknown Error" inside a container that could use its GPUs before: the
     # container's device cgroup was rewritten under it (systemd reloading units, NVIDIA's
@@ -198,6 +223,13 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("gpu_driver_unreachable", F.GPU_UNAVAILABLE, _rx(
         r"unable to communicate with the NVIDIA driver|nvidia-smi has failed"),
         side=Side.UNKNOWN, strength=_L),
+    # The CUDA runtime relaying an uncorrectable NVLink error (cudaErrorNvlinkUncorrectable,
+    # CUDA_ERROR_NVLINK_UNCORRECTABLE): the link's own hardware report, stronger than the
+    # socket or mount errors the dying ranks print next to it. Whether the link, the GPU
+    # or the board is at fault the line does not say: diagnosis, not eviction.
+    Rule("nvlink_uncorrectable", F.CUDA_ERROR, _rx(
+        r"uncorrectable NVLink error|NVLINK_UNCORRECTABLE|cudaErrorNvlinkUncorrectable"),
+        side=Side.UNKNOWN, strength=_H),
     Rule("kernel_panic", F.KERNEL_PANIC, _rx(
         r"Kernel panic|kernel BUG at|\bOops\b: |hard LOCKUP|"
         r"mce: \[Hardware Error\]|Machine check events logged"), strength=_K,
@@ -208,7 +240,16 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("node_fail", F.NODE_LOST, _rx(
         r"Node failure on|\bNODE_FAIL\b|DUE TO NODE FAILURE|node_fail\b|\bNot responding\b|"
         r"Kill task failed|marked dead|missed too many heartbeats|"
-        r"Node unexpectedly rebooted"), strength=_K),
+        r"Node unexpectedly rebooted|"
+        # the kubelet ending pods because its node is shutting down (a preemptible or
+        # spot VM reclaimed, a maintenance drain)
+        r"terminated (due to|in response to) imminent node shutdown"), strength=_K),
+    # Other batch schedulers' own records of a job run past its time limit (PBS/Torque,
+    # Moab, LSF's TERM_RUNLIMIT), as slurm_time_limit reads Slurm's: the job's request.
+    Rule("batch_time_limit", F.BAD_CONFIG, _rx(
+        r"PBS: job killed: walltime \d+ exceeded limit|Job exceeded its walltime limit|"
+        r"job exceeded wallclock limit|TERM_RUNLIMIT: job killed"), side=Side.USER,
+        strength=_K),
     # slurmstepd's own line when the job ran past its time limit (src/slurmd/slurmstepd/
     # req.c): the limit asked for was too short, not a fault of any node. Under the
     # launcher the limit is met by its warning signal first; this is the job that had none.
@@ -236,6 +277,25 @@ LOG_RULES: tuple[Rule, ...] = (
         r"Currently unreadable \(pending\) sectors|FAILING_NOW"), strength=_K),
     Rule("hung_task", F.JOB_HANG, _HUNG_TASK, side=Side.UNKNOWN, strength=_K,
          accept=_hung_task_line),
+    Rule("d_state_task", F.JOB_HANG, _D_STATE_TASK, side=Side.UNKNOWN, strength=_K),
+    # The kubelet evicting pods because the node ran short (its eviction message and the
+    # node conditions it names): the node's disk or memory, which the pod's own use may
+    # have filled or not; the message does not say whose.
+    Rule("node_pressure_disk", F.DISK_FULL, _rx(
+        r"The node was low on resource: ephemeral-storage|"
+        r"The node had condition: \[DiskPressure\]"), side=Side.UNKNOWN, strength=_K),
+    Rule("node_pressure_memory", F.CPU_OOM, _rx(
+        r"The node was low on resource: memory|The node had condition: \[MemoryPressure\]"),
+        side=Side.UNKNOWN, strength=_K),
+    # The HCA's own asynchronous events as NCCL and the verbs library relay them
+    # (ibv_get_async_event: a port going down, a local catastrophic error of the adapter,
+    # a fatal device event): the link or the adapter, not the job's settings, and
+    # stronger than the library calls failing after it.
+    Rule("ib_async_event", F.NETWORK, _rx(
+        r"Got async event\s*:\s*(local catastrophic error|port error|device fatal|"
+        r"port down|link down|GID table change|local work queue catastrophic|"
+        r"QP fatal|CQ error|SRQ catastrophic)|IBV_EVENT_(DEVICE_FATAL|PORT_ERR|"
+        r"QP_FATAL|CQ_ERR)"), strength=_K),
     # "device-side assert triggered", not PyTorch's generic hint under every CUDA error
     # ("Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions").
     Rule("device_assert", F.USER_CUDA_FAULT, _rx(
@@ -257,6 +317,18 @@ LOG_RULES: tuple[Rule, ...] = (
         r"Tried to allocate [\d.]+ [KMGT]iB|Cuda failure '?out of memory|"
         r"cudaMalloc\w*[^\n]*out of memory|RESOURCE_EXHAUSTED: Out of memory|"
         r"MPS backend out of memory")),
+    # cuBLAS unable to create its handle (CUBLAS_STATUS_NOT_INITIALIZED from cublasCreate):
+    # its workspace could not be allocated, most often a GPU already full; an embedding
+    # index out of range or a broken CUDA setup print the same, hence side unknown.
+    Rule("cublas_handle", F.GPU_OOM, _rx(
+        r"CUBLAS_STATUS_NOT_INITIALIZED[^\n]*cublasCreate|failed to create cublas handle"),
+        side=Side.UNKNOWN),
+    # A kernel killed by the display watchdog or the operating system's limit on one kernel
+    # (cudaErrorLaunchTimeout): the GPU drives a display or runs under WDDM, a setting of
+    # the machine the job was given, not a fault of the GPU or of the code.
+    Rule("launch_timeout", F.BAD_CONFIG, _rx(
+        r"the launch timed out and was terminated|CUDA_ERROR_LAUNCH_TIMEOUT|"
+        r"cudaErrorLaunchTimeout"), side=Side.UNKNOWN),
     Rule("memlock", F.BAD_CONFIG, _rx(
         r"ulimit -l|max locked memory|RLIMIT_MEMLOCK|memlock|"
         r"ibv_\w+\S*\)? failed[^\n]*(Cannot allocate memory|errno 12|ENOMEM)|"
@@ -275,7 +347,8 @@ LOG_RULES: tuple[Rule, ...] = (
         r"compile|CUDA_HOME environment variable is not set|"
         r"Unsupported gpu architecture|is not compatible with the current PyTorch "
         r"installation|only supports Ampere GPUs or newer|Bfloat16 is only supported on|"
-        r"version `GLIBC\w*_[\d.]+' not found"), side=Side.USER),
+        r"version `GLIBC\w*_[\d.]+' not found|"
+        r"PyTorch and torchvision were compiled with different CUDA versions"), side=Side.USER),
     # A shared library the job's environment cannot find (libcudart, libcudnn...). The
     # driver's own libraries (libcuda, libnvidia-ml) missing in a container are the
     # runtime's GPU hook, so they are left to the container rules; NCCL's optional
@@ -329,12 +402,19 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("container_start", F.CONTAINER_RUNTIME, _rx(
         r"OCI runtime|nvidia-container-cli|container_linux\.go|"
         r"docker: Error response from daemon|\benroot\b|\bpyxis\b|"
-        r"FATAL: +container creation failed|could not select device driver \"?nvidia"),
+        r"FATAL: +container creation failed|could not select device driver \"?nvidia|"
+        # Apptainer/Singularity unpacking the image before it can start it (a SIF
+        # converted to a sandbox, an OCI image packed into a SIF): whatever stops the
+        # unpacking (its temporary directory's space, a missing squashfuse) stops the
+        # container, not the job's code
+        r"FATAL: +while (extracting|preparing image|making image)|"
+        r"root filesystem extraction failed"),
         side=Side.UNKNOWN),
     # Full: a node or shared volume (infrastructure), or the job's own cache filling a
     # small default location (user); the log rarely says which, host_disk_free does.
     Rule("disk_full", F.DISK_FULL, _rx(
         r"No space left on device|Errno 28\b|\bENOSPC\b|StorageFull|Disk quota exceeded|"
+        r"exceed(ed|ing) (its |the )?(\w+ )?(disk|jobfs|scratch|storage) quota|"
         r"Errno 122\b|PytorchStreamWriter failed writing|file write failed"),
         side=Side.UNKNOWN),
     # LMDB refuses remote file systems (its documentation: no NFS); a stale handle from an
@@ -345,8 +425,17 @@ LOG_RULES: tuple[Rule, ...] = (
         r"slurmstepd: error: execve\(\): \S*slurm_script: No such file|"
         r"Transport endpoint is not connected|Stale file handle|\bESTALE\b|Errno 116\b|"
         r"Errno 107\b|fusermount|failed to mount|failure to mount|mount error|"
-        r"Could not mount|mount\.nfs|not a mount point|Host is down|"
+        r"Could not mount|mount\.(nfs4?|lustre|cifs|ceph|glusterfs|beegfs|fuse)\b[^\n]*"
+        r"(fail|error|refused|timed out)|not a mount point|Host is down|"
         r"nfs:? server[^\n]*not\s+responding")),
+    # An object store refusing the request itself (S3's and its clones' error codes for
+    # credentials, permissions, a bucket's settings, a malformed request): the job's
+    # credentials or its request, not the store's health.
+    Rule("object_store_refused", F.REMOTE_STORAGE, _rx(
+        r"\((AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|ExpiredToken|"
+        r"InvalidToken|AccessControlListNotSupported|AllAccessDisabled|InvalidBucketName|"
+        r"AuthorizationHeaderMalformed|NoSuchBucket)\) when calling the \w+ operation|"
+        r"is not authorized to perform: s3:"), side=Side.USER),
     Rule("remote_io", F.REMOTE_STORAGE, _rx(
         r"(Input/output error|Errno 5\b)[^\n]*(s3://|gs://|hdfs://|/content/drive|/lustre|"
         r"/gpfs|/nfs)|botocore|boto3|\bS3Error|s3fs|NoSuchKey|SlowDown|\bHDFS\b|webhdfs|"
@@ -355,7 +444,14 @@ LOG_RULES: tuple[Rule, ...] = (
         # S3's 503 reply to a too-high request rate, as an HTTP client prints it
         r"503:? Slow Down|"
         # fsspec's remote-filesystem timeout (s3fs, gcsfs, http streaming)
-        r"\bFSTimeoutError\b")),
+        r"\bFSTimeoutError\b|"
+        # Google's API clients (Go's googleapi, gcsfs, rclone, gcsfuse) on a GCS server
+        # error ("googleapi: Error 503: Backend Error", "backendError"): the store's own
+        # failure, retryable
+        r"googleapi: (Error 5\d\d|got HTTP response code 5\d\d)|\bbackendError\b|"
+        r"\bBackend Error\b|"
+        # azure-storage-blob's streaming download giving up after its retries
+        r"Unable to stream download|Download stream interrupted")),
     # An object store's refusal (botocore's ClientError, the GCS JSON API's object URLs):
     # a 403 is the job's credentials, a 503 the store's load or the job's own write rate.
     # TensorFlow's own S3/GCS file systems log their failing requests and retries.
@@ -392,6 +488,13 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("ib_retry_exceeded", F.NETWORK, _rx(
         r"completion (from peer \S+ )?with error 12\b|status=12\b|retry count(er)? exceeded|"
         r"RETRY_EXC"), side=Side.UNKNOWN),
+    # Libfabric's providers (EFA, verbs, tcp) reporting a failed completion in their own
+    # log format ("libfabric:PID:TIME::efa:cq:func():LINE<warn> err: 5, ..."), and the
+    # AWS OFI NCCL plugin's own failures: the fabric, or a security group or an address
+    # vector the cluster set up wrong; the line does not tell them apart.
+    Rule("ofi_fabric", F.NETWORK, _rx(
+        r"libfabric:\d+:\d+::\w+:\w+:\S+\(\):\d+<(warn|error)>[^\n]*\b(err|error|fail)|"
+        r"NET/OFI[^\n]*(completed with error|Couldn't|failed|error)"), side=Side.UNKNOWN),
     Rule("fabric", F.NETWORK, _rx(
         r"NET/IB|NET/Socket|NCCL WARN NET|ibv_poll_cq|IBV_WC_\w+|completion[^\n]*status=\d+|"
         r"retry count(er)? exceeded|RETRY_EXC|UCX\s+ERROR|\bmlx5_?\d*\b[^\n]*(error|fail)|"
@@ -408,7 +511,9 @@ LOG_RULES: tuple[Rule, ...] = (
         r"Temporary failure in name resolution|\bHTTPError\b|raise_for_status|"
         r"\bRateLimitError\b|Error code: 429\b|rate_limit_exceeded|\bCommError\b|"
         r"LocalEntryNotFoundError|check your (internet )?connection|"
-        r"Couldn't reach https?://"),
+        r"Couldn't reach https?://|"
+        # an HTTP download cut off by the server (requests/urllib3 wording)
+        r"Connection broken: IncompleteRead|ChunkedEncodingError"),
         side=Side.UNKNOWN),
     # A rendezvous on a loopback address across nodes: the hostname resolves to 127.x.
     Rule("loopback", F.BAD_CONFIG, _rx(
@@ -434,8 +539,10 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("nan", F.NAN, _rx(
         r"FloatingPointError|Loss became infinite or NaN|diverged|non-finite (loss|grad)|"
         r"\bloss\b[^\n]{0,20}\b(nan|inf)\b|NaN or Inf|Inf/NaN|nan loss|Detected NaN|"
+        r"grad(ient)?s?[_ ]?(norm)?\b[^\n]{0,20}[:=][^\n]{0,3}\b(nan|inf)\b|"
         r"grad[_ ]norm[^\n]{0,20}\b(nan|inf)\b|returned nan values|"
-        r"loss scale already at minimum|"
+        # DeepSpeed's and fairseq's fp16 loss scalers at their floor
+        r"loss scale already at minimum|Minimum loss scale reached|"
         # the frameworks' own finiteness checks: TensorFlow's check_numerics, Keras'
         # TerminateOnNaN, Megatron's grad-norm check, clip_grad_norm_(error_if_nonfinite),
         # Lightning's finite checks, torch.distributions' argument validation, NumPy/SciPy/
@@ -446,7 +553,8 @@ LOG_RULES: tuple[Rule, ...] = (
         r"Input contains (NaN|infinity)|must not contain infs or NaNs")),
     # fp16 loss scaling skips a step on every overflow; one or two are routine, a run of
     # them halving the scale again and again is a numerical divergence.
-    Rule("loss_scale_collapse", F.NAN, _OVERFLOW_STEP, accept=_overflow_run),
+    Rule("loss_scale_collapse", F.NAN, _rx(_OVERFLOW_STEP.pattern + "|" + _SCALE_VALUE.pattern),
+         accept=_overflow_run),
     Rule("oom_killer", F.CPU_OOM, _rx(
         r"Out of memory: Kill(ed)? process|invoked oom-killer|oom-kill|oom_kill_process|"
         r"oom_kill events?\b|have been OOM Killed|task \d+: Out Of Memory|"
@@ -460,7 +568,10 @@ LOG_RULES: tuple[Rule, ...] = (
         r"\bOOM[- ]kill(ed|er)\b|DefaultCPUAllocator: (can't allocate memory|not enough "
         r"memory)|paging file is too small|java\.lang\.OutOfMemoryError|"
         r"OutOfMemoryError: Java heap|ray\.exceptions\.OutOfMemoryError|"
-        r"node (is )?running low on memory|OOM when allocating[^\n]*device:CPU")),
+        r"node (is )?running low on memory|OOM when allocating[^\n]*device:CPU|"
+        # PBS's and LSF's own records of a job killed at its memory limit
+        r"PBS: job killed: v?mem \d+\w* exceeded limit|Job exceeded a memory resource "
+        r"limit|TERM_MEMLIMIT: job killed")),
     Rule("cpu_overload", F.CPU_OVERLOAD, _rx(
         r"can't start new thread|pthread_create failed|Resource temporarily unavailable|"
         r"fork: retry")),
@@ -480,7 +591,12 @@ LOG_RULES: tuple[Rule, ...] = (
     # (flash-attn against another torch): the dynamic loader's "undefined symbol" on
     # import. The job's environment, a version mismatch.
     Rule("extension_abi", F.BAD_CONFIG, _rx(
-        r"\.so[^\n]*: undefined symbol"), side=Side.USER),
+        r"\.so[^\n]*: undefined symbol|"
+        # NumPy's own check of a compiled module against the installed NumPy (2.x under a
+        # module built for 1.x, or the reverse): the environment's package versions
+        r"compiled using NumPy 1\.x cannot be run in|numpy\.core\.multiarray failed to "
+        r"import|numpy\.dtype size changed, may indicate binary incompatibility"),
+        side=Side.USER),
     # PyTorch's load_state_dict on a checkpoint that does not fit the model: the job's
     # code or checkpoint.
     Rule("state_dict_mismatch", F.USER_EXCEPTION, _rx(

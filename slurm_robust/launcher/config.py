@@ -139,8 +139,9 @@ class RunConfig:
         env: extra environment for the workers.
         stack_method: ``auto``, ``py-spy`` or ``faulthandler`` (see slurm_robust.stacks).
         grace_s: SIGTERM-to-SIGKILL grace when stopping workers.
-        prewarm: modules a pre-started worker process imports before it is needed (see
-            zygote.py); empty: start every worker with a plain exec.
+        prewarm: modules the agent's fork server imports once, before any worker needs
+            them; every worker is a fork of it (see node/forkserver.py); empty: start
+            every worker with a plain exec.
         drain: also drain blamed nodes directly (needs a Slurm operator account; the
             verdict file is written either way).
         fail_slow: detect a persistently slow rank from the ``busy_s`` the training API
@@ -201,7 +202,9 @@ class RunConfig:
     drain: bool = False
     # torch._dynamo: the first optimizer a script builds imports it (0.8-2 s here, sympy
     # included), which was most of an in-place restart before it was pre-imported.
-    prewarm: tuple[str, ...] = ("torch", "torch._dynamo")
+    # slurm_robust.train: the training API (torch.distributed's FSDP and checkpoint
+    # modules with it, about 0.2 s of CPU), imported by every wrapped script's start.
+    prewarm: tuple[str, ...] = ("torch", "torch._dynamo", "slurm_robust.train")
     fail_slow: bool = True
     fail_slow_interval_s: float = 10.0
     fail_slow_window: int = 5

@@ -10,6 +10,10 @@ validates what CPU-only CI can only reach through the probe injection point:
   every GPU check (and ``deep_collective``, an all-reduce over NCCL) runs for real;
 - ``nccl_init``: ``slurm_robust.train.init`` with the NCCL backend (one rank per GPU) and
   one all-reduce, as a wrapped training script would start;
+- ``forked_cuda``: the launcher's fork server (launcher/node/forkserver.py) with the
+  default prewarm imports torch, then forks workers that run ``train.init()`` over NCCL
+  on the GPUs, as every worker of a run starts: a fork must be able to use CUDA (the
+  server never touches the device), and the server must say it forks, not execs;
 - ``dcgm``: ``dcgmi diag -r 1 -j`` read by slurm_robust.health.dcgm, where dcgmi is
   installed (its JSON reader was written from public references only; this is its first
   real output), the raw output kept so a layout it misreads can be fixed;
@@ -247,10 +251,56 @@ def dcgm_level1() -> dict[str, Any]:
             "stdout": out.stdout[-4000:]}
 
 
+def forked_cuda(gpus: int) -> dict[str, Any]:
+    """``nccl_init``'s ranks as forks of the agent's fork server (see the docstring)."""
+    from slurm_robust.launcher.config import RunConfig
+    from slurm_robust.launcher.node.forkserver_client import ForkServer
+    from slurm_robust.launcher.node.worker_order import WorkerOrder
+
+    world = max(gpus, 1)
+    script = _NCCL_SCRIPT if world > 1 else _NCCL_SCRIPT.replace(
+        "run = train.init()",
+        "run = train.init()\ndist.init_process_group('nccl', rank=0, world_size=1)")
+    prewarm = RunConfig.__dataclass_fields__["prewarm"].default
+    with tempfile.TemporaryDirectory() as tmp, socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        path = os.path.join(tmp, "nccl_rank.py")
+        with open(path, "w") as fh:
+            fh.write(script)
+        server = ForkServer([sys.executable, path], tuple(prewarm), dict(os.environ))
+        server.start()
+        t0 = time.time()
+        procs = []
+        for rank in range(world):
+            env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                   "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(port), "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+            procs.append(server.spawn(WorkerOrder([path], env, tmp,
+                                                  os.path.join(tmp, f"rank{rank}.log"))))
+        codes = [p.wait(180) if p is not None else None for p in procs]
+        ready_s = None if server.ready_at is None else round(server.ready_at - t0, 2)
+        mode = server.mode
+        server.close()
+        ranks, errors = [], []
+        for rank, code in enumerate(codes):
+            with open(os.path.join(tmp, f"rank{rank}.log")) as fh:
+                lines = fh.read().strip().splitlines()
+            if code == 0 and lines:
+                ranks.append(json.loads(lines[-1]))
+            else:
+                errors.append(f"rank {rank} exit {code}: {lines[-3:]}")
+    return {"ok": not errors and len(ranks) == world and mode == "fork"
+            and all(r["exact"] and r["backend"] == "nccl" for r in ranks),
+            "world": world, "server_ready_s": ready_s, "mode": mode, "ranks": ranks,
+            "errors": errors}
+
+
 def run_all(gpus: int) -> dict[str, Any]:
     result = {"nvml": nvml_probes(), "suites": health_suites_in_child(gpus),
               "checksum": checksum_rates(), "dcgm": dcgm_level1(),
-              "nccl_init": nccl_init(gpus), "determinism": reference_determinism()}
+              "nccl_init": nccl_init(gpus), "forked_cuda": forked_cuda(gpus),
+              "determinism": reference_determinism()}
     result["ok"] = all(v.get("ok") for v in result.values())
     return result
 

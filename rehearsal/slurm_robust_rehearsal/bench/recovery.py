@@ -81,11 +81,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=100,
                         help="training steps per run (default 100)")
     # Five steps after a save (--save-every 10), so the peers redo 5 steps; and in a
-    # running job, not one in its first seconds. The agents refill their zygotes (a new
-    # interpreter importing torch) once the first workers have stepped; on a loaded
-    # 2-core machine that took 8-11 s, and a fault before it waits for the import: after
-    # step 35 (7-10 s after the first step) 1 of 3 rounds took 1.3 s instead of about
-    # 0.45 s. After step 75 the zygotes were ready in every round.
+    # running job, not one in its first seconds (when the agents started workers in
+    # per-rank pre-started interpreters and refilled them after the first step, a kill
+    # after step 35 found one still importing torch in 1 of 3 rounds; every worker is now
+    # a fork of the agent's fork server, ready from the first generation on).
     parser.add_argument("--fault-step", type=int, default=75,
                         help="kill a worker once this step has finished (default 75)")
     parser.add_argument("--save-every", type=int, default=10,

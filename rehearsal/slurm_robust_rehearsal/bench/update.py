@@ -43,13 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=3, help="worker nodes (default 3)")
     parser.add_argument("--steps", type=int, default=100,
                         help="training steps per run (default 100)")
-    # Step 72 (14 s of 0.2 s steps): past the job's start-up. The agents start their
-    # pre-started interpreters (torch + torch._dynamo) with the workers, and on a loaded
-    # 2-core machine those imports take 8-11 s: a change at step 42 found them still
-    # importing in 1 of 3 rounds (restart 0.87-1.0 s instead of 0.5 s), and at step 12
-    # (the first default) in every round, so it measured a job's start-up rather than an
-    # update to a running job. The recovery bench kills after step 75 for the same
-    # reason. Two steps after a save, for the resubmit arm.
+    # Step 72 (14 s of 0.2 s steps): past the job's start-up. When the agents kept a
+    # pre-started interpreter per rank (torch + torch._dynamo) and refilled them after
+    # the first step, those imports took 8-11 s on a loaded 2-core machine: a change at
+    # step 42 found them still importing in 1 of 3 rounds, at step 12 in every round.
+    # Kept at 72 so the figures stay comparable with those rounds (the recovery bench
+    # kills after step 75 likewise). Two steps after a save, for the resubmit arm.
     parser.add_argument("--change-step", type=int, default=72,
                         help="request the change once this step has finished (default 72)")
     parser.add_argument("--save-every", type=int, default=10,

@@ -1,1 +1,1 @@
-"""Node plane: what runs on every node of the allocation (agent, workers, zygotes)."""
+"""Node plane: what runs on every node of the allocation (agent, workers, fork server)."""

@@ -68,6 +68,7 @@ from slurm_robust.launcher.messages import (
 from slurm_robust.launcher.node import evidence as node_evidence
 from slurm_robust.launcher.node import workers as wk
 from slurm_robust.launcher.node.fence import standing_down
+from slurm_robust.launcher.node.forkserver_client import ForkServer
 from slurm_robust.launcher.node.monitor import start_monitor
 from slurm_robust.launcher.paths import (
     RunPaths,
@@ -133,8 +134,9 @@ class Agent:
         # and names the checkpoint directories so no other user can pre-empt them.
         self.secret = ensure_run_secret(cfg.run_dir)
         self.ckpt_key = ckpt_job_key(ident.job_id, self.secret)
-        self.zygotes = wk.ZygotePool(cfg.command, cfg.prewarm, {**os.environ, **cfg.env},
-                                     cfg.workers_per_node)
+        self.forks = ForkServer(cfg.command, cfg.prewarm, {**os.environ, **cfg.env})
+        #: The worker pids the agent file shows (publish): rewritten when one starts.
+        self.published: dict[str, int] = {}
         # the in-job node monitor, its own thread; findings ride on
         # the reports until one is answered.
         self.monitor = start_monitor(ident.node, ident.job_id, self.site)
@@ -158,11 +160,13 @@ class Agent:
         finally:
             if self.monitor is not None:  # in-job monitor
                 self.monitor.stop()
-            self.zygotes.close()
+            self.forks.close()
 
     def _run(self) -> int:
         self.publish()
-        self.zygotes.fill()
+        # Imports torch once while the controller gathers the agents; the first
+        # generation's orders wait in its pipe, every later one is a fork (milliseconds).
+        self.forks.start()
         # The controller starts with the allocation: a bounded wait, not the workers' one.
         chan = self._connect(CONNECT_TIMEOUT_S)
         last_ok = time.time()
@@ -215,17 +219,12 @@ class Agent:
                 chan.close()
                 return done
             self.poll_workers()
-            if all(w.stepped or w.reported for w in self.workers):
-                # Refill once the workers have finished a step: the new interpreters
-                # (seconds of CPU importing torch) then compete neither with their start
-                # nor with the first step after a restart, the step a fault waits for.
-                self.zygotes.fill()
             if chan.woken():
                 continue  # the controller asked for a report now (protocol.py)
             # Until the next report: the heartbeat, cut short by a worker's exit or by
             # the controller's wake-up.
             wk.wait_for_exit([w for w in self.workers if not w.reported],
-                             self._poll_s(plan), wake_fd=chan.fileno())
+                             self._poll_s(plan), wake_fd=chan.fileno(), server=self.forks)
 
     def _exchange(self, chan: Channel, last_ok: float) -> dict[str, object]:
         """Send a report and wait for its answer: past the socket timeout, until a
@@ -314,7 +313,7 @@ class Agent:
     def report(self) -> Report:
         self.poll_workers()
         states = {str(w.rank): wk.process_state(w.pid) for w in self.workers
-                  if w.popen.poll() is None}
+                  if w.popen.poll() is None and w.pid is not None}
         sample = None
         if self.monitor is not None:  # in-job monitor
             new, sample = self.monitor.take()
@@ -355,6 +354,8 @@ class Agent:
                         "handled", self.ident.index)
 
     def poll_workers(self) -> None:
+        if self.running_pids() != self.published:
+            self.publish()  # a pending fork started (or a worker ended): show its pid
         for w in self.workers:
             self.pending.extend(self._progress(w))
             if w.reported or w.popen.poll() is None:
@@ -378,7 +379,7 @@ class Agent:
         # little slack for a message logged just before the spawn returned.
         since = time.monotonic() - (w.exit_time - w.started) - 2.0
         got = node_evidence.gather(site=self.site, node=self.ident.node,
-                                   job_id=self.ident.job_id, pid=w.pid, exit_code=code,
+                                   job_id=self.ident.job_id, pid=w.pid or 0, exit_code=code,
                                    sig=sig, log_tail=wk.log_tail(w.log_path),
                                    since_monotonic=since)
         ev = got.evidence
@@ -406,12 +407,17 @@ class Agent:
                 log.warning("rank %s: progress line dropped: %s", w.rank, exc)
         return out
 
+    def running_pids(self) -> dict[str, int]:
+        """rank -> pid of the workers that run (started, not exited)."""
+        return {str(w.rank): w.pid for w in self.workers
+                if w.pid is not None and w.popen.poll() is None}
+
     def publish(self) -> None:
+        self.published = self.running_pids()
         write_json_atomic(self.paths.agent_file(self.ident.node), {
             "node": self.ident.node, "agent_pid": os.getpid(), "agent": self.ident.index,
             "job_id": self.ident.job_id, "gen": self.gen, "role": self.role,
-            "workers": {str(w.rank): w.pid for w in self.workers if w.popen.poll() is None},
-            "time": time.time()}, mode=0o600)
+            "workers": self.published, "time": time.time()}, mode=0o600)
 
     # ------------------------------------------------------------------ plan
     def apply(self, plan: Plan | None) -> int | None:
@@ -485,11 +491,12 @@ class Agent:
                                     self.ident.job_id, self.cfg.run_dir, progress, ckpt,
                                     extra_env)
                 log_path = self.paths.worker_log(self.gen, rank, attempt)
-                # A zygote runs the config's interpreter: only for a command that uses it.
+                # The fork server runs the config's interpreter: only for a command
+                # that uses it.
                 same = command[0] == worker_command(self.cfg.command, attempt)[0]
                 self.workers.append(wk.spawn(command, env, rank, local_rank, self.gen,
                                              log_path, progress,
-                                             self.zygotes.take() if same else None))
+                                             self.forks if same else None))
         self.publish()
         log.info("agent %s on %s: generation %s, role %s, ranks %s", self.ident.index,
                  self.ident.node, self.gen, self.role, plan.ranks)
@@ -505,7 +512,7 @@ class Agent:
             peer_slots=self.cfg.peer_slots, job_key=self.ckpt_key)
 
     def _capture(self, capture_id: str) -> None:
-        pids = {w.rank: w.pid for w in self.workers if w.popen.poll() is None}
+        pids = {int(rank): pid for rank, pid in self.running_pids().items()}
         summary: StackSummary = {"ranks": sorted(pids), "error": None}
         if pids:
             try:

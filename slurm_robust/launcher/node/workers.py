@@ -38,23 +38,18 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from slurm_robust.ckpt import CheckpointConfig
 from slurm_robust.launcher.messages import Plan
-from slurm_robust.launcher.node import zygote
+from slurm_robust.launcher.node.forkserver_client import ForkServer, ServedProcess
+from slurm_robust.launcher.node.worker_order import WorkerOrder
 from slurm_robust.launcher.worker_signals import DRAIN_SIGNAL
 from slurm_robust.stacks import procfs
 
 TAIL_BYTES = 32768
-
-
-class WorkerTraits(TypedDict, total=False):
-    """How a worker was started, when not the plain way."""
-
-    zygote: bool  # forked by the prewarmed zygote (zygote.py), not spawned
 
 
 @dataclass
@@ -64,7 +59,8 @@ class Worker:
     rank: int
     local_rank: int
     gen: int
-    popen: subprocess.Popen[bytes]
+    #: A plain child, or a fork of the agent's fork server (forkserver_client.py).
+    popen: subprocess.Popen[bytes] | ServedProcess
     log_path: Path
     progress_path: Path
     started: float
@@ -72,12 +68,10 @@ class Worker:
     partial: bytes = b""
     exit_time: float | None = None
     reported: bool = False
-    #: Whether it has finished a step (a ``step`` progress line) since it started.
-    stepped: bool = False
-    extra: WorkerTraits = field(default_factory=WorkerTraits)
 
     @property
-    def pid(self) -> int:
+    def pid(self) -> int | None:
+        """None while the fork server has not started it yet (pending)."""
         return self.popen.pid
 
 
@@ -121,23 +115,18 @@ def worker_env(base: Mapping[str, str], plan: Plan, rank: int, local_rank: int,
 
 def spawn(command: list[str] | tuple[str, ...], env: dict[str, str], rank: int,
           local_rank: int, gen: int, log_path: Path, progress: Path,
-          zygote: subprocess.Popen[bytes] | None = None) -> Worker:
-    """Start one worker (in a pre-started ``zygote`` when given); its output goes to
+          server: ForkServer | None = None) -> Worker:
+    """Start one worker (a fork of ``server`` when it is usable); its output goes to
     ``log_path`` (created)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     progress.parent.mkdir(parents=True, exist_ok=True)
     progress.unlink(missing_ok=True)
     progress.touch()
-    if zygote is not None and zygote.stdin is not None:
-        order = {"argv": list(command[1:]), "env": env, "cwd": os.getcwd(),
-                 "log": str(log_path)}
-        try:
-            zygote.stdin.write((json.dumps(order) + "\n").encode())
-            zygote.stdin.close()
-            return Worker(rank, local_rank, gen, zygote, log_path, progress, time.time(),
-                          extra={"zygote": True})
-        except (BrokenPipeError, OSError):
-            pass  # the zygote died: start the worker the plain way
+    if server is not None:
+        served = server.spawn(WorkerOrder(list(command[1:]), env, os.getcwd(),
+                                          str(log_path)))
+        if served is not None:
+            return Worker(rank, local_rank, gen, served, log_path, progress, time.time())
     # 0600, not a link: a worker's output can hold anything the training code prints.
     log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW |
                      os.O_CLOEXEC, 0o600)
@@ -147,38 +136,6 @@ def spawn(command: list[str] | tuple[str, ...], env: dict[str, str], rank: int,
     finally:
         os.close(log_fd)
     return Worker(rank, local_rank, gen, popen, log_path, progress, time.time())
-
-
-class ZygotePool:
-    """Pre-started interpreters for this node's next workers (see zygote.py)."""
-
-    def __init__(self, command: list[str] | tuple[str, ...], preload: tuple[str, ...],
-                 env: Mapping[str, str], size: int) -> None:
-        self.enabled = bool(preload) and zygote.usable(command)
-        self.argv = zygote.argv_for(command, preload)
-        self.env = {**env, "PYTHONUNBUFFERED": "1"}
-        self.size = size
-        self.ready: list[subprocess.Popen[bytes]] = []
-
-    def fill(self) -> None:
-        self.ready = [z for z in self.ready if z.poll() is None]
-        while self.enabled and len(self.ready) < self.size:
-            self.ready.append(subprocess.Popen(self.argv, env=self.env, stdin=subprocess.PIPE,
-                                               stdout=subprocess.DEVNULL,
-                                               stderr=subprocess.DEVNULL))
-
-    def take(self) -> subprocess.Popen[bytes] | None:
-        while self.ready:
-            z = self.ready.pop(0)
-            if z.poll() is None:
-                return z
-        return None
-
-    def close(self) -> None:
-        for z in self.ready:
-            _signal(z.pid, signal.SIGKILL)
-            z.wait()
-        self.ready = []
 
 
 def exit_status(returncode: int) -> tuple[int | None, int | None]:
@@ -208,9 +165,6 @@ def read_progress(worker: Worker) -> list[dict[str, Any]]:
         if isinstance(obj, dict):
             obj["rank"] = worker.rank
             out.append(obj)
-            # A line without a kind is a step (messages.Progress); the agent refills its
-            # zygotes on it (agent.py), so a wrong one only moves that refill.
-            worker.stepped = worker.stepped or obj.get("kind", "step") == "step"
     return out
 
 
@@ -235,31 +189,37 @@ def process_state(pid: int) -> str | None:
 
 
 def wait_for_exit(workers: Sequence[Worker], timeout_s: float,
-                  wake_fd: int | None = None) -> None:
+                  wake_fd: int | None = None, server: ForkServer | None = None) -> None:
     """Sleep up to ``timeout_s``, but return as soon as one of ``workers`` exits, or
-    ``wake_fd`` (the controller channel's socket) turns readable.
+    ``wake_fd`` (the controller channel's socket) turns readable, or the fork ``server``
+    has news (a pending worker started, an exit's status).
 
     The agent reports between these waits; waking on the exit itself (a pidfd turns
     readable when its process ends, zombie included) lets a dead worker's report leave at
     once instead of up to a heartbeat later, and waking on the channel lets the
-    controller's wake-up (protocol.py) do the same for a changed plan. The agent is the
-    workers' parent and reaps them only in ``poll``, so a pid here cannot have been
-    reused. Without pidfd_open (Linux < 5.3, or a seccomp filter that refuses it) only
-    the channel is watched."""
+    controller's wake-up (protocol.py) do the same for a changed plan. A pid here cannot
+    have been reused: the agent reaps its plain children only in ``poll``, and the fork
+    server reaps its forks only when the agent has their status. Without pidfd_open
+    (Linux < 5.3, or a seccomp filter that refuses it) only the channels are watched."""
     if any(w.popen.returncode is not None for w in workers):
         return  # already reaped: nothing to wait for, the next report carries it
+    if server is not None:
+        server.pump()  # take what it has already said: its pipe then wakes only on news
     fds: list[int] = []
     try:
         for w in workers:
+            if w.pid is None:
+                continue  # pending: the server's "started" event wakes us
             try:
-                fds.append(os.pidfd_open(w.popen.pid))
+                fds.append(os.pidfd_open(w.pid))
             except ProcessLookupError:
                 return  # gone already
             except (AttributeError, OSError):
-                # No pidfds here, or no descriptor left (EMFILE): the channel alone, or
+                # No pidfds here, or no descriptor left (EMFILE): the channels alone, or
                 # a plain sleep; the next report still sees the exit.
                 break
-        watched = fds + ([wake_fd] if wake_fd is not None and wake_fd >= 0 else [])
+        channels = [wake_fd, server.fileno() if server is not None else None]
+        watched = fds + [fd for fd in channels if fd is not None and fd >= 0]
         if watched:
             # poll(2), not select(2): select refuses descriptors above FD_SETSIZE (1024),
             # which a busy agent (workers' pipes, the controller's connections) reaches;
@@ -286,12 +246,12 @@ def stop_workers(workers: list[Worker], grace_s: float, drain_s: float = 0.0) ->
         _drain(workers, drain_s)
     alive = [w for w in workers if w.popen.poll() is None]
     for w in alive:
-        _signal(w.popen.pid, signal.SIGTERM)
-        _signal(w.popen.pid, signal.SIGCONT)
+        w.popen.send_signal(signal.SIGTERM)
+        w.popen.send_signal(signal.SIGCONT)
     _wait_gone(alive, grace_s)
     for w in alive:
         if w.popen.poll() is None:
-            _signal(w.popen.pid, signal.SIGKILL)
+            w.popen.send_signal(signal.SIGKILL)
     for w in alive:
         try:
             w.popen.wait(timeout=10)
@@ -302,10 +262,10 @@ def stop_workers(workers: list[Worker], grace_s: float, drain_s: float = 0.0) ->
 def _drain(workers: list[Worker], drain_s: float) -> None:
     """DRAIN_SIGNAL to the workers that handle it (a plain script would ignore it, but
     one that does not handle it gains nothing from the wait), then wait for their exit."""
-    draining = [w for w in workers if w.popen.poll() is None
-                and procfs.catches_signal(w.popen.pid, DRAIN_SIGNAL)]
+    draining = [w for w in workers if w.popen.poll() is None and w.pid is not None
+                and procfs.catches_signal(w.pid, DRAIN_SIGNAL)]
     for w in draining:
-        _signal(w.popen.pid, DRAIN_SIGNAL)
+        w.popen.send_signal(DRAIN_SIGNAL)
     _wait_gone(draining, drain_s)
 
 
@@ -319,9 +279,3 @@ def _wait_gone(workers: list[Worker], timeout_s: float) -> None:
         # Woken by the exit itself (pidfds), not a fixed poll: a restart waits on this.
         wait_for_exit(left, min(0.02, max(0.0, deadline - time.time())))
 
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass

@@ -109,7 +109,7 @@ def path_components() -> frozenset[str]:
 
 def resolve_path(token: str) -> str | None:
     """The tracked path a doc's ``token`` names (from the root, or a unique-enough suffix:
-    ``launcher/node/zygote.py`` is ``slurm_robust/launcher/node/zygote.py``)."""
+    ``launcher/node/forkserver.py`` is ``slurm_robust/launcher/node/forkserver.py``)."""
     t = token.removeprefix("./")
     want_dir = t.endswith("/")
     for p in tracked():

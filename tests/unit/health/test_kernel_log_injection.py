@@ -78,7 +78,9 @@ NEEDLES = sorted(set(GENUINE) | {
 })
 
 PREFIXES = ("", "[ 8841.097530] ", "<6>[ 8841.097530] ", "Dec  2 19:33:42 node7 kernel: ",
-            "2026-12-02T19:33:42.097530+00:00 node7 kernel: [ 8841.097530] ")
+            "2026-12-02T19:33:42.097530+00:00 node7 kernel: [ 8841.097530] ",
+            # journalctl -o short-precise
+            "Mar 13 11:01:55.594839 node7 kernel: ")
 
 _name = st.text(max_size=12)
 _hex = st.integers(min_value=0, max_value=2**48)

@@ -137,8 +137,9 @@ def test_killed_worker_restarts_in_place(run):
     cfg, parts = run(steps=40)
     wait_for_step(cfg, 5)
     pid = worker_pid(cfg, 1)
-    # The worker runs in a pre-started interpreter (zygote.py), not a fresh exec.
-    assert b"slurm_robust.launcher.node.zygote" in open(f"/proc/{pid}/cmdline", "rb").read()
+    # The worker is a fork of the agent's fork server (forkserver.py), not a fresh exec.
+    assert b"slurm_robust.launcher.node.forkserver" in open(f"/proc/{pid}/cmdline",
+                                                             "rb").read()
     os.kill(pid, signal.SIGKILL)
     result = finish(parts)
     assert result.status == "completed"

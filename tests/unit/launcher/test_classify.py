@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from slurm_robust.launcher.classify import EXIT_NONFINITE, classify_failure
+from slurm_robust.launcher.classify import EXIT_NONFINITE, Evidence, classify, classify_failure
 
 
 def tb(exc: str, prefix: str = "") -> str:
@@ -429,3 +429,258 @@ def test_a_path_the_job_named_that_does_not_exist_is_configuration():
                                      "'/root/.cache/dalle/tmp.encoder.pkl' -> "
                                      "'/root/.cache/dalle/encoder.pkl'")
     assert race.cls == "user_exception", race
+
+
+def test_the_kernel_modules_api_mismatch_is_a_gpu_the_node_cannot_use():
+    # stackhpc-287-nvrm-api-mismatch: a driver updated and its kernel module not reloaded,
+    # the same state as NVML's "Driver/library version mismatch".
+    log = ("Jun 30 11:07:05 gpu-0 kernel: NVRM: API mismatch: the client has the version "
+           "535.54.03, but#012NVRM: this kernel module has the version 530.30.02.  Please"
+           "#012NVRM: make sure that this kernel module and all NVIDIA driver#012NVRM: "
+           "components have the same version.")
+    c = classify_failure(None, None, log)
+    assert (c.cls, c.rule) == ("gpu_unavailable", "gpu_gone"), c
+    # nvidiadocker-182: the kernel's multi-line wording, its last line alone says nothing.
+    wrapped = ("Aug 26 14:08:07 nyasara-linux kernel: NVRM: API mismatch: the client has the "
+               "version 367.44, but\n    NVRM: this kernel module has the version 367.35.  "
+               "Please\n    NVRM: components have the same version.")
+    assert classify_failure(None, None, wrapped).cls == "gpu_unavailable"
+
+
+def test_an_uncorrectable_nvlink_error_outranks_the_socket_errors_beside_it():
+    # pytorch-58155-uncorrectable-nvlink-terminate: "Transport endpoint is not connected"
+    # is a rank's socket here, not a FUSE mount; the NVLink report names the fault.
+    log = ("terminate called after throwing an instance of 'std::system_error'\n"
+           "  what():  Transport endpoint is not connected\n"
+           "terminate called after throwing an instance of 'c10::Error'\n"
+           "  what():  CUDA error: uncorrectable NVLink error detected during the execution")
+    c = classify_failure(None, signal.SIGABRT, log)
+    assert (c.cls, c.side, c.rule) == ("cuda_error", "unknown", "nvlink_uncorrectable"), c
+    assert not c.evicts
+
+
+def test_a_task_dump_in_uninterruptible_sleep_is_a_hang_not_a_panic():
+    # returnn-1480-uvm-ioctl-hung-task: a dmesg -H copy without the "INFO: task ...
+    # blocked" header; the call trace belongs to the stuck task.
+    log = ("[  +0.000049] task:python3.11      state:D stack:    0 pid:15277 ppid: 15257 "
+           "flags:0x00000002\n[  +0.000006] Call Trace:\n[  +0.000003]  <TASK>\n"
+           "[  +0.000004]  __schedule+0x23d/0x590\n"
+           "[  +0.000005]  uvm_page_tree_get_ptes_async+0x93/0x970 [nvidia_uvm]")
+    c = classify_failure(None, None, log)
+    assert (c.cls, c.side, c.rule) == ("job_hang", "unknown", "d_state_task"), c
+    # The same dump with kernel timestamps is still no panic.
+    stamped = "\n".join("[ 1234.5] " + line.split("] ", 1)[1] for line in log.splitlines())
+    assert classify_failure(None, None, stamped).cls == "job_hang"
+
+
+def test_the_kubelet_evicting_for_node_pressure_is_the_nodes_disk_or_memory():
+    # hushhouse-8-evicted-ephemeral-storage, operatefirst-1352-diskpressure-evictions,
+    # kubefate-64-evicted-node-low-memory.
+    disk = ("  message: 'The node was low on resource: ephemeral-storage. Container worker\n"
+            "    was using 73712Ki, which exceeds its request of 0. '\n  reason: Evicted")
+    pressure = ("build-log-clustering-56b4b9d9vsk56   ds-ml   Evicted   oct-03-09-compute   "
+                "Pod The node had condition: [DiskPressure].")
+    memory = ("4m11s  Warning  Evicted  pod/egg-1  The node was low on resource: memory. "
+              "Container egg was using 5053216Ki, which exceeds its request of 0.")
+    for log, cls in ((disk, "disk_full"), (pressure, "disk_full"), (memory, "cpu_oom")):
+        c = classify_failure(None, None, log)
+        assert (c.cls, c.side) == (cls, "unknown") and not c.evicts, (log, c)
+
+
+def test_an_adapters_async_event_is_the_fabric_not_a_memlock_limit():
+    # nccl-230-ib-local-catastrophic: the verbs call failing after the event is no
+    # configuration error.
+    log = ("host:815:864 [0] transport/net_ib.cu:80 NCCL WARN NET/IB : Got async event : "
+           "local catastrophic error\n"
+           "host:815:864 [0] misc/ibvwrap.cu:220 NCCL WARN Call to ibv_get_async_event failed")
+    c = classify_failure(None, None, log)
+    assert (c.cls, c.rule) == ("network", "ib_async_event"), c
+    assert classify_failure(None, None, "NCCL WARN NET/IB : Got async event : port error"
+                            ).cls == "network"
+
+
+def test_a_container_image_that_cannot_be_unpacked_is_the_container_runtime():
+    # trinotate-100-sif-extract-no-space: the space that ran out is the runtime's
+    # staging directory, and the container never started.
+    log = ("INFO:    Converting SIF file to temporary sandbox...\n"
+           "FATAL:   while extracting /home/u/trinotate.v4.0.0.simg: root filesystem "
+           "extraction failed: failed to copy content in staging file: write /tmp/rootfs-1/"
+           "archive-2: no space left on device")
+    c = classify_failure(None, None, log)
+    assert (c.cls, c.rule) == ("container_runtime", "container_start"), c
+
+
+def test_a_parallel_file_systems_mount_failure_is_a_mount():
+    # dataacc-119-lustre-mount-busy
+    log = ("mount.lustre: mount dac-e-19-opa@o2ib1:/RTsjlttY at /mnt/dac/6038_job failed: "
+           "Device or resource busy\nIs the backend filesystem mounted?\n"
+           "Check /etc/mtab and /proc/mounts")
+    assert classify_failure(None, None, log).cls == "filesystem_mount"
+
+
+def test_object_store_server_errors_from_other_clients_are_remote_storage():
+    # victoriametrics-403-gcs-503-backend, rclone-550-gcs-500-backend,
+    # gcsfuse-408-readfileop-503, azsdkpy-24636-download-stream-reset.
+    for log in ("daily backup failed. On all three storage nodes with `googleapi: Error 503: "
+                "Backend Error`",
+                "2016/06/28 12:45:39 E9E/B0F1: Failed to copy: googleapi: Error 500: Backend "
+                "Error, backendError",
+                "fuseops.ReadFileOp error: fh.reader.ReadAt: startRead: NewReader: googleapi: "
+                "got HTTP response code 503 with body: Backend Error",
+                "2022-05-27T21:51:42+0000 __next__():186 Unable to stream download: "
+                "(\"Connection broken: ConnectionResetError(104, 'Connection reset by peer')"
+                "\", ConnectionResetError(104, 'Connection reset by peer'))\n"
+                "2022-05-27T21:51:42+0000 wrapped():79 Download stream interrupted."):
+        c = classify_failure(None, None, log)
+        assert c.cls == "remote_storage" and not c.evicts, (log, c)
+    # A 4xx from a Google API is no server error of the store.
+    assert classify_failure(None, None, "googleapi: Error 403: Forbidden").cls != \
+        "remote_storage"
+
+
+def test_a_libfabric_providers_failed_completion_is_the_fabric_of_unknown_side():
+    # awsofinccl-346-efa-invalid-address; a provider's warning that is no error is not.
+    log = ("libfabric:451707:1708520807::efa:cq:efa_rdm_txe_handle_error():737<warn> err: 5, "
+           "message: Invalid address My EFA addr: fi_addr_efa://[fe80::13]:0:1072483550")
+    c = classify_failure(None, None, log)
+    assert (c.cls, c.side, c.rule) == ("network", "unknown", "ofi_fabric"), c
+    info = ("libfabric:462:1673041636:efa:core:rxr_info_to_rxr():506<warn> FI_HMEM "
+            "capability requires RDMA, which this device does not support.")
+    assert classify_failure(None, None, info).rule != "ofi_fabric"
+
+
+def test_a_numpy_binary_incompatibility_is_the_jobs_environment():
+    # atrain-10-numpy2-incompatible; loraeasy-220-numpy2-broke-last-week is the same
+    # words right after a recorded change, so the change's.
+    log = ("A module that was compiled using NumPy 1.x cannot be run in\n"
+           "NumPy 2.0.0 as it may crash. To support both 1.x and 2.x\n"
+           "AttributeError: `np.NaN` was removed in the NumPy 2.0 release. Use `np.nan` "
+           "instead.. Did you mean: 'nan'?")
+    c = classify_failure(1, None, log)
+    assert (c.cls, c.side) == ("bad_config", "user"), c
+    changed = classify(Evidence(log_tail="The first line of the command line is: A module "
+                                "that was compiled using NumPy 1.x cannot be run in.",
+                                change_recorded=True))
+    assert changed.cls == "code_data_change", changed
+
+
+def test_a_loss_scale_driven_down_and_the_scalers_floor_are_nan():
+    # fairseq-512-overflow-loss-scale-chain (fairseq's "setting loss scale to: X"),
+    # fairseq-282-bigger-lr-min-loss-scale, dle-543-bert-nan-loss-scale (a scale that
+    # only ever falls), jointre-7-dynet-gradient-bad-nan.
+    fairseq = ("| WARNING: overflow detected, setting loss scale to: 0.00048828125\n"
+               "| WARNING: overflow detected, setting loss scale to: 0.000244140625\n"
+               "| WARNING: overflow detected, setting loss scale to: 0.0001220703125\n"
+               "Traceback (most recent call last):")
+    floor = ("I have encountered “Exception: Minimum loss scale reached ” error several "
+             "times with fp16 training.")
+    falling = "\n".join(f"DLL 2020-05-28 08:5{i}:00.1 - PARAMETER loss_scale : {2.0 ** (19 - i)} "
+                        for i in range(7))
+    dynet = "RuntimeError: Magnitude of gradient is bad: -nan"
+    for log in (fairseq, floor, falling, dynet):
+        assert classify_failure(None, None, log).cls == "nan", log
+    # A scaler that halves now and then and grows back is routine, and a steady scale
+    # says nothing.
+    routine = "\n".join(f"iteration {i} | loss scale: {s} | loss 2.1"
+                        for i, s in enumerate((1024.0, 512.0, 1024.0, 512.0, 1024.0, 2048.0,
+                                               1024.0, 2048.0)))
+    steady = "\n".join(f"iteration {i} | loss scale: 1.0 | lm loss: 2.1" for i in range(9))
+    for log in (routine, steady):
+        assert classify_failure(None, None, log).cls != "nan", log
+
+
+def test_an_object_store_refusing_the_request_is_the_jobs_credentials_or_request():
+    # lbhackney-1883-iam-not-authorized-putobject, amazonaws-1502-bucket-does-not-allow-acls:
+    # botocore in the line is no longer enough to blame the store.
+    for log in ("> botocore.exceptions.ClientError: An error occurred (AccessDenied) when "
+                "calling the PutObject operation: User: arn:aws:iam::120038763019:user/airflow "
+                "is not authorized to perform: s3:PutObject on resource: \"arn:aws:s3:::landing/\"",
+                "botocore.exceptions.ClientError: An error occurred "
+                "(AccessControlListNotSupported) when calling the PutObject operation: The "
+                "bucket does not allow ACLs"):
+        c = classify_failure(1, None, log)
+        assert (c.cls, c.side, c.rule) == ("remote_storage", "user", "object_store_refused"), c
+    # The store's own load is still not the job's (cccrawlstats-31-s3-slowdown-getobject).
+    slow = classify_failure(1, None, "download failed: s3://cc/part-00000.gz to part.gz An "
+                                     "error occurred (SlowDown) when calling the GetObject "
+                                     "operation (reached max retries: 2): Please reduce your "
+                                     "request rate.")
+    assert slow.cls == "remote_storage" and slow.side != "user", slow
+
+
+def test_torchvision_built_for_another_cuda_than_torch_is_the_jobs_environment():
+    # kohyatrainer-164-torchvision-cuda-mismatch
+    log = ("RuntimeError: Detected that PyTorch and torchvision were compiled with different "
+           "CUDA versions. PyTorch has CUDA Version=11.7 and torchvision has CUDA Version=11.6. "
+           "Please reinstall the torchvision that matches your PyTorch install.")
+    c = classify_failure(1, None, log)
+    assert (c.cls, c.side, c.rule) == ("bad_config", "user", "build_mismatch"), c
+
+
+def test_a_pod_ended_for_its_nodes_shutdown_is_a_lost_node():
+    # argo-9880-gke-imminent-node-shutdown: a preemptible node reclaimed.
+    log = ("During actual pre-emption, we see `WorkflowNodeFailed` - `Pod was terminated due "
+           "to imminent node shutdown` and does not trigger our retry policy.")
+    c = classify_failure(None, None, log)
+    assert (c.cls, c.side) == ("node_lost", "infrastructure"), c
+
+
+def test_other_batch_schedulers_limit_kills_are_the_jobs_request():
+    # cbiocluster-256, canu-444, qiime-1048 (time); souporcell-20, sarek-541 (memory);
+    # payu-587 (the node-local scratch quota, side unknown).
+    for log in ("Aborted by PBS Server\nJob exceeded its walltime limit. Job was aborted\n"
+                "See Administrator for help\nExit_status=-11",
+                "TERM_RUNLIMIT: job killed after reaching LSF run time limit.\n"
+                "Exited with exit code 140.",
+                "=>> PBS: job killed: walltime 259217 exceeded limit 259200"):
+        c = classify_failure(None, None, log)
+        assert (c.cls, c.side) == ("bad_config", "user"), (log, c)
+    for log in ("TERM_MEMLIMIT: job killed after reaching LSF memory usage limit.\n"
+                "Exited with exit code 143.",
+                "Aborted by PBS Server\nJob exceeded a memory resource limit (vmem, pvmem, etc.). "
+                "Job was aborted\nExit_status=-10",
+                "=>> PBS: job killed: mem 38427376kb exceeded limit 33554432kb"):
+        c = classify_failure(None, None, log)
+        assert (c.cls, c.side) == ("cpu_oom", "user"), (log, c)
+    quota = classify_failure(None, None, "Job 143560526.gadi-pbs killed due to exceeding "
+                                         "jobfs quota. Quota: 15.0GB, Used: 15.0GB, Host: cpu-1")
+    assert (quota.cls, quota.side) == ("disk_full", "unknown"), quota
+
+
+def test_a_kernel_oops_with_the_journals_precise_timestamps_is_the_kernels():
+    # tf-26653-nvidia-oops-during-session (journalctl -o short-precise).
+    log = ("Mar 13 11:01:55.588061 myhostname kernel: BUG: unable to handle kernel paging "
+           "request at ffffbb9c52edfdb8\n"
+           "Mar 13 11:01:55.594839 myhostname kernel: Oops: 0000 [#2] PREEMPT SMP PTI\n"
+           "Mar 13 11:01:55.594871 myhostname kernel: CPU: 4 PID: 1334 Comm: nvidia-smi "
+           "Tainted: P      D    OE     5.0.0-arch1-1-ARCH #1")
+    c = classify_failure(None, None, log)
+    assert (c.cls, c.rule) == ("kernel_panic", "kernel_panic"), c
+
+
+def test_cublas_unable_to_create_its_handle_is_most_often_a_full_gpu():
+    # lmeval-1689-cublas-not-initialized-memory (more GPUs fixed it),
+    # qwen-120-cublas-not-initialized-memory; side unknown, since an out-of-range index or
+    # a broken CUDA setup print the same (llama2c-279).
+    c = classify_failure(1, None, "RuntimeError: CUDA error: CUBLAS_STATUS_NOT_INITIALIZED "
+                                  "when calling `cublasCreate(handle)`")
+    assert (c.cls, c.side, c.rule) == ("gpu_oom", "unknown", "cublas_handle"), c
+    assert not c.evicts
+
+
+def test_a_kernel_killed_by_the_display_watchdog_is_the_machines_setting():
+    # pointwise-9-cuda-launch-timeout-os-limit
+    log = ("2018-11-06 11:32:27.452268: E tensorflow/stream_executor/cuda/cuda_event.cc:48] "
+           "Error polling for event status: failed to query event: CUDA_ERROR_LAUNCH_TIMEOUT: "
+           "the launch timed out and was terminated\n"
+           "2018-11-06 11:32:27.452292: F tensorflow/core/common_runtime/gpu/gpu_event_mgr.cc:"
+           "274] Unexpected Event status: 1")
+    c = classify_failure(None, signal.SIGABRT, log)
+    assert (c.cls, c.side, c.rule) == ("bad_config", "unknown", "launch_timeout"), c
+
+
+def test_an_http_download_cut_off_by_the_server_is_an_external_service():
+    # hfhub-2199-incompleteread-download
+    c = classify_failure(None, None, "Error on *.from_pretrained call: Unexpected ('Connection "
+                                     "broken: IncompleteRead( 443")
+    assert (c.cls, c.side) == ("external_service", "unknown"), c

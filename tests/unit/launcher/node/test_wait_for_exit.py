@@ -70,18 +70,6 @@ def test_no_workers_sleeps_the_timeout(timeout_s):
     assert time.monotonic() - t0 >= timeout_s
 
 
-def test_a_worker_counts_as_stepped_on_its_first_step_line_not_on_its_restore(tmp_path):
-    # The agent refills its zygotes only then: the new interpreter's torch import must
-    # not compete with the first step after a restart, the step a fault waits for.
-    progress = tmp_path / "progress"
-    w = wk.Worker(0, 0, 0, None, tmp_path / "log", progress, time.time())  # type: ignore[arg-type]
-    progress.write_text('{"kind": "restored", "step": 40, "tier": "memory"}\n{"step": 4')
-    assert [p["kind"] for p in wk.read_progress(w)] == ["restored"] and not w.stepped
-    with open(progress, "a") as fh:
-        fh.write('1, "loss": 2.5, "t": 1.0}\n')
-    assert [p["step"] for p in wk.read_progress(w)] == [41] and w.stepped
-
-
 # ------------------------------------------------- descriptors above 1024, and none left
 def _high_fd(fd: int, at_least: int = 1500) -> int:
     """``fd`` duplicated to a number above select()'s FD_SETSIZE (1024)."""

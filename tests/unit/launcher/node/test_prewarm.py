@@ -1,7 +1,7 @@
-"""The zygote's default pre-imports cover what a training script's start imports lazily.
+"""The fork server's default pre-imports cover what a training script's start imports lazily.
 
 Building the first optimizer imports torch._dynamo (sympy included): 0.8-2 s on this
-machine, which was most of an in-place restart until the zygote pre-imported it. If a
+machine, which was most of an in-place restart until it was pre-imported. If a
 torch upgrade moves that lazy import elsewhere, this test names the new modules.
 """
 
