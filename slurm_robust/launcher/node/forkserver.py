@@ -135,7 +135,11 @@ class Server:
             return None
         if not data:
             # The agent ended: no more orders; wait for the workers (Slurm ends them).
+            # Those whose exit it was told of but had not answered with ``reap`` (a
+            # cancelled fork it counted as ended at once) are reaped now: nobody else will.
             self.closing = True
+            for pid in list(self.exited):
+                self._reap(pid)
             return None
         self.buffer += data
         *lines, self.buffer = self.buffer.split(b"\n")

@@ -76,4 +76,4 @@ def test_the_controller_and_the_agents_derive_the_same_cadence(tmp_path, monkeyp
     finally:
         if node.monitor is not None:
             node.monitor.stop()
-        node.zygotes.close()
+        node.forks.close()

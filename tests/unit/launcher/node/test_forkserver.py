@@ -17,6 +17,7 @@ import pytest
 
 from slurm_robust.launcher.node import workers as wk
 from slurm_robust.launcher.node.forkserver_client import ForkServer, ServedProcess
+from slurm_robust.launcher.node import forkserver_client as fs_client
 from slurm_robust.launcher.node.worker_order import WorkerOrder
 
 SCRIPT = """
@@ -31,6 +32,8 @@ if mode == "rng":
     print(json.dumps({"rng": numpy.random.rand()}), flush=True)
 if mode == "sleep":
     time.sleep(60)
+if mode == "brief":
+    time.sleep(1.0)
 if mode == "fail":
     raise ValueError("boom")
 sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
@@ -200,6 +203,23 @@ def test_stop_workers_ends_forks_and_pending_ones_alike(served, tmp_path):
     assert pending.popen.returncode in (-signal.SIGKILL, -signal.SIGTERM)
     server.close()
     assert server.proc.returncode == 0  # it ended on the closed channel, nothing left
+
+
+def test_a_closing_server_reaps_exits_the_agent_never_answered(served):
+    # A cancelled fork counts as ended on the agent's side at once; the server's "exited"
+    # for it may never be read, so no "reap" comes. Closing must not wait on it for ever.
+    make, script, tmp = served
+    server = make()
+    proc = order(server, script, tmp, "quick", "brief", "0")
+    wait_started(proc)  # the worker runs 1 s; the agent reads nothing more meanwhile
+    deadline = time.monotonic() + 30
+    while not fs_client._gone(proc.pid):
+        assert time.monotonic() < deadline, "the worker never exited"
+        time.sleep(0.01)
+    time.sleep(0.2)  # the server has seen the exit and said so; the agent does not read it
+    server.proc.stdin.close()
+    assert server.proc.wait(timeout=10) == 0
+    server.dead = True
 
 
 def test_a_command_of_another_interpreter_is_not_served(tmp_path):
