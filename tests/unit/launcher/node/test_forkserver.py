@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from slurm_robust.launcher.node import forkserver_client as fs_client
 from slurm_robust.launcher.node import workers as wk
 from slurm_robust.launcher.node.forkserver_client import ForkServer, ServedProcess
-from slurm_robust.launcher.node import forkserver_client as fs_client
 from slurm_robust.launcher.node.worker_order import WorkerOrder
 
 SCRIPT = """
