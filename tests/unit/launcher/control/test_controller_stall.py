@@ -11,9 +11,9 @@ import pytest
 
 from slurm_robust.launcher.auth import client_handshake
 from slurm_robust.launcher.control.controller import Controller
-from slurm_robust.launcher.enums import Phase
 from slurm_robust.launcher.messages import Reply
 from slurm_robust.launcher.protocol import Channel
+from tests.unit.launcher.control.controller_helpers import stall_tick_once, wait_running
 from tests.unit.launcher.test_agents import run  # noqa: F401 - the fixture, by name
 
 HEARTBEAT_TIMEOUT_S = 1.0
@@ -58,10 +58,7 @@ def test_a_stalled_controller_declares_no_agent_lost(start_controller, monkeypat
     for t in agents:
         t.start()
     try:
-        deadline = time.monotonic() + 20
-        while ctl.recovery.phase is not Phase.RUNNING and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert ctl.recovery.phase is Phase.RUNNING
+        wait_running(ctl)
         time.sleep(0.5)  # both agents are reporting on the running generation
         lost: list[int] = []
         real_lost = ctl.recovery.on_agent_lost
@@ -128,16 +125,8 @@ def test_a_stalled_tick_with_real_agents_evicts_nobody_and_requeues_nothing(run,
     ctl = parts[0]
     wait_for_step(cfg, 5)
     stall = 3 * cfg.heartbeat_timeout_s
-    real_tick = ctl.recovery.tick
-    stalled = threading.Event()
-
-    def slow_tick(now: float) -> None:
-        real_tick(now)
-        if not stalled.is_set():
-            stalled.set()
-            time.sleep(stall)  # under the controller's lock: no answer, no handshake
-
-    monkeypatch.setattr(ctl.recovery, "tick", slow_tick)
+    # Under the controller's lock: no answer, no handshake.
+    stalled = stall_tick_once(monkeypatch, ctl, stall)
     result = finish(parts, timeout=120)
     assert stalled.is_set()
     evs = events(cfg)

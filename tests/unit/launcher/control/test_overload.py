@@ -20,9 +20,9 @@ from slurm_robust.launcher.control.overload import (
     Lateness,
     OverloadRecorder,
 )
-from slurm_robust.launcher.enums import Phase
 from slurm_robust.launcher.messages import Reply
 from slurm_robust.launcher.protocol import Channel
+from tests.unit.launcher.control.controller_helpers import stall_tick_once, wait_running
 
 T0 = 1_000_000.0
 
@@ -134,10 +134,7 @@ def test_a_dead_agent_is_still_lost_within_the_timeout_on_a_healthy_controller(
     for t in threads:
         t.start()
     try:
-        deadline = time.monotonic() + 20
-        while ctl.recovery.phase is not Phase.RUNNING and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert ctl.recovery.phase is Phase.RUNNING
+        wait_running(ctl)
         time.sleep(0.5)
         (silent if how == "silent" else close).set()
         died = time.time()
@@ -175,21 +172,9 @@ def test_a_stalled_tick_blames_no_agent_and_records_the_overload(start_controlle
     for t in threads:
         t.start()
     try:
-        deadline = time.monotonic() + 20
-        while ctl.recovery.phase is not Phase.RUNNING and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert ctl.recovery.phase is Phase.RUNNING
+        wait_running(ctl)
         time.sleep(0.3)
-        real_tick = ctl.recovery.tick
-        stalled = threading.Event()
-
-        def slow_tick(now: float) -> None:
-            real_tick(now)
-            if not stalled.is_set():
-                stalled.set()
-                time.sleep(stall)  # under the controller's lock
-
-        monkeypatch.setattr(ctl.recovery, "tick", slow_tick)
+        stalled = stall_tick_once(monkeypatch, ctl, stall)
         with caplog.at_level(logging.WARNING, "slurm_robust.launcher.control.controller"):
             while not stalled.is_set():
                 time.sleep(0.01)
