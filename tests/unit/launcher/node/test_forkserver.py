@@ -106,14 +106,22 @@ def test_a_pending_worker_that_is_stopped_never_runs(served):
     assert proc.pid is None and not (tmp / "never.log").exists()
 
 
-def test_stopping_a_pending_worker_does_not_wait_for_the_import(tmp_path):
-    slow = tmp_path / "slowmod.py"
-    slow.write_text("import time\ntime.sleep(5)\n")
-    script = tmp_path / "train.py"
+def server_preloading(tmp: Path, module: str, source: str
+                      ) -> tuple[ForkServer, Path, dict[str, str]]:
+    """A started server whose one pre-import is ``module`` (``source``, written in
+    ``tmp``), for the script SCRIPT; its script and environment with it."""
+    (tmp / f"{module}.py").write_text(source)
+    script = tmp / "train.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
-    server = ForkServer([sys.executable, str(script)], ("slowmod",), env)
+    env = {**os.environ, "PYTHONPATH": f"{tmp}:{os.environ.get('PYTHONPATH', '')}"}
+    server = ForkServer([sys.executable, str(script)], (module,), env)
     server.start()
+    return server, script, env
+
+
+def test_stopping_a_pending_worker_does_not_wait_for_the_import(tmp_path):
+    server, script, env = server_preloading(tmp_path, "slowmod",
+                                            "import time\ntime.sleep(5)\n")
     try:
         pending = wk.spawn([sys.executable, str(script), "sleep"], env, 0, 0, 1,
                            tmp_path / "w.log", tmp_path / "p.jsonl", server)
@@ -240,15 +248,10 @@ def test_modules_are_imported_on_the_thread_every_worker_is_forked_from(tmp_path
     # A thread's task outlives Thread.join by milliseconds, still running its exit path;
     # a fork in that window can copy a held lock into the worker for good (forkserver.py).
     # So the server imports on its main thread and forks with no other thread of its own.
-    probe = tmp_path / "probe.py"
-    probe.write_text("import os, threading\n"
-                     f"open({str(tmp_path / 'tid')!r}, 'w').write("
-                     "f'{threading.get_native_id()} {os.getpid()}')\n")
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
-    server = ForkServer([sys.executable, str(script)], ("probe",), env)
-    server.start()
+    server, script, _ = server_preloading(
+        tmp_path, "probe", "import os, threading\n"
+        f"open({str(tmp_path / 'tid')!r}, 'w').write("
+        "f'{threading.get_native_id()} {os.getpid()}')\n")
     try:
         proc = order(server, script, tmp_path, "after", "sleep")
         wait_started(proc)
