@@ -224,24 +224,25 @@ class Detectors:
         (control/phases.py), or, for a run that never declared a phase, the one rule
         of policy.is_hung."""
         run, cfg = self.run, self.run.cfg
-        # The limits are judged at the moment the controller's own lateness since the
-        # last progress is taken off: the late time is its silence, not the group's.
-        now = gen.last_progress + self.elapsed(gen.last_progress, now)
+        # Silence without the controller's own lateness since the last progress: the
+        # late time is the controller's silence, not the group's.
+        silent_s = self.elapsed(gen.last_progress, now)
         if run.state.declares_phases:
             stepping = run.reports_steps(gen)
             limit = phases.group_limit(gen, run.state.phase_times, cfg.hang_limits,
                                        cfg.startup_timeout_s, run.step_times,
                                        cfg.hang_floor_s, cfg.hang_factor, stepping)
-            if now - gen.last_progress <= limit["limit_s"]:
+            if silent_s <= limit["limit_s"]:
                 return None
             if limit["phase"] in (phases.STARTUP, phases.STEPS) and not stepping:
                 return None  # as in the single rule: no step ever, no step limit
             log.warning("hang in phase %s: no progress for %.1f s (limit %.1f s)",
-                        limit["phase"], now - gen.last_progress, limit["limit_s"])
+                        limit["phase"], silent_s, limit["limit_s"])
             return act.Capture(gen, limit=limit)
-        if not is_hung(gen.last_progress, now, run.step_times, cfg.hang_floor_s,
-                       cfg.hang_factor, gen.steps_done > 0, cfg.startup_timeout_s,
-                       run.reports_steps(gen), finishing=bool(gen.finishing)):
+        if not is_hung(gen.last_progress, gen.last_progress + silent_s, run.step_times,
+                       cfg.hang_floor_s, cfg.hang_factor, gen.steps_done > 0,
+                       cfg.startup_timeout_s, run.reports_steps(gen),
+                       finishing=bool(gen.finishing)):
             return None
         return act.Capture(gen)
 
