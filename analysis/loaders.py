@@ -15,6 +15,9 @@ Frames (one row per record):
   detected_at, localized_at, recovered_at, rung, nodes, ranks, last_step, restored_step,
   restore_tier, steps_lost, evidence
 - ``ends``: run_id, job_id, attempt, time, status, step
+- ``findings``: the in-job monitor's (run_id, time, node, kind, check, severity, ...)
+- ``controllers``: run_id, job_id, attempt, time, term, node, agent, takeover
+- ``overloads``: run_id, job_id, attempt, time, lag_s, episodes, late_s, since, agents
 - ``verdicts``: time, job_id, node, reason, class, incident
 - ``health``: time, node, job, stage, run_id, check, status, duration_s, reason, injected
 """
@@ -68,9 +71,18 @@ EVENT_SPECS: dict[str, dict[str, tuple[str, bool]]] = {
                 "kind": ("str", True), "check": ("str", True), "severity": ("str", True),
                 "class": ("str", False), "reason": ("str", False),
                 "seen_at": ("float", False), "evidence": ("object", False)},
+    # A controller starting to act under a term (the first, or a successor's takeover).
+    "controller": {**_COMMON, "term": ("int", True), "node": ("str", True),
+                   "agent": ("int", False), "takeover": ("object", False)},
+    # The controller's tick loop was late (overload_version 1); nobody was blamed for it.
+    "controller_overload": {**_COMMON, "overload_version": ("int", False),
+                            "lag_s": ("float", True), "episodes": ("int", False),
+                            "late_s": ("float", False), "since": ("float", False),
+                            "agents": ("int", False)},
 }
 FRAME_OF_EVENT = {"run_start": "runs", "attempt_start": "attempts", "step": "steps",
-                  "incident": "incidents", "run_end": "ends", "finding": "findings"}
+                  "incident": "incidents", "run_end": "ends", "finding": "findings",
+                  "controller": "controllers", "controller_overload": "overloads"}
 EVENT_CATEGORIES = {"category": CATEGORIES, "class": CLASSES, "rung": RUNGS,
                     "status": RUN_STATUSES}
 
@@ -95,6 +107,10 @@ class RunLog:
     ends: pd.DataFrame
     findings: pd.DataFrame = field(default_factory=lambda: empty_frame(
         EVENT_SPECS["finding"], EVENT_CATEGORIES))
+    controllers: pd.DataFrame = field(default_factory=lambda: empty_frame(
+        EVENT_SPECS["controller"], EVENT_CATEGORIES))
+    overloads: pd.DataFrame = field(default_factory=lambda: empty_frame(
+        EVENT_SPECS["controller_overload"], EVENT_CATEGORIES))
     issues: LoadIssues = field(default_factory=LoadIssues)
 
 
@@ -176,7 +192,7 @@ def concat_runlogs(parts: Sequence[RunLog], issues: LoadIssues | None = None) ->
     """Concatenate run logs, unifying categorical columns."""
     if not parts:
         return events_from_records([], issues=issues)
-    names = ("runs", "attempts", "steps", "incidents", "ends", "findings")
+    names = tuple(FRAME_OF_EVENT.values())
     merged = {n: _concat([getattr(p, n) for p in parts]) for n in names}
     all_issues = issues if issues is not None else LoadIssues()
     if issues is None:

@@ -64,6 +64,7 @@ class Analysis:
     until: float | None = None
     findings: pd.DataFrame | None = None  # the in-job monitor's, with before_incident
     allocations: pd.DataFrame | None = None  # each Slurm allocation (allocations.py)
+    control_plane: pd.DataFrame | None = None  # controller takeovers and overloads
 
     def headline(self) -> dict[str, Any]:
         """The figures a person looks at first, JSON-ready (NaN becomes null)."""
@@ -194,7 +195,36 @@ def analyse(inputs: Inputs, since: float | None = None, until: float | None = No
                     findings=findings_before_incidents(
                         log.findings[_in_window(log.findings["time"], since, until)],
                         incidents),
-                    allocations=_allocations_in(allocation_table(log), since, until))
+                    allocations=_allocations_in(allocation_table(log), since, until),
+                    control_plane=control_plane_table(
+                        log.controllers[_in_window(log.controllers["time"], since, until)],
+                        log.overloads[_in_window(log.overloads["time"], since, until)]))
+
+
+#: The control plane table's columns (docs/SCHEMAS.md's controller events).
+CONTROL_PLANE_COLUMNS = ("run_id", "time", "event", "term", "node", "replaced_agent",
+                         "lag_s", "episodes", "late_s", "agents")
+
+
+def control_plane_table(controllers: pd.DataFrame, overloads: pd.DataFrame) -> pd.DataFrame:
+    """Controller takeovers (``controller``: a successor's term, the node it acts from and
+    the agent whose controller it replaced) and overloads (``controller_overload``: the
+    tick loop late by ``lag_s`` at worst, which no node was blamed for), in time order."""
+    rows = []
+    for c in controllers.to_dict("records"):
+        takeover = c.get("takeover") if isinstance(c.get("takeover"), dict) else {}
+        rows.append({"run_id": c["run_id"], "time": c["time"], "event": "takeover",
+                     "term": c["term"], "node": c["node"],
+                     "replaced_agent": takeover.get("previous_agent", pd.NA),
+                     "lag_s": np.nan, "episodes": pd.NA, "late_s": np.nan, "agents": pd.NA})
+    for o in overloads.to_dict("records"):
+        rows.append({"run_id": o["run_id"], "time": o["time"], "event": "overload",
+                     "term": pd.NA, "node": "", "replaced_agent": pd.NA,
+                     "lag_s": o["lag_s"],
+                     "episodes": o.get("episodes"), "late_s": o.get("late_s"),
+                     "agents": o.get("agents")})
+    out = pd.DataFrame(rows, columns=list(CONTROL_PLANE_COLUMNS))
+    return out.sort_values("time", kind="stable").reset_index(drop=True)
 
 
 def _allocations_in(table: pd.DataFrame, since: float | None,

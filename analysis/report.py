@@ -104,6 +104,11 @@ def sections(an: Analysis) -> list[tuple[str, str, pd.DataFrame | None]]:
         out.append(("In-job monitor findings", "What each node's monitor saw while the job "
                     "ran; before_incident names the incident on the same node that "
                     "followed (within 10 minutes) and how long after.", an.findings))
+    if an.control_plane is not None and len(an.control_plane):
+        out.append(("Control plane", "Controller takeovers (a successor's term, its node and the "
+                    "agent whose controller it replaced) and overloads (the controller's tick loop "
+                    "late by lag_s at worst; that time was not counted against any agent, so "
+                    "no node was blamed for it).", an.control_plane))
     if an.fleet is not None:
         fleet = pd.DataFrame(list(an.fleet.headline().items()), columns=["figure", "value"])
         out += [("Fleet (sacct)", "", fleet),

@@ -37,3 +37,4 @@ def test_a_finding_is_shown_with_the_incident_it_preceded(tmp_path: Path) -> Non
     assert found.loc["n1", "before_incident"] == ""  # nothing followed on n1
     titles = [title for title, _, _ in sections(an)]
     assert "In-job monitor findings" in titles
+
