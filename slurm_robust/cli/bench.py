@@ -36,6 +36,7 @@ BENCHMARKS: dict[str, str] = {
     "monitor": "slurm_robust_rehearsal.bench.monitor",
     "update": "slurm_robust_rehearsal.bench.update",
     "scale": "slurm_robust_rehearsal.bench.scale",
+    "many-nodes": "slurm_robust_rehearsal.bench.many_nodes",
 }
 
 HELP = "run a benchmark and print its numbers as JSON"

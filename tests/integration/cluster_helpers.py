@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from slurm_robust_rehearsal.bench.reference import standalone_params_digest
 from tests.reference_cache import argv_key, cached
 
 T = TypeVar("T")
@@ -43,12 +41,6 @@ def spare_path_victim(state: Any, controller: str) -> str:
     return next(n for n in state.slots if n not in (controller, state.members.get("0")))
 
 
-# What a gloo rank prints when it aborts in process teardown after its last collective (a
-# thread of its store or transport still running as the interpreter exits): seen in a
-# fresh-clone run of the hot-update test's reference, after rank 0 printed its digest.
-TEARDOWN_ABORT = "terminate called without an active exception"
-
-
 def standalone_digest(argv: list[str], world: int, timeout_s: float = 300.0,
                       env_extra: Callable[[int], dict[str, str]] | None = None,
                       drop_env: tuple[str, ...] = ("SLURM_ROBUST_PROGRESS",
@@ -57,71 +49,16 @@ def standalone_digest(argv: list[str], world: int, timeout_s: float = 300.0,
     variables (no Slurm, no launcher); returns rank 0's ``params_sha256=`` digest.
     ``env_extra(rank)``: more variables for that rank.
 
-    A rank that exited non-zero fails the reference, except for the teardown abort above
-    once rank 0 has printed its digest: the digest is taken after the last step's
-    all-reduce, which needs every rank's gradients, so an abort after it changes nothing.
-    Computed once per session for each distinct command, world and environment
-    (tests/reference_cache.py).
+    A rank that exited non-zero fails the reference (except gloo's teardown abort after
+    rank 0 printed its digest). Computed once per session for each distinct command, world and environment
+    (tests/reference_cache.py); the run itself is the rehearsal's
+    (slurm_robust_rehearsal/bench/reference.py), which the benchmarks use too.
     """
     extra = tuple(tuple(sorted((env_extra(r) if env_extra else {}).items()))
                   for r in range(world))
     key = (argv_key(argv), world, extra, tuple(sorted(drop_env)))
-    return cached(key, lambda: _run_reference(argv, world, timeout_s, env_extra, drop_env))
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that the kernel just handed out as free: references of
-    two pytest workers run at once on this host's loopback, and fixed bases collided."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _run_reference(argv: list[str], world: int, timeout_s: float,
-                   env_extra: Callable[[int], dict[str, str]] | None,
-                   drop_env: tuple[str, ...]) -> str:
-    port = str(free_port())
-    procs, files = [], []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        env.update(env_extra(rank) if env_extra else {})
-        for var in drop_env:
-            env.pop(var, None)
-        # Files, not pipes: a rank blocked on a full pipe would stall the others'
-        # collectives while this process waits on rank 0.
-        out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-        files.append((out, err))
-        procs.append(subprocess.Popen(argv, env=env, stdout=out, stderr=err, text=True))
-    try:
-        for p in procs:
-            p.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired as exc:
-        for p in procs:
-            p.kill()
-            p.wait()
-        raise AssertionError(f"the standalone reference did not finish in {timeout_s:g} s"
-                             ) from exc
-    outs = []
-    for out, err in files:
-        out.seek(0)
-        err.seek(0)
-        outs.append((out.read(), err.read()))
-        out.close()
-        err.close()
-    digest = next((ln.split("=")[1].split()[0] for ln in outs[0][0].splitlines()
-                   if ln.startswith("params_sha256=")), None)
-
-    def clean(i: int) -> bool:
-        if procs[i].returncode == 0:
-            return True
-        tail = outs[i][1].strip().splitlines()[-1:]
-        return digest is not None and tail == [TEARDOWN_ABORT]
-
-    detail = [(r, p.returncode, out[-500:], err[-1500:])
-              for r, (p, (out, err)) in enumerate(zip(procs, outs, strict=True))]
-    assert digest is not None and all(clean(i) for i in range(world)), detail
-    return digest
+    return cached(key, lambda: standalone_params_digest(argv, world, timeout_s,
+                                                   env_extra, drop_env))
 
 
 def run_diagnostics(run_dir: str | Path, job_id: str | None = None, lines: int = 6) -> str:

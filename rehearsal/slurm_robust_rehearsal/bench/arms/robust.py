@@ -57,7 +57,7 @@ class RobustLauncher:
         cfg, args = run.cfg, run.args
         run_dir = str(cfg.shared_dir / f"bench-robust-{int(time.time() * 1000)}")
         t0 = time.time()
-        job = _submit(cfg.env(), args.nodes, 1, run_dir, run.train)
+        job = submit_example(cfg.env(), args.nodes, 1, run_dir, run.train)
         try:
             wait_for(lambda: (run_status(run_dir).get("step") or 0) >= args.fault_step,
                      args.timeout, "robust run to reach the fault step")
@@ -105,7 +105,7 @@ class RobustLauncher:
         run_dir = str(cfg.shared_dir / f"bench-update-hot-{int(time.time() * 1000)}")
         env = dict(os.environ, **cfg.env())
         t0 = time.time()
-        job = _submit(cfg.env(), args.nodes, 0, run_dir, run.train)
+        job = submit_example(cfg.env(), args.nodes, 0, run_dir, run.train)
         wait_for(lambda: (run_status(run_dir).get("step") or 0) >= args.change_step,
                  args.timeout, "robust run to reach the change step")
         t_req = time.time()
@@ -129,9 +129,10 @@ class RobustLauncher:
                 "params_sha256": status.get("params_sha256"), "run_dir": run_dir}
 
 
-def _submit(cluster_env: dict[str, str], nodes: int, spares: int, run_dir: str,
+def submit_example(cluster_env: dict[str, str], nodes: int, spares: int, run_dir: str,
             train: list[str]) -> str:
-    """``slurm-robust submit`` of the example on the mini-cluster; its job id."""
+    """``slurm-robust submit`` of the example on the mini-cluster; its job id (also the
+    many-nodes rehearsal's)."""
     out = subprocess.run([*CLI, "submit", "--nodes", str(nodes), "--spares", str(spares),
                           "--time", "20", "--folder", run_dir, "--json", "--",
                           sys.executable, str(EXAMPLE), *train],
