@@ -38,8 +38,9 @@ MODEL_VERSION = 1
 TOKENIZER_VERSION = 1
 MODEL_PATH = Path(__file__).with_name("classify_model.json")
 
-# Runs of letters and digits; an identifier's parts (CUDA_ERROR_X, cudaErrorX, camelCase)
-# become separate words, and the whole identifier one more word.
+# Runs of letters and digits (an underscore, a dot or a slash separates words, so
+# CUDA_ERROR_X is three words); a camelCase run's parts become separate words, and the
+# whole run one more word (cudaErrorX: "cuda", "error", "x"... and "cudaerrorx").
 _CHUNK = re.compile(r"[A-Za-z0-9]+")
 _PART = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 # Numbers, hex addresses and ids say nothing about the class and never repeat between
@@ -51,7 +52,7 @@ _STOP = frozenset("the a an of to in on at is it for and or be by as with from t
 
 
 def words(text: str) -> list[str]:
-    """The normalised words of ``text``: lowercase identifier parts (and each compound
+    """The normalised words of ``text``: lowercase identifier parts (and each camelCase
     identifier whole), without numbers, hex, one-letter parts and function words."""
     out: list[str] = []
     for chunk in _CHUNK.findall(text):

@@ -33,13 +33,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from slurm_robust.errors import UsageError
-from slurm_robust.launcher.classify import Classification, Evidence, classify
+from slurm_robust.launcher.classify import LEARNABLE, Classification, Evidence, classify
+from slurm_robust.launcher.classify_model import features, load_model
 from slurm_robust.taxonomy import CLASSES, Side
 from slurm_robust_rehearsal.bench import classify_train
 from slurm_robust_rehearsal.bench.corpus_split import Split, split_of
@@ -191,6 +193,21 @@ def score(entries: list[Entry], with_change: bool = True, learned: bool = True
     }
 
 
+def inference_ms(entries: list[Entry]) -> dict[str, Any]:
+    """What the learned fallback costs per failure: reading the words of an excerpt and
+    scoring them (the model file is read once per process, ``load``)."""
+    start = time.perf_counter()
+    model = load_model()
+    load = time.perf_counter() - start
+    each = []
+    for e in entries:
+        start = time.perf_counter()
+        model.predict(features(e.excerpt, e.exit_code, e.signal), allowed=LEARNABLE)
+        each.append(time.perf_counter() - start)
+    return {"load": round(load * 1e3, 2), "mean": round(sum(each) / len(each) * 1e3, 3),
+            "max": round(max(each) * 1e3, 3)}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     entries, unreadable = load_corpus(args.corpus)
     if not entries:
@@ -214,6 +231,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result["rules_only"] = {split.value: split_report(in_split(entries, split), seen,
                                                       learned=False) for split in Split}
     result["learned_answers"] = sum(classify_entry(e).rule == "learned" for e in entries)
+    result["learned_inference_ms"] = inference_ms(entries)
     result["unreadable"] = unreadable
     if not args.misses:
         result["misses"] = len(result["misses"])
