@@ -127,7 +127,7 @@ def in_split(entries: list[Entry], split: Split) -> list[Entry]:
 
 
 SPLIT_FIGURES = ("entries", "class_accuracy", "wrong_side_share", "wrong_side",
-                 "healthy_nodes_evicted")
+                 "healthy_nodes_evicted", "learned_answers")
 
 
 def split_report(entries: list[Entry], seen: set[str], learned: bool = True
@@ -137,7 +137,7 @@ def split_report(entries: list[Entry], seen: set[str], learned: bool = True
     def figures(subset: list[Entry]) -> dict[str, Any]:
         if not subset:
             return {"entries": 0, "class_accuracy": None, "wrong_side_share": None,
-                    "wrong_side": 0, "healthy_nodes_evicted": 0}
+                    "wrong_side": 0, "healthy_nodes_evicted": 0, "learned_answers": 0}
         scored = score(subset, learned=learned)
         return {k: scored[k] for k in SPLIT_FIGURES}
     return {**figures(entries),
@@ -160,13 +160,14 @@ def score(entries: list[Entry], with_change: bool = True, learned: bool = True
     n = len(entries)
     by_class: dict[str, Counter[str]] = defaultdict(Counter)
     confusion = {t: dict.fromkeys(SIDES, 0) for t in SIDES}
-    correct = wrong_side = evicted_healthy = 0
+    correct = wrong_side = evicted_healthy = learned_answers = 0
     misses = []
     for e in entries:
         c = classify_entry(e, with_change, learned)
         by_class[e.cls][c.cls] += 1
         confusion[e.side][c.side] += 1
         correct += c.cls == e.cls
+        learned_answers += c.rule == "learned"
         wrong = {e.side, c.side} == {Side.INFRASTRUCTURE.value, Side.USER.value}
         wrong_side += wrong
         healthy = e.side == Side.USER.value and c.evicts
@@ -181,6 +182,8 @@ def score(entries: list[Entry], with_change: bool = True, learned: bool = True
         "wrong_side_share": round(wrong_side / n, 4) if n else None,
         "wrong_side": wrong_side,
         "healthy_nodes_evicted": evicted_healthy,
+        # answers of the learned fallback (the rules found no cause; classify_model.py)
+        "learned_answers": learned_answers,
         "healthy_evicted_share": round(evicted_healthy / user_n, 4) if user_n else 0.0,
         "unknown_side_share": round(sum(v[Side.UNKNOWN.value] for v in confusion.values())
                                     / n, 4) if n else None,
@@ -230,7 +233,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # The rules alone (the learned fallback off): what the fallback adds, split by split.
     result["rules_only"] = {split.value: split_report(in_split(entries, split), seen,
                                                       learned=False) for split in Split}
-    result["learned_answers"] = sum(classify_entry(e).rule == "learned" for e in entries)
     result["learned_inference_ms"] = inference_ms(entries)
     result["unreadable"] = unreadable
     if not args.misses:
