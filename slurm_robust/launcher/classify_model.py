@@ -4,7 +4,7 @@ Where the rules find no deciding line at all (classify's ``exit_status`` catch-a
 log rule, no exception, no Xid, no kernel or NVML record), this model names the likeliest
 class from the log's words. It is a softmax (multinomial logistic) regression over word
 presence, trained on the failure corpus's development split only
-(slurm_robust_rehearsal.bench.classify_model rebuilds ``classify_model.json``
+(slurm_robust_rehearsal.bench.classify_train rebuilds ``classify_model.json``
 deterministically; the split rule is corpus_split.py's). Inference is a dictionary lookup
 and a sum per class in pure Python: no ML library in the controller.
 
