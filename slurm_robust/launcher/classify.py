@@ -34,6 +34,7 @@ from typing import Any
 
 from slurm_robust.health.errors import NoNVMLError
 from slurm_robust.health.kernel_formats import KernelEventKind, parse_text
+from slurm_robust.launcher.classify_model import Model, default_model, features
 from slurm_robust.launcher.wire_records import (
     ClassifierEvidence,
     ExitEvidence,
@@ -700,7 +701,7 @@ class Classification:
     evidence: ExitEvidence = field(default_factory=ExitEvidence)
     side: str = Side.UNKNOWN.value
     action: str = Action.REATTEMPT.value
-    source: str = "exit"  # which evidence decided: sentinel, nvml, kernel, log, exit
+    source: str = "exit"  # which evidence decided: sentinel, nvml, kernel, log, exit, learned
     rule: str = "exit_status"  # the rule that decided (a LOG_RULES name, "nvml", ...)
     strength: str = Strength.GENERIC.label  # how strong its evidence is (Strength)
 
@@ -715,17 +716,69 @@ def classify_failure(exit_code: int | None, sig: int | None, log_tail: str) -> C
     return classify(Evidence(exit_code=exit_code, signal=sig, log_tail=log_tail))
 
 
-def classify(ev: Evidence) -> Classification:
+def classify(ev: Evidence, model: Model | None = None, learned: bool = True
+             ) -> Classification:
     """Classify from all the evidence (see the module docstring for the order); a
     user-side error after a recorded code/data change is that change's, and so is an
-    exit the evidence names no cause for (see :func:`_change_explains`)."""
+    exit the evidence names no cause for (see :func:`_change_explains`). Where nothing
+    names a cause, the learned model (``model``, else the shipped one; none with
+    ``learned=False``) may name the class from the log's words (:func:`_learned`)."""
     c = _classify(ev)
     if ev.change_recorded and _change_explains(c):
         evidence: ExitEvidence = {**c.evidence, "change_recorded": True, "error_class": c.cls}
         return _make(F.CODE_DATA_CHANGE, evidence, c.line, "change",
                      signature=f"{F.CODE_DATA_CHANGE.value}:{c.signature}",
                      rule="change_record", strength=Strength[c.strength.upper()])
+    if learned:
+        return _learned(c, ev, model if model is not None else default_model())
     return c
+
+
+#: The rules' answer the learned model may replace: the catch-all for an exit that no
+#: rule, exception, Xid, kernel or NVML record explains. Cross-validation on the
+#: development split (bench classify --cv) found the model worse than the rules'
+#: weaker answers elsewhere (a signal line, an unknown exception, a broken connection).
+LEARNED_FROM = "exit_status"
+#: Classes a learned answer may name: none whose default action is an eviction (the
+#: ladder blames every named node for those by class alone, whatever the side); none
+#: that only the launcher's own records can tell (a change, a spike, the scheduler); and
+#: not NaN, whose action is a rollback: the corpus's NaN excerpts are the words every
+#: healthy training log prints ("loss", "step", "scale"), so a real log tail full of
+#: progress lines would read as NaN to the model.
+LEARNABLE = frozenset(row.cls.value for row in TABLE if row.action is not Action.EVICT) - {
+    F.CODE_DATA_CHANGE.value, F.LOSS_SPIKE.value, F.ADMIN.value, F.TIME_LIMIT.value,
+    F.PREEMPTED.value, F.NAN.value}
+#: Fewer known words than this and the model's answer is little more than its prior.
+MIN_KNOWN_WORDS = 3
+#: The least probability the model must give its answer (over all classes, the ones it
+#: may not name included): below it, the log reads as something it may not say (most
+#: often a NaN or a hardware fault) or as nothing in particular, and the rules' answer
+#: stands. A safety floor, not a tuned one: under cross-validation it costs a third of
+#: an entry per run (no floor is best there; 0.3 costs more than one).
+MIN_PROBABILITY = 0.2
+
+
+def _learned(c: Classification, ev: Evidence, model: Model | None) -> Classification:
+    """``c``, or the class the model reads in the log's words where ``c`` is the exit
+    catch-all. A learned answer blames nobody: side unknown (whatever the class's usual
+    side: the model's confidence is no evidence of whose fault it is), the weakest
+    strength, never an evicting class; its evidence keeps the rules' answer."""
+    if model is None or c.rule != LEARNED_FROM:
+        return c
+    code, sig = c.evidence.get("exit_code"), c.evidence.get("signal")
+    guess = model.predict(features(_normalise(ev.log_tail), code, sig), allowed=LEARNABLE)
+    if guess is None or guess.known_words < MIN_KNOWN_WORDS or \
+            guess.probability < MIN_PROBABILITY or guess.cls == c.cls:
+        return c
+    evidence: ExitEvidence = {k: v for k, v in c.evidence.items()  # type: ignore[assignment]
+                              if k != "classifier"}
+    made = _make(F(guess.cls), evidence, c.line, "learned", side=Side.UNKNOWN,
+                 signature=f"{guess.cls}:learned:{evidence.get('signal_name', code)}",
+                 rule="learned", strength=Strength.GENERIC)
+    made.evidence["classifier"].update(
+        probability=round(guess.probability, 3), words=list(guess.top_words),
+        model_version=int(model.meta.get("model_version", 0)), rules_said=c.cls)
+    return made
 
 
 def _change_explains(c: Classification) -> bool:

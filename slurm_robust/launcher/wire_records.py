@@ -20,6 +20,12 @@ class ClassifierEvidence(TypedDict):
     source: str
     side: str
     outranked: NotRequired[list[str]]  # other log rules that matched, weaker or later
+    # A learned answer (rule "learned"): the model's probability for the class, the words
+    # that raised it most, the model file's version, and the rules' own answer it replaced.
+    probability: NotRequired[float]
+    words: NotRequired[list[str]]
+    model_version: NotRequired[int]
+    rules_said: NotRequired[str]
 
 
 class TaskExitRecord(TypedDict):

@@ -22,20 +22,28 @@ whose ids are not in the list of ids read while the patterns were written
 (tests/data/classify_seen_ids.txt) are reported again as ``not_seen``: the held-out
 entries nobody tuned against, which is the honest figure while the old, read entries are
 still in the held-out split.
+
+The classifier answers with its learned fallback (launcher/classify_model.py) where the
+rules find no cause; ``rules_only`` gives each split's figures without it. ``--cv``
+cross-validates that fallback inside the development split (classify_train.py) and
+``--train-model`` rebuilds its model file from the development split.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from slurm_robust.errors import UsageError
-from slurm_robust.launcher.classify import Classification, Evidence, classify
+from slurm_robust.launcher.classify import LEARNABLE, Classification, Evidence, classify
+from slurm_robust.launcher.classify_model import features, load_model
 from slurm_robust.taxonomy import CLASSES, Side
+from slurm_robust_rehearsal.bench import classify_train
 from slurm_robust_rehearsal.bench.corpus_split import Split, split_of
 
 HELP = "classifier accuracy and infrastructure/user decisions on the real-log corpus"
@@ -68,6 +76,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "not_seen figures are the rest)")
     parser.add_argument("--misses", action="store_true",
                         help="list every misclassified entry")
+    parser.add_argument("--train-model", action="store_true",
+                        help="rebuild the learned fallback's model file "
+                             "(slurm_robust/launcher/classify_model.json) from the "
+                             "development split, and report what was written")
+    parser.add_argument("--cv", action="store_true",
+                        help="cross-validate the learned fallback inside the development "
+                             "split (no held-out entry is read), and report only that")
 
 
 def load_corpus(path: Path) -> tuple[list[Entry], list[str]]:
@@ -112,40 +127,47 @@ def in_split(entries: list[Entry], split: Split) -> list[Entry]:
 
 
 SPLIT_FIGURES = ("entries", "class_accuracy", "wrong_side_share", "wrong_side",
-                 "healthy_nodes_evicted")
+                 "healthy_nodes_evicted", "learned_answers")
 
 
-def split_report(entries: list[Entry], seen: set[str]) -> dict[str, Any]:
-    """``score``'s headline figures for one split, and again for its never-read entries."""
+def split_report(entries: list[Entry], seen: set[str], learned: bool = True
+                 ) -> dict[str, Any]:
+    """``score``'s headline figures for one split, and again for its never-read entries
+    (``learned``: with the classifier's learned fallback; False: the rules alone)."""
     def figures(subset: list[Entry]) -> dict[str, Any]:
         if not subset:
             return {"entries": 0, "class_accuracy": None, "wrong_side_share": None,
-                    "wrong_side": 0, "healthy_nodes_evicted": 0}
-        scored = score(subset)
+                    "wrong_side": 0, "healthy_nodes_evicted": 0, "learned_answers": 0}
+        scored = score(subset, learned=learned)
         return {k: scored[k] for k in SPLIT_FIGURES}
     return {**figures(entries),
             "not_seen": figures([e for e in entries if e.id not in seen])}
 
 
-def classify_entry(entry: Entry, with_change: bool = True) -> Classification:
+def classify_entry(entry: Entry, with_change: bool = True, learned: bool = True
+                   ) -> Classification:
     return classify(Evidence(exit_code=entry.exit_code, signal=entry.signal,
                              log_tail=entry.excerpt,
-                             change_recorded=with_change and entry.change_recorded))
+                             change_recorded=with_change and entry.change_recorded),
+                    learned=learned)
 
 
-def score(entries: list[Entry], with_change: bool = True) -> dict[str, Any]:
+def score(entries: list[Entry], with_change: bool = True, learned: bool = True
+          ) -> dict[str, Any]:
     """Accuracy, side confusion and eviction figures over ``entries`` (``with_change``:
-    entries whose thread states a change come with the launcher's change record)."""
+    entries whose thread states a change come with the launcher's change record;
+    ``learned``: the learned fallback answers where the rules find no cause)."""
     n = len(entries)
     by_class: dict[str, Counter[str]] = defaultdict(Counter)
     confusion = {t: dict.fromkeys(SIDES, 0) for t in SIDES}
-    correct = wrong_side = evicted_healthy = 0
+    correct = wrong_side = evicted_healthy = learned_answers = 0
     misses = []
     for e in entries:
-        c = classify_entry(e, with_change)
+        c = classify_entry(e, with_change, learned)
         by_class[e.cls][c.cls] += 1
         confusion[e.side][c.side] += 1
         correct += c.cls == e.cls
+        learned_answers += c.rule == "learned"
         wrong = {e.side, c.side} == {Side.INFRASTRUCTURE.value, Side.USER.value}
         wrong_side += wrong
         healthy = e.side == Side.USER.value and c.evicts
@@ -160,6 +182,8 @@ def score(entries: list[Entry], with_change: bool = True) -> dict[str, Any]:
         "wrong_side_share": round(wrong_side / n, 4) if n else None,
         "wrong_side": wrong_side,
         "healthy_nodes_evicted": evicted_healthy,
+        # answers of the learned fallback (the rules found no cause; classify_model.py)
+        "learned_answers": learned_answers,
         "healthy_evicted_share": round(evicted_healthy / user_n, 4) if user_n else 0.0,
         "unknown_side_share": round(sum(v[Side.UNKNOWN.value] for v in confusion.values())
                                     / n, 4) if n else None,
@@ -172,10 +196,29 @@ def score(entries: list[Entry], with_change: bool = True) -> dict[str, Any]:
     }
 
 
+def inference_ms(entries: list[Entry]) -> dict[str, Any]:
+    """What the learned fallback costs per failure: reading the words of an excerpt and
+    scoring them (the model file is read once per process, ``load``)."""
+    start = time.perf_counter()
+    model = load_model()
+    load = time.perf_counter() - start
+    each = []
+    for e in entries:
+        start = time.perf_counter()
+        model.predict(features(e.excerpt, e.exit_code, e.signal), allowed=LEARNABLE)
+        each.append(time.perf_counter() - start)
+    return {"load": round(load * 1e3, 2), "mean": round(sum(each) / len(each) * 1e3, 3),
+            "max": round(max(each) * 1e3, 3)}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     entries, unreadable = load_corpus(args.corpus)
     if not entries:
         raise UsageError(f"no readable entry in {args.corpus}")
+    if getattr(args, "train_model", False):
+        return classify_train.write_model(entries)
+    if getattr(args, "cv", False):
+        return classify_train.cross_validate(entries, load_seen_ids(args.seen_ids))
     result = score(entries)
     # The same without the change record: what the log and exit status alone decide
     # (a change made outside `update` and before the launcher's fingerprint existed).
@@ -187,6 +230,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     seen = load_seen_ids(args.seen_ids)
     for split in Split:
         result[split.value] = split_report(in_split(entries, split), seen)
+    # The rules alone (the learned fallback off): what the fallback adds, split by split.
+    result["rules_only"] = {split.value: split_report(in_split(entries, split), seen,
+                                                      learned=False) for split in Split}
+    result["learned_inference_ms"] = inference_ms(entries)
     result["unreadable"] = unreadable
     if not args.misses:
         result["misses"] = len(result["misses"])

@@ -34,7 +34,7 @@ from typing import Any
 from slurm_robust.launcher.control.outage import backoff_s, outage_verdict
 from slurm_robust.launcher.control.policy import blamed_nodes, repeat_suspects
 from slurm_robust.launcher.enums import IncidentClass, Rung
-from slurm_robust.taxonomy import blame_cause, node_side, stops_on_repeat
+from slurm_robust.taxonomy import Side, blame_cause, node_side, stops_on_repeat
 
 
 @dataclass(frozen=True)
@@ -173,6 +173,13 @@ def _stop_reason(f: Facts, blamed: tuple[str, ...]) -> str | None:
                 f"{', '.join(cleared)} and the node passed stop-time diagnosis: "
                 f"{blame_cause(f.cls, f.side)}; no node is blamed")
     if stops_on_repeat(f.cls) and f.signature is not None and f.signature_seen >= 1:
+        if f.side == Side.UNKNOWN.value:
+            # The classifier named the class without evidence of whose fault it is (an
+            # exception it does not know, the learned fallback's reading of the words):
+            # restarting repeats it, but the verdict must not say "user code".
+            return (f"the same error ({f.signature}) came back after a clean restart; its "
+                    f"cause is not certain (read as {f.cls}, side unknown): see the log; "
+                    "no node is blamed")
         return (f"the same user-code error ({f.signature}) came back after a clean "
                 "restart; fix the training code and resubmit")
     if f.cls in (IncidentClass.NAN, IncidentClass.LOSS_SPIKE) and f.signature_seen >= 2 \

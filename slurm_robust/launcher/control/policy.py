@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from slurm_robust.launcher.classify import NODE_CLASSES
 from slurm_robust.launcher.enums import IncidentClass, Rung
-from slurm_robust.taxonomy import node_side
+from slurm_robust.taxonomy import Side, node_side
 
 RUNGS = tuple(Rung)
 #: Step values needed before the spike test applies (early losses fall fast).
@@ -101,11 +101,16 @@ def step_anomaly(history: Sequence[float], value: float | None, factor: float) -
 
 def blamed_nodes(cls: str, nodes: Sequence[str], failures_by_node: dict[str, int],
                  threshold: int, side: str | None = None) -> tuple[str, ...]:
-    """Nodes named as culprits: every node for a node-class or fail-slow fault, else, for
-    a node-side class (taxonomy.node_side; ``side`` is the classifier's call), the nodes
-    whose failure count in this run reached ``threshold``. Repeats of a user-side,
-    unknown or off-node class blame nobody by count: see :func:`repeat_suspects`."""
-    if cls in EVICTING_CLASSES:
+    """Nodes named as culprits: every node for a node-class or fail-slow fault (unless
+    the classifier called its side other than infrastructure: a GPU the job's own cgroup
+    hides reads as "no driver", which only the node's checks can tell from a broken one,
+    so that goes to stop-time diagnosis, as the classifier's ``diagnose`` action says),
+    else, for a node-side class (taxonomy.node_side; ``side`` is the classifier's call),
+    the nodes whose failure count in this run reached ``threshold``. Repeats of a
+    user-side, unknown or off-node class blame nobody by count: see
+    :func:`repeat_suspects`. ``side`` None: a detector's incident (a lost node, a hang,
+    the fail-slow vote), whose class is its evidence."""
+    if cls in EVICTING_CLASSES and side in (None, Side.INFRASTRUCTURE.value):
         return tuple(dict.fromkeys(nodes))
     if cls in UNLOCALISED_CLASSES or not node_side(cls, side):
         return ()
@@ -117,7 +122,8 @@ def unexplained_repeats(cls: str, nodes: Sequence[str], failures_by_node: dict[s
     """The named nodes where a class that is no evidence against a node by itself (user
     side, unknown, off-node) reached the repeat threshold: stop-time diagnosis on the
     node decides (stop_diagnosis.wants_diagnosis); the count alone never blames."""
-    if cls in EVICTING_CLASSES or cls in UNLOCALISED_CLASSES or node_side(cls, side):
+    if cls in UNLOCALISED_CLASSES or node_side(cls, side) or \
+            (cls in EVICTING_CLASSES and side in (None, Side.INFRASTRUCTURE.value)):
         return ()
     return repeat_suspects(nodes, failures_by_node, threshold)
 

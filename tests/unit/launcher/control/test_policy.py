@@ -6,6 +6,8 @@ import math
 
 import pytest
 
+from slurm_robust.launcher.classify import classify_failure
+from slurm_robust.launcher.control.generation import Failure
 from slurm_robust.launcher.control.ladder import Facts, decide
 from slurm_robust.launcher.control.policy import (
     assign_slots,
@@ -13,7 +15,12 @@ from slurm_robust.launcher.control.policy import (
     hang_timeout,
     is_hung,
     step_anomaly,
+    unexplained_repeats,
 )
+from slurm_robust.launcher.control.stop_diagnosis import wants_diagnosis
+from slurm_robust.launcher.enums import Category
+from slurm_robust.launcher.messages import WorkerExit
+from slurm_robust.taxonomy import Action, Side
 
 
 def ladder(blamed: tuple[str, ...] = (), **kw) -> Facts:
@@ -100,6 +107,38 @@ def test_blamed_nodes_by_class_or_repeat_count():
     assert blamed_nodes("disk_full", ["n1"], {"n1": 3}, 3, side="unknown") == ()
     # A spike is tested after the all-reduce: the rank that reports it says nothing.
     assert blamed_nodes("loss_spike", ["n1"], {"n1": 9}, 3) == ()
+
+
+def test_an_evicting_class_the_classifier_called_unknown_goes_to_diagnosis_not_eviction():
+    # "unable to communicate with the NVIDIA driver" names no hardware fault: a job whose
+    # cgroup holds no GPU prints it too. Only the node's checks may blame the node.
+    assert blamed_nodes("gpu_unavailable", ["n1"], {}, 3, side="unknown") == ()
+    assert unexplained_repeats("gpu_unavailable", ["n1"], {"n1": 3}, 3, side="unknown") \
+        == ("n1",)
+    # The hardware's own report (infrastructure side), or a detector's incident (no
+    # classifier side: a lost node, the fail-slow vote), blames at once as before.
+    assert blamed_nodes("gpu_unavailable", ["n1"], {}, 3, side="infrastructure") == ("n1",)
+    assert blamed_nodes("node_lost", ["n1"], {}, 3) == ("n1",)
+    assert blamed_nodes("mfu_decline", ["n1"], {}, 3) == ("n1",)
+    assert unexplained_repeats("gpu_unavailable", ["n1"], {"n1": 3}, 3) == ()
+    c = classify_failure(1, None, "NVIDIA-SMI has failed because it couldn't communicate "
+                         "with the NVIDIA driver. Make sure that the latest NVIDIA driver "
+                         "is installed and running.")
+    assert (c.cls, c.side, c.action) == ("gpu_unavailable", "unknown", "diagnose")
+    failure = Failure(WorkerExit(rank=0, gen=1, exit_code=1, signal=None, time=0.0,
+                                 cls=c.cls, category=Category(c.category),
+                                 signature=c.signature, side=Side(c.side),
+                                 action=Action(c.action)), "n1", 1, 0.0)
+    assert wants_diagnosis(failure, {}, 3, passed=(), agent_can_answer=True)
+
+
+def test_a_repeat_of_an_unknown_side_error_stops_without_blaming_user_code():
+    d = decide(ladder(cls="user_exception", side="unknown", signature="KeyError@x.py:3",
+                      signature_seen=1))
+    assert d.rung == "stop" and "user-code" not in d.reason and "side unknown" in d.reason
+    d = decide(ladder(cls="user_exception", side="user", signature="KeyError@x.py:3",
+                      signature_seen=1))
+    assert d.rung == "stop" and "same user-code error" in d.reason
 
 
 def test_assign_slots_keeps_surviving_nodes_in_place():
