@@ -28,7 +28,10 @@ each hang incident was declared under.
 
 ``--arm both`` runs the robust run and its torchrun + DCP peer at once on the same
 cluster (each gets the schedule from its own first step): the two see the same machine
-load, which two separate runs on this shared machine do not. It needs nodes for both
+load, which two separate runs on this shared machine do not. The peer is submitted once
+the robust run recorded its first step, so that neither start-up pays for the other's
+torch imports on the two cores that host both (on a cluster each job's nodes have CPUs
+of their own); from then on they run side by side. It needs nodes for both
 (``cluster up --nodes 6``: 3 for the robust run with its spare, 2 for the peer, 1 for the
 peer's requeue after its kill-node).
 """
@@ -36,6 +39,7 @@ peer's requeue after its kill-node).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import threading
 from typing import Any
 
@@ -118,24 +122,37 @@ def _one(args: argparse.Namespace, faults: list[str]) -> EttrRun:
 
 
 def _both(args: argparse.Namespace, faults: list[str]) -> dict[str, Any]:
-    """The two arms at once, each in its own thread; an arm that fails says why."""
+    """The two arms side by side, each in its own thread, the peers submitted once the
+    subject's run recorded its first step (or ended without one); an arm that fails says
+    why."""
     out: dict[str, Any] = {}
+    first_step = threading.Event()
 
-    def one(arm: EttrArm) -> None:
+    def one(arm: EttrArm, started: threading.Event | None) -> None:
         try:
-            out[arm.name] = arm.ettr(_one(args, faults))
+            out[arm.name] = arm.ettr(dataclasses.replace(_one(args, faults),
+                                                         first_step=started))
         except Exception as exc:  # noqa: BLE001 - reported as the arm's result
             out[arm.name] = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            if started is not None:
+                started.set()  # an arm that failed before its first step frees the peers
 
     arms = ettr_arms()
-    threads = [threading.Thread(target=one, args=(arm,), daemon=True) for arm in arms]
-    for t in threads:
-        t.start()
-    for t in threads:
+    threads = {arm.name: threading.Thread(
+        target=one, args=(arm, first_step if arm.subject else None), daemon=True)
+        for arm in arms}
+    threads[subject().name].start()
+    first_step.wait()
+    for name, t in threads.items():
+        if name != subject().name:
+            t.start()
+    for t in threads.values():
         t.join()
     out = {arm.name: out[arm.name] for arm in arms}  # the registry's order
     robust = out[subject().name]
     return {"benchmark": "ettr", "arm": BOTH, "arms": out,
             "target": robust.get("target", {}),
-            "note": "the two arms ran at once on one cluster, each faulted on the same "
+            "note": "the two arms ran side by side on one cluster, the peer submitted once "
+                    "the robust run recorded its first step, each faulted on the same "
                     "schedule from its own first step"}

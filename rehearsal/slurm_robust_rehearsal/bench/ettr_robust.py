@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,7 @@ def run_robust(one: EttrRun, arm: str) -> dict[str, Any]:
         raise SlurmRobustError(f"submit failed: {out.stderr.strip()}")
     job = json.loads(out.stdout)["job_id"]
     try:
-        injected = _drive(cli, env, job, run_dir, args, faults)
+        injected = _drive(cli, env, job, run_dir, args, faults, one.first_step)
         _wait_end(run_dir, limit_min * 60)
     finally:
         j = slurm.job(job)
@@ -67,9 +68,12 @@ def run_robust(one: EttrRun, arm: str) -> dict[str, Any]:
 
 
 def _drive(cli: list[str], env: dict[str, str], job: str, run_dir: Path,
-           args: argparse.Namespace, faults: list[str]) -> list[dict[str, Any]]:
+           args: argparse.Namespace, faults: list[str],
+           first_step: threading.Event | None = None) -> list[dict[str, Any]]:
     first = wait_for(lambda: run_dir.is_dir() and (s := run_status(str(run_dir))).get("step")
                      and s, 600, "the first step", every_s=0.5)
+    if first_step is not None:
+        first_step.set()
     t0 = float(first["last_step_time"])
     injected = []
     for at, fault in schedule(t0, args.minutes, args.fault_every, faults):

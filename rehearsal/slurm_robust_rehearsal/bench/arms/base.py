@@ -11,6 +11,7 @@ how its figures are keyed in the benchmark's JSON.
 from __future__ import annotations
 
 import argparse
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -59,6 +60,9 @@ class EttrRun:
     args: argparse.Namespace
     faults: list[str]
     peers: dict[str, str]
+    #: Set by the arm once its run recorded its first step (``--arm both`` starts the
+    #: peers then); None when nobody waits for it.
+    first_step: threading.Event | None = None
 
 
 Seconds = list[float] | None
