@@ -739,8 +739,9 @@ def classify(ev: Evidence, model: Model | None = None, learned: bool = True
 #: development split (bench classify --cv) found the model worse than the rules'
 #: weaker answers elsewhere (a signal line, an unknown exception, a broken connection).
 LEARNED_FROM = "exit_status"
-#: Classes a learned answer may name: none whose default action is an eviction (the
-#: ladder blames every named node for those by class alone, whatever the side); none
+#: Classes a learned answer may name: none whose default action is an eviction (words
+#: are no evidence of a hardware fault: with side unknown such a class would send every
+#: unexplained exit to stop-time diagnosis, and a mistaken side would blame the node); none
 #: that only the launcher's own records can tell (a change, a spike, the scheduler); and
 #: not NaN, whose action is a rollback: the corpus's NaN excerpts are the words every
 #: healthy training log prints ("loss", "step", "scale"), so a real log tail full of
