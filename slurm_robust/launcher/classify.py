@@ -759,6 +759,32 @@ MIN_KNOWN_WORDS = 3
 MIN_PROBABILITY = 0.2
 
 
+#: What a line that reports a failure says; the model reads a log only when one of its
+#: last lines does (LEARNED_LAST_LINES).
+_ERROR_WORDS = re.compile(
+    r"\b(errors?|exceptions?|fail(s|ed|ure|ing)?|fatal|abort(s|ed|ing)?|denied|refused|"
+    r"invalid|cannot|can't|unable|not found|no such|killed|terminat\w*|timed? ?out|"
+    r"traceback|panic\w*|unexpected|mismatch\w*|missing|exceeded|forbidden|"
+    r"unauthori[sz]ed|not supported|unsupported|out of memory|oom)\b", re.I)
+#: How far from the end of a log its last words may name the error (a framework may
+#: print a line or two of shutdown after it).
+LEARNED_LAST_LINES = 5
+#: A warning names no failure, whatever its words (torch's c10d prints "The hostname of
+#: the client socket cannot be retrieved" as a glog warning in every healthy run).
+_WARNING_LINE = re.compile(r"^\s*\[?W\d{4} |\bwarn(ing)?\b|Warning:", re.I)
+
+
+def _last_words_name_an_error(log: str) -> bool:
+    """Whether the model may read this log: one of its last lines reports a failure (a
+    shell's "Killed" after a progress bar does). The corpus the model learned from holds
+    error excerpts only, so it has never seen a tail of ordinary output and reads its
+    noise as some class with confidence: a SIGKILLed worker of the example script, whose
+    tail is c10d warnings and "no checkpoint copies found", was read as ``bad_config`` at
+    p 0.4, a silent exit 1 the same way. Such a worker is what the catch-all says."""
+    lines = [ln for ln in log.splitlines() if ln.strip()][-LEARNED_LAST_LINES:]
+    return any(_ERROR_WORDS.search(ln) and not _WARNING_LINE.search(ln) for ln in lines)
+
+
 def _learned(c: Classification, ev: Evidence, model: Model | None) -> Classification:
     """``c``, or the class the model reads in the log's words where ``c`` is the exit
     catch-all. A learned answer blames nobody: side unknown (whatever the class's usual
@@ -767,7 +793,10 @@ def _learned(c: Classification, ev: Evidence, model: Model | None) -> Classifica
     if model is None or c.rule != LEARNED_FROM:
         return c
     code, sig = c.evidence.get("exit_code"), c.evidence.get("signal")
-    guess = model.predict(features(_normalise(ev.log_tail), code, sig), allowed=LEARNABLE)
+    log = _normalise(ev.log_tail)
+    if not _last_words_name_an_error(log):
+        return c
+    guess = model.predict(features(log, code, sig), allowed=LEARNABLE)
     if guess is None or guess.known_words < MIN_KNOWN_WORDS or \
             guess.probability < MIN_PROBABILITY or guess.cls == c.cls:
         return c

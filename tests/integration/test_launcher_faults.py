@@ -507,10 +507,11 @@ def _user_error_run(runs, name: str, kind: str) -> tuple[Run, str, list[str]]:
 
 def test_user_error_without_a_traceback_repeats_on_one_node_without_eviction(runs):
     # The same user error each time, reported the way a framework's error handler does
-    # (one line, exit status 1): the classifier has only the exit status (worker_signal,
-    # side unknown). Its third repeat on the same node used to evict that healthy node to
-    # the spare by count alone. Now the node's stop-time diagnosis runs instead, passes,
-    # and the run stops naming an unknown cause: no verdict, no drain, the spare unused.
+    # (one line, exit status 1): no rule names it; the rules' catch-all (worker_signal)
+    # or the learned fallback's reading of its words (a user class), side unknown either
+    # way. Its third repeat on the same node used to evict that healthy node to the spare
+    # by count alone. Now the node's stop-time diagnosis runs instead, passes, and the run
+    # stops naming an unknown cause: no verdict, no drain, the spare unused.
     run, victim, spares = _user_error_run(runs, "usererr-exit", "exit")
     end = run.wait_end(timeout=420.0)
     assert end["status"] == "stopped", end
@@ -519,12 +520,13 @@ def test_user_error_without_a_traceback_repeats_on_one_node_without_eviction(run
     assert "user code" not in verdict, end
     incidents = run.events("incident")
     assert [i["rung"] for i in incidents] == ["in_place", "in_place", "stop"], incidents
-    assert {i["class"] for i in incidents} == {"worker_signal"}, incidents
+    assert len({i["class"] for i in incidents}) == 1, incidents
     last = incidents[-1]["evidence"]
     assert last["diagnosis"]["passed"] is True, last
     assert last["blame"] == {"node_side": False, "failures": {victim: 3}, "threshold": 3}
-    assert last["classifier"]["rule"] == "exit_status", last
-    assert last["classifier"]["strength"] == "generic", last
+    assert last["classifier"]["rule"] in ("exit_status", "learned"), last
+    assert (last["classifier"]["side"], last["classifier"]["strength"]) == \
+        ("unknown", "generic"), last
     assert _verdicts(run) == []  # no node blamed, nothing drained
     state = load_state(run.paths.state)
     assert state.blamed == [] and victim in state.slots

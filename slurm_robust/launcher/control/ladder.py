@@ -172,14 +172,12 @@ def _stop_reason(f: Facts, blamed: tuple[str, ...]) -> str | None:
         return (f"{f.cls} repeated {max(f.failures[n] for n in cleared)} times on "
                 f"{', '.join(cleared)} and the node passed stop-time diagnosis: "
                 f"{blame_cause(f.cls, f.side)}; no node is blamed")
-    if stops_on_repeat(f.cls) and f.signature is not None and f.signature_seen >= 1:
-        if f.side == Side.UNKNOWN.value:
-            # The classifier named the class without evidence of whose fault it is (an
-            # exception it does not know, the learned fallback's reading of the words):
-            # restarting repeats it, but the verdict must not say "user code".
-            return (f"the same error ({f.signature}) came back after a clean restart; its "
-                    f"cause is not certain (read as {f.cls}, side unknown): see the log; "
-                    "no node is blamed")
+    # A user class whose side the classifier left unknown (an exception nobody wrote a
+    # rule for, the learned fallback's reading of the words) is no proof of a code bug:
+    # its repeats go the unknown side's way (the node's stop-time diagnosis at the
+    # repeat threshold, then a verdict naming an unknown cause), never "user code".
+    if stops_on_repeat(f.cls) and f.side != Side.UNKNOWN.value and \
+            f.signature is not None and f.signature_seen >= 1:
         return (f"the same user-code error ({f.signature}) came back after a clean "
                 "restart; fix the training code and resubmit")
     if f.cls in (IncidentClass.NAN, IncidentClass.LOSS_SPIKE) and f.signature_seen >= 2 \

@@ -124,6 +124,30 @@ def test_only_the_catch_all_is_replaced():
 TAIL_EXC = 'Traceback (most recent call last):\n  File "t.py", line 3, in f\nKeyError: 3'
 
 
+# The last lines of a rank log of examples/train_gpt.py on the mini-cluster (a restarted
+# generation: torch's c10d warning, then the script's own start-up line).
+ORDINARY_TAIL = ("[W1204 22:12:48.468777610 socket.cpp:207] [c10d] The hostname of the client "
+                 "socket cannot be retrieved. err=-3\n"
+                 "rank 1: fresh start: no checkpoint copies found\n")
+
+
+@pytest.mark.parametrize(("code", "sig"), [(None, 9), (None, 15), (1, None)])
+def test_a_tail_of_ordinary_output_is_not_read_by_the_model(code, sig):
+    # A killed worker (or one that exited without a word) of a healthy script: its tail
+    # names no failure, and the model, which has seen error excerpts only, would read its
+    # noise as a class (bad_config at p 0.4 before this gate). The catch-all stands.
+    c = classify(Evidence(exit_code=code, signal=sig, log_tail=ORDINARY_TAIL))
+    assert (c.cls, c.rule) == ("worker_signal", LEARNED_FROM)
+
+
+def test_a_failure_in_the_last_lines_is_read_by_the_model():
+    tail = ORDINARY_TAIL + ("error: training aborted at step 8: sequence length must be "
+                            "positive, got -1 in batch of step 8\n")
+    c = classify(Evidence(exit_code=1, signal=None, log_tail=tail))
+    assert (c.rule, c.side, c.strength) == ("learned", "unknown", "generic")
+    assert c.evidence["classifier"]["rules_said"] == "worker_signal"
+
+
 def test_too_few_known_words_or_a_weak_guess_leave_the_rules_answer():
     rules = classify(Evidence(signal=9, log_tail="Loading shards"), learned=False)
     assert classify(Evidence(signal=9, log_tail="Loading shards")) == rules

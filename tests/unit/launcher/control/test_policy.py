@@ -132,13 +132,18 @@ def test_an_evicting_class_the_classifier_called_unknown_goes_to_diagnosis_not_e
     assert wants_diagnosis(failure, {}, 3, passed=(), agent_can_answer=True)
 
 
-def test_a_repeat_of_an_unknown_side_error_stops_without_blaming_user_code():
-    d = decide(ladder(cls="user_exception", side="unknown", signature="KeyError@x.py:3",
-                      signature_seen=1))
-    assert d.rung == "stop" and "user-code" not in d.reason and "side unknown" in d.reason
+def test_a_repeat_of_an_unknown_side_user_class_goes_the_unknown_way_not_user_code():
+    # A user-side error that comes back after a clean restart stops as user code...
     d = decide(ladder(cls="user_exception", side="user", signature="KeyError@x.py:3",
                       signature_seen=1))
     assert d.rung == "stop" and "same user-code error" in d.reason
+    # ...one whose side the classifier could not tell restarts, and once its node passed
+    # stop-time diagnosis at the repeat threshold the run stops naming an unknown cause.
+    unknown = dict(cls="bad_config", side="unknown", signature="bad_config:learned:1",
+                   signature_seen=1, named=("n1",))
+    assert decide(ladder(**unknown, failures={"n1": 2})).rung == "in_place"
+    d = decide(ladder(**unknown, failures={"n1": 3}, diagnosis_passed=True))
+    assert d.rung == "stop" and "unknown cause" in d.reason and "user code" not in d.reason
 
 
 def test_assign_slots_keeps_surviving_nodes_in_place():
