@@ -117,10 +117,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         slurm.cancel(job)
         raise
     finally:
+        # The lost node's verdict drains it when the job ends (EpilogSlurmctld): it is
+        # returned to service after that, so that the next rehearsal finds every node.
+        _wait_job_gone(slurm, job)
         for node in killed:
             revive_node(node)
     wall = time.time() - t0
     return _report(args, paths, job, faults, status, reference, reference_s, t0, wall)
+
+
+def _wait_job_gone(slurm: Slurm, job: str, timeout_s: float = 120.0) -> None:
+    """Until Slurm has ended ``job`` (best effort: a slow epilog only delays the revival)."""
+    try:
+        wait_for(lambda: (j := slurm.job(job)) is None or j.finished, timeout_s,
+                 f"job {job} to end", every_s=1.0)
+    except SlurmRobustError:
+        pass
 
 
 def _incidents(paths: RunPaths) -> list[dict[str, Any]]:
