@@ -1,10 +1,9 @@
-"""bench many-nodes' parts that need no cluster: its option checks, the standalone
-reference it judges the run by, and the report it makes of a run's event log."""
+"""bench many-nodes' parts that need no cluster: its option checks and the report it makes
+of a run's event log (its standalone reference: test_standalone_digest.py)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 import pytest
 
@@ -12,7 +11,6 @@ from slurm_robust.errors import UsageError
 from slurm_robust.launcher.control.events import EventLog
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust_rehearsal.bench import many_nodes
-from slurm_robust_rehearsal.bench.reference import ReferenceFailed, standalone_params_digest
 
 
 def _args(**kw) -> argparse.Namespace:
@@ -30,26 +28,6 @@ def _args(**kw) -> argparse.Namespace:
 def test_options_that_cannot_make_the_rehearsal_are_refused_before_any_job(kw):
     with pytest.raises(UsageError):
         many_nodes._check(_args(**kw), slurm=None)  # refused before Slurm is asked
-
-
-RANK_SCRIPT = ("import os, sys\n"
-               "r = int(os.environ['RANK'])\n"
-               "assert os.environ['WORLD_SIZE'] == '3' and os.environ['MASTER_ADDR']\n"
-               "if r == 0: print('params_sha256=abc123 steps=4')\n"
-               "sys.exit(int(sys.argv[1]) if r == 2 else 0)\n")
-
-
-def test_the_reference_is_rank_zeros_digest_with_torchrun_variables(tmp_path):
-    script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
-    assert standalone_params_digest([sys.executable, str(script), "0"], 3) == "abc123"
-
-
-def test_a_rank_that_fails_fails_the_reference_with_its_output(tmp_path):
-    script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
-    with pytest.raises(ReferenceFailed, match=r"3 ranks failed.*\(2, 3,"):
-        standalone_params_digest([sys.executable, str(script), "3"], 3)
 
 
 def test_the_report_times_each_incident_from_its_fault_and_checks_the_ladder(tmp_path):

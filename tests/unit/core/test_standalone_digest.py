@@ -1,5 +1,7 @@
-"""The integration tests' fault-free reference (cluster_helpers.standalone_digest): what it
-accepts from the ranks it starts, with small scripts in place of the examples."""
+"""The fault-free reference (the rehearsal's bench/reference.py, which the integration tests
+use through cluster_helpers.standalone_digest, cached per session, and bench many-nodes
+directly): what it accepts from the ranks it starts, with small scripts in place of the
+examples."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cluster_helpers import TEARDOWN_ABORT, standalone_digest
+from slurm_robust_rehearsal.bench.reference import TEARDOWN_ABORT, ReferenceFailed
+from tests.integration.cluster_helpers import standalone_digest
 
 SCRIPT = f"""
 import os, sys
@@ -40,12 +43,12 @@ def test_a_peer_aborting_in_teardown_after_the_digest_is_accepted(tmp_path: Path
 
 
 def test_a_peer_failing_otherwise_fails_the_reference(tmp_path: Path) -> None:
-    with pytest.raises(AssertionError, match="the peer failed"):
+    with pytest.raises(ReferenceFailed, match="the peer failed"):
         run(tmp_path, PEER="error")
 
 
 def test_the_teardown_abort_without_a_digest_fails(tmp_path: Path) -> None:
-    with pytest.raises(AssertionError):
+    with pytest.raises(ReferenceFailed):
         run(tmp_path, PEER="abort", DIGEST="0")
 
 
@@ -78,7 +81,7 @@ def test_a_failed_reference_is_not_kept(tmp_path: Path) -> None:
     script.write_text(COUNTING.replace('print("params_sha256=feed42 steps=1", flush=True)',
                                        'raise SystemExit(3)'))
     for _ in range(2):
-        with pytest.raises(AssertionError):
+        with pytest.raises(ReferenceFailed):
             standalone_digest([sys.executable, str(script)], 2, timeout_s=60,
                               env_extra=lambda rank: {"COUNT_FILE": str(count)})
     assert count.read_text().splitlines() == ["run", "run"]
