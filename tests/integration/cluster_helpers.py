@@ -50,8 +50,8 @@ def standalone_digest(argv: list[str], world: int, timeout_s: float = 300.0,
     ``env_extra(rank)``: more variables for that rank.
 
     A rank that exited non-zero fails the reference (except gloo's teardown abort after
-    rank 0 printed its digest). Computed once per session for each distinct command, world and environment
-    (tests/reference_cache.py); the run itself is the rehearsal's
+    rank 0 printed its digest). Computed once per session for each distinct command,
+    world and environment (tests/reference_cache.py); the run itself is the rehearsal's
     (slurm_robust_rehearsal/bench/reference.py), which the benchmarks use too.
     """
     extra = tuple(tuple(sorted((env_extra(r) if env_extra else {}).items()))
