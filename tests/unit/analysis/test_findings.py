@@ -7,17 +7,12 @@ from pathlib import Path
 
 from slurm_robust.analysis.pipeline import analyse, load_inputs
 from slurm_robust.analysis.report import sections
-from slurm_robust.launcher.control.events import EventLog, make_incident
+from slurm_robust.launcher.control.events import make_incident
+from tests.unit.analysis.run_helpers import started_run
 
 
 def test_a_finding_is_shown_with_the_incident_it_preceded(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    run.mkdir()
-    log = EventLog(run / "events.jsonl", "r1", "7", 0, 1000.0)
-    log.emit("run_start", {"nodes": ["n1", "n2"], "spares": [], "world_size": 2}, now=99.0)
-    log.emit("attempt_start", {"nodes": ["n1", "n2"], "restored_step": None}, now=100.0)
-    for step in range(1, 6):
-        log.step(step, 1.0, 0.5, 1.0, force=True, now=100.0 + step)
+    run, log = started_run(tmp_path)
     for node, reason, seen in (("n2", "gpu_xid: Xid 79 on GPU 0", 104.0),
                                ("n1", "host_disk_free: 3 % free", 101.0)):
         log.emit("finding", {"finding_version": 1, "node": node, "agent": 1, "kind": "gpu",
