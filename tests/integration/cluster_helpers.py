@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from slurm_robust_rehearsal.bench.reference import standalone_params_digest
+from slurm_robust_rehearsal.inject.job import spare_path_victim as spare_path_victim
 from tests.reference_cache import argv_key, cached
 
 T = TypeVar("T")
@@ -32,13 +33,6 @@ def shared_out_dir(cluster: Any, name: str) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     path.chmod(0o1777)
     return path
-
-
-def spare_path_victim(state: Any, controller: str) -> str:
-    """An active node whose loss the in-job spare takes: neither the controller's node
-    (failover) nor the batch node (agent 0's: losing it ends the job in Slurm's eyes, the
-    requeue rung). ``state``: the run's state.json as loaded by load_state."""
-    return next(n for n in state.slots if n not in (controller, state.members.get("0")))
 
 
 def standalone_digest(argv: list[str], world: int, timeout_s: float = 300.0,

@@ -39,7 +39,6 @@ peer's requeue after its kill-node).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import threading
 from typing import Any
 
@@ -114,11 +113,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return next(arm for arm in ettr_arms() if arm.name == args.arm).ettr(_one(args, faults))
 
 
-def _one(args: argparse.Namespace, faults: list[str]) -> EttrRun:
+def _one(args: argparse.Namespace, faults: list[str],
+         first_step: threading.Event | None = None) -> EttrRun:
     """What each arm's run gets; the subject's report names its peers."""
     peers = {arm.label: PEER_NOTE.format(name=arm.name) for arm in ettr_arms()
              if not arm.subject}
-    return EttrRun(args=args, faults=faults, peers=peers)
+    return EttrRun(args=args, faults=faults, peers=peers, first_step=first_step)
 
 
 def _both(args: argparse.Namespace, faults: list[str]) -> dict[str, Any]:
@@ -130,8 +130,7 @@ def _both(args: argparse.Namespace, faults: list[str]) -> dict[str, Any]:
 
     def one(arm: EttrArm, started: threading.Event | None) -> None:
         try:
-            out[arm.name] = arm.ettr(dataclasses.replace(_one(args, faults),
-                                                         first_step=started))
+            out[arm.name] = arm.ettr(_one(args, faults, started))
         except Exception as exc:  # noqa: BLE001 - reported as the arm's result
             out[arm.name] = {"error": f"{type(exc).__name__}: {exc}"}
         finally:

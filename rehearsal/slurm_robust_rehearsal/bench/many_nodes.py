@@ -74,7 +74,7 @@ def _check(args: argparse.Namespace, slurm: Slurm) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from slurm_robust_rehearsal.inject.job import inject, revive_node
+    from slurm_robust_rehearsal.inject.job import inject, revive_node, spare_path_victim
 
     cfg = ClusterConfig()
     slurm = Slurm(cfg.env())
@@ -103,12 +103,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         wait_for(lambda: reached(args.kill_worker_step), left(),
                  f"step {args.kill_worker_step}")
         faults = [inject("kill-worker", job, run_dir=run_dir)]
-        wait_for(lambda: _incidents(paths) and _incidents(paths)[-1].get("recovered_at")
+        wait_for(lambda: (inc := _incidents(paths)) and inc[-1].get("recovered_at")
                  and reached(args.kill_node_step), left(),
                  f"the first recovery and step {args.kill_node_step}")
         state = load_state(paths.state)
         controller = json.loads(paths.controller.read_text())["node"]
-        victim = next(n for n in state.slots if n not in (controller, state.members.get("0")))
+        victim = spare_path_victim(state, controller)
         killed.append(victim)
         faults.append(inject("kill-node", job, node=victim, run_dir=run_dir))
         status = wait_for(lambda: (s := run_status(run_dir)).get("status") in RUN_STATUSES

@@ -44,6 +44,13 @@ from slurm_robust_rehearsal.cluster.manager import MiniCluster
 FAULTS = ("kill-worker", "stop-worker", "nan", "kill-node", "slow-worker", "sdc")
 
 
+def spare_path_victim(state: Any, controller: str) -> str:
+    """An active node whose loss the in-job spare takes: neither the controller's node
+    (failover) nor the batch node (agent 0's: losing it ends the job in Slurm's eyes, the
+    requeue rung). ``state``: the run's state.json as loaded by load_state."""
+    return next(n for n in state.slots if n not in (controller, state.members.get("0")))
+
+
 def pick_worker(run_dir: str, node: str | None, rank: int | None,
                 job_id: str | None = None, owner: int | None = None) -> tuple[str, int, int]:
     """(node, rank, pid) of the worker to hit: the given rank and/or node, else the
