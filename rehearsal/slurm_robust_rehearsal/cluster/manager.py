@@ -377,6 +377,16 @@ class MiniCluster:
                     (".jsonl", ".lock")) or path.name in ("slurmctld.log", "slurmdbd.log"):
                 os.chown(path, uid if path.name.endswith(".log") else 0, gid)
                 path.chmod(0o664 if not path.name.endswith(".log") else 0o640)
+        # The node ledger's directory (the site config puts it in the log directory) made
+        # here as an admin's install would: root's, SlurmUser's group, 2770. Left to its
+        # first writer, EpilogSlurmctld (SlurmUser) could make it, and root's programs then
+        # refuse a directory they do not own (every ledger write after fails); a directory
+        # an earlier `up` left that way is given back to root.
+        ledger = c.log_dir / "ledger"
+        ledger.mkdir(mode=0o700, exist_ok=True)
+        if ledger.is_dir() and not ledger.is_symlink():
+            _chown_tree(ledger, 0, gid)
+            ledger.chmod(0o2770)
 
     def _start_munge(self, env: dict[str, str]) -> None:
         c = self.cfg
@@ -389,7 +399,6 @@ class MiniCluster:
         start_daemon(self.daemon("munged"), c.root, env)
         wait_for("munged socket", c.munge_socket.exists, 15,
                  hint=tail(c.log_dir / "munged.out"))
-        link_default_munge_socket(c.munge_socket)
 
     def _start_mariadb(self, env: dict[str, str]) -> None:
         c = self.cfg
@@ -522,24 +531,13 @@ class MiniCluster:
         shutil.rmtree(self.cfg.root, ignore_errors=True)
 
 
-# Some 22.05 clients (sacctmgr's connection to slurmdbd) ignore AuthInfo=socket= and
-# always use munge's compiled-in socket, so that path must reach our munged.
+# munge's compiled-in socket. Slurm's connections to slurmdbd (slurmctld's, sacct's,
+# sacctmgr's) ignore AuthInfo=socket= and use this path unless AccountingStoragePass names
+# a socket; slurm.conf names ours, so nothing here links this host-wide path any more (it
+# can reach one cluster's munged only: a second cluster on the host that re-pointed it
+# made the first one's sacct fail with "DBD_GET_JOBS_COND failure"). A link an earlier
+# version left to this cluster's socket is removed by `down`.
 DEFAULT_MUNGE_SOCKET = Path("/run/munge/munge.socket.2")
-
-
-def link_default_munge_socket(ours: Path) -> None:
-    """Point munge's default socket path at our munged, unless a real munged owns it."""
-    link = DEFAULT_MUNGE_SOCKET
-    if link.is_symlink():
-        if Path(os.readlink(link)) == ours:
-            return
-        link.unlink()
-    elif link.exists():
-        raise ClusterError(f"{link} belongs to another munged; stop it (systemctl stop munge) "
-                           "or give the mini-cluster the same munge key")
-    link.parent.mkdir(parents=True, exist_ok=True)
-    link.parent.chmod(0o755)
-    link.symlink_to(ours)
 
 
 def unlink_default_munge_socket(ours: Path) -> None:

@@ -83,6 +83,10 @@ def render_slurm_conf(cfg: ClusterConfig, programs: dict[str, Path]) -> str:
         "AccountingStorageType=accounting_storage/slurmdbd",
         "AccountingStorageHost=" + (cfg.control_addr if cfg.netns else "localhost"),
         f"AccountingStoragePort={cfg.dbd_port}",
+        # Connections to slurmdbd (slurmctld's, sacct's, sacctmgr's) take their munge
+        # socket from here, not from AuthInfo; without it they use munge's compiled-in
+        # socket, which one host can point at one cluster's munged only.
+        f"AccountingStoragePass={cfg.munge_socket}",
         "JobCompType=jobcomp/none",
         "PrologEpilogTimeout=180",
         f"PlugStackConfig={cfg.plugstack_conf}",

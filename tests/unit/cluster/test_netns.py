@@ -134,3 +134,16 @@ def test_up_without_a_mode_falls_back_to_the_shared_network_and_says_why(tmp_pat
     assert cfg.netns is False
     assert notice is not None and "\n" not in notice
     assert "shared network" in notice and "iproute2" in notice
+
+
+def test_sibling_clusters_authenticate_to_their_own_slurmdbd(tmp_path):
+    # Connections to slurmdbd take munge's socket from AccountingStoragePass, else from
+    # munge's compiled-in path, which one host can point at one cluster only.
+    first = _cfg(tmp_path, netns=True)
+    second = first.sibling(1)
+    texts = [render_slurm_conf(c, {}) for c in (first, second)]
+    for cfg, text in zip((first, second), texts, strict=True):
+        assert f"AccountingStoragePass={cfg.munge_socket}\n" in text
+        assert f"AuthInfo=socket={cfg.munge_socket}," in text
+    assert first.munge_socket != second.munge_socket
+    assert first.dbd_port != second.dbd_port and first.root != second.root
