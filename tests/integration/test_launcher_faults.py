@@ -272,11 +272,15 @@ def test_slow_worker_is_evicted_to_a_spare(runs, minicluster):
     victim = slots[rank]
     runs.killed.append(victim)  # its verdict drains it at job end; resumed at teardown
     try:
-        # A 20 ms stop/continue cycle makes every step's compute (~40 ms here) 5x slower;
-        # the injection ends once the evicted worker is gone. Halving it was too close to
-        # the jitter of a loaded 2-core host (busy medians of 27-54 ms from round to
-        # round): CI once saw a second, healthy node evicted. The launcher's 50 ms
-        # minimum excess keeps such jitter from voting.
+        # A 20 ms stop/continue cycle makes every step's compute (~15-40 ms here) 4-5x
+        # slower: the worker's padding sleep ends while it is stopped, so its compute
+        # starts as a 4 ms run window opens and spans several (a cycle whose run window
+        # outlasts the compute would never slow it). The injector keeps that cycle
+        # punctual with a real-time priority (inject.job.slow_down), whatever else wants
+        # the cores. The injection ends once the evicted worker is gone. Halving it was
+        # too close to the jitter of a loaded 2-core host (busy medians of 27-54 ms from
+        # round to round): CI once saw a second, healthy node evicted. The launcher's
+        # 50 ms minimum excess keeps such jitter from voting.
         injected = run.inject("slow-worker", "--rank", str(rank), "--duration", "50",
                               "--period", "0.02", "--slowdown", "5")
         end = run.wait_end()
