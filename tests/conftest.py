@@ -32,6 +32,7 @@ from slurm_robust.health.ledger_writer import record_safely
 from slurm_robust.health.node_ledger import EventKind, LedgerConfig, NodeEvent
 from slurm_robust.site_config import load_site_config
 from slurm_robust.slurm import Slurm
+from slurm_robust.slurm.runner import SlurmCommandError
 from slurm_robust_rehearsal.cluster import netns
 from slurm_robust_rehearsal.cluster.config import CLUSTER_DIR_ENV, REPO_ROOT, ClusterConfig
 from slurm_robust_rehearsal.cluster.manager import MiniCluster, choose_network
@@ -82,6 +83,7 @@ def minicluster() -> Iterator[RunningCluster]:
     env = dict(os.environ, **mc.cfg.env())
     cluster = RunningCluster(mc.cfg, Slurm(mc.cfg.env()), env)
     restore_layout(cluster)
+    resume_leftovers(cluster)
     problems = smoke(cluster)
     if problems:
         # Cached by pytest: every integration test errors with this at once (the breaker
@@ -187,6 +189,22 @@ def restore_layout(cluster: RunningCluster) -> None:
     pardon_all(cluster)
 
 
+def resume_leftovers(cluster: RunningCluster) -> None:
+    """Resume the nodes that start the session drained or down for any reason: Slurm's
+    saved state outlives `cluster down`, so a developer's cluster keeps what an earlier run
+    or bench left (a "Kill task failed" drain after a kill-node). A node that is really
+    broken fails the smoke job right after, with the diagnosis."""
+    left = [n for n in cluster.slurm.nodes() if n.drained or n.state == "down"]
+    for node in left:
+        try:
+            cluster.slurm.resume(node.name)
+        except SlurmCommandError as exc:  # the smoke job reports the node next
+            print(f"mini-cluster: {node.name} could not be resumed: {exc}")
+    if left:
+        print("mini-cluster: resumed nodes an earlier run left out of service: "
+              + ", ".join(f"{n.name} ({n.reason or n.state})" for n in left))
+
+
 def pardon_all(cluster: RunningCluster) -> None:
     """Every node starts a test with a clean lemon record: tests blame nodes by design,
     and three tests blaming one node would make it a lemon that later submissions skip."""
@@ -254,3 +272,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "minicluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.integration)
+    items.sort(key=module_rank)
+
+
+# The integration modules with the most cluster time, longest first (seconds in a
+# two-worker run, 2026-12-05). pytest-xdist's --dist loadfile hands out modules in
+# collection order, one to each worker as it frees up: longest first, the two workers end
+# within seconds of each other (alphabetical order left one with 100 s more to run). A
+# stale order costs only balance; the timing summary shows a module that grew.
+LONGEST_MODULES = (
+    "test_launcher_faults.py",       # 383 s
+    "test_plain_scripts.py",         # 197
+    "test_time_limit.py",            # 195
+    "test_hot_update_cluster.py",    # 177
+    "test_two_nodes_lost.py",        # 157
+    "test_nan_ladder.py",            # 153
+    "test_trainer_callbacks.py",     # 146
+    "test_preemption.py",            # 125
+    "test_reserve_shortfall.py",     # 122
+    "test_launcher_monitor.py",      # 96
+    "test_controller_failover.py",   # 82
+    "test_launcher_executor.py",     # 64
+    "test_deep_check_on_node.py",    # 64
+    "test_phase_hangs.py",           # 62
+    "test_ddp_port.py",              # 53
+    "test_slurmctld_outage.py",      # 48
+    "test_health_cluster.py",        # 46
+)
+# Restarts its worker's cluster: after everything else that worker runs.
+LAST_MODULE = "test_zz_cluster_lifecycle.py"
+
+
+def module_rank(item: pytest.Item) -> int:
+    """Sort key: the longest integration modules first, in LONGEST_MODULES' order, then
+    every other module in its collected order (the sort is stable), the lifecycle test
+    last. Unit tests keep their order."""
+    name = item.path.name
+    if name == LAST_MODULE:
+        return len(LONGEST_MODULES) + 1
+    try:
+        return LONGEST_MODULES.index(name)
+    except ValueError:
+        return len(LONGEST_MODULES)
