@@ -785,6 +785,15 @@ def _last_words_name_an_error(log: str) -> bool:
     return any(_ERROR_WORDS.search(ln) and not _WARNING_LINE.search(ln) for ln in lines)
 
 
+def model_features(ev: Evidence) -> set[str]:
+    """What the learned model reads of a failure: the words of its log tail as the rules
+    read it (launcher prefixes such as ``[rank3]:`` stripped, :func:`_normalise`) and its
+    exit status as the classifier reads it (a task-exit record, a shell's 128+N). Training
+    (classify_train) calls this too, so the model learns from the text it is shown."""
+    code, sig = _exit_status(ev)
+    return features(_normalise(ev.log_tail), code, sig)
+
+
 def _learned(c: Classification, ev: Evidence, model: Model | None) -> Classification:
     """``c``, or the class the model reads in the log's words where ``c`` is the exit
     catch-all. A learned answer blames nobody: side unknown (whatever the class's usual
@@ -792,11 +801,10 @@ def _learned(c: Classification, ev: Evidence, model: Model | None) -> Classifica
     strength, never an evicting class; its evidence keeps the rules' answer."""
     if model is None or c.rule != LEARNED_FROM:
         return c
-    code, sig = c.evidence.get("exit_code"), c.evidence.get("signal")
-    log = _normalise(ev.log_tail)
-    if not _last_words_name_an_error(log):
+    code = c.evidence.get("exit_code")
+    if not _last_words_name_an_error(_normalise(ev.log_tail)):
         return c
-    guess = model.predict(features(log, code, sig), allowed=LEARNABLE)
+    guess = model.predict(model_features(ev), allowed=LEARNABLE)
     if guess is None or guess.known_words < MIN_KNOWN_WORDS or \
             guess.probability < MIN_PROBABILITY or guess.cls == c.cls:
         return c
