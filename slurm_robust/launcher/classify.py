@@ -551,7 +551,11 @@ LOG_RULES: tuple[Rule, ...] = (
         r"Tensor had (NaN|Inf) values|Invalid loss, terminating training|"
         r"found (NaN|Inf) in[^\n]*grad|is non-finite|\bis not finite\b|"
         r"to satisfy the constraint \w+\(\), but found invalid values|"
-        r"Input contains (NaN|infinity)|must not contain infs or NaNs")),
+        r"Input contains (NaN|infinity)|must not contain infs or NaNs|"
+        # TensorFlow's histogram summary refusing a non-finite value (summary_op.cc:
+        # "Nan in summary histogram for: <tag>", "Infinity in ..."): a weight, gradient or
+        # activation the job logs has gone NaN/Inf, whichever op reports it
+        r"(Nan|Infinity) in summary histogram for\b")),
     # fp16 loss scaling skips a step on every overflow; one or two are routine, a run of
     # them halving the scale again and again is a numerical divergence.
     Rule("loss_scale_collapse", F.NAN, _rx(_OVERFLOW_STEP.pattern + "|" + _SCALE_VALUE.pattern),
