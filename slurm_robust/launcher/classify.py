@@ -551,7 +551,11 @@ LOG_RULES: tuple[Rule, ...] = (
         r"Tensor had (NaN|Inf) values|Invalid loss, terminating training|"
         r"found (NaN|Inf) in[^\n]*grad|is non-finite|\bis not finite\b|"
         r"to satisfy the constraint \w+\(\), but found invalid values|"
-        r"Input contains (NaN|infinity)|must not contain infs or NaNs")),
+        r"Input contains (NaN|infinity)|must not contain infs or NaNs|"
+        # TensorFlow's histogram summary refusing a non-finite value (summary_op.cc:
+        # "Nan in summary histogram for: <tag>", "Infinity in ..."): a weight, gradient or
+        # activation the job logs has gone NaN/Inf, whichever op reports it
+        r"(Nan|Infinity) in summary histogram for\b")),
     # fp16 loss scaling skips a step on every overflow; one or two are routine, a run of
     # them halving the scale again and again is a numerical divergence.
     Rule("loss_scale_collapse", F.NAN, _rx(_OVERFLOW_STEP.pattern + "|" + _SCALE_VALUE.pattern),
@@ -785,6 +789,15 @@ def _last_words_name_an_error(log: str) -> bool:
     return any(_ERROR_WORDS.search(ln) and not _WARNING_LINE.search(ln) for ln in lines)
 
 
+def model_features(ev: Evidence) -> set[str]:
+    """What the learned model reads of a failure: the words of its log tail as the rules
+    read it (launcher prefixes such as ``[rank3]:`` stripped, :func:`_normalise`) and its
+    exit status as the classifier reads it (a task-exit record, a shell's 128+N). Training
+    (classify_train) calls this too, so the model learns from the text it is shown."""
+    code, sig = _exit_status(ev)
+    return features(_normalise(ev.log_tail), code, sig)
+
+
 def _learned(c: Classification, ev: Evidence, model: Model | None) -> Classification:
     """``c``, or the class the model reads in the log's words where ``c`` is the exit
     catch-all. A learned answer blames nobody: side unknown (whatever the class's usual
@@ -792,11 +805,10 @@ def _learned(c: Classification, ev: Evidence, model: Model | None) -> Classifica
     strength, never an evicting class; its evidence keeps the rules' answer."""
     if model is None or c.rule != LEARNED_FROM:
         return c
-    code, sig = c.evidence.get("exit_code"), c.evidence.get("signal")
-    log = _normalise(ev.log_tail)
-    if not _last_words_name_an_error(log):
+    code = c.evidence.get("exit_code")
+    if not _last_words_name_an_error(_normalise(ev.log_tail)):
         return c
-    guess = model.predict(features(log, code, sig), allowed=LEARNABLE)
+    guess = model.predict(model_features(ev), allowed=LEARNABLE)
     if guess is None or guess.known_words < MIN_KNOWN_WORDS or \
             guess.probability < MIN_PROBABILITY or guess.cls == c.cls:
         return c

@@ -40,8 +40,14 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.errors import UsageError
-from slurm_robust.launcher.classify import LEARNABLE, Classification, Evidence, classify
-from slurm_robust.launcher.classify_model import features, load_model
+from slurm_robust.launcher.classify import (
+    LEARNABLE,
+    Classification,
+    Evidence,
+    classify,
+    model_features,
+)
+from slurm_robust.launcher.classify_model import load_model
 from slurm_robust.taxonomy import CLASSES, Side
 from slurm_robust_rehearsal.bench import classify_train
 from slurm_robust_rehearsal.bench.corpus_split import Split, split_of
@@ -205,7 +211,8 @@ def inference_ms(entries: list[Entry]) -> dict[str, Any]:
     each = []
     for e in entries:
         start = time.perf_counter()
-        model.predict(features(e.excerpt, e.exit_code, e.signal), allowed=LEARNABLE)
+        model.predict(model_features(Evidence(exit_code=e.exit_code, signal=e.signal,
+                                              log_tail=e.excerpt)), allowed=LEARNABLE)
         each.append(time.perf_counter() - start)
     return {"load": round(load * 1e3, 2), "mean": round(sum(each) / len(each) * 1e3, 3),
             "max": round(max(each) * 1e3, 3)}

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from slurm_robust.launcher import classify_model as cm
-from slurm_robust.launcher.classify import LEARNED_FROM, classify
+from slurm_robust.launcher.classify import LEARNED_FROM, classify, model_features
 from slurm_robust.launcher.classify import Evidence as ClassifyEvidence
 from slurm_robust_rehearsal.bench.corpus_split import Split, split_of
 
@@ -60,7 +60,9 @@ def ids_hash(entries: Sequence[Any]) -> str:
 
 
 def entry_features(entry: Any) -> set[str]:
-    return cm.features(entry.excerpt, entry.exit_code, entry.signal)
+    """The entry's features exactly as inference computes them (classify.model_features:
+    the normalised log tail, the exit status as the classifier reads it)."""
+    return model_features(_evidence(entry))
 
 
 def train(entries: Sequence[Any]) -> dict[str, Any]:

@@ -399,6 +399,30 @@ def test_framework_finiteness_checks_are_nan():
         assert classify_failure(1, None, log).cls == "nan", log
 
 
+def test_tensorflows_histogram_summary_of_a_non_finite_value_is_nan():
+    # tflearn-304-nan-summary-histogram-adam, cyclegan-68-nan-summary-dx-fake,
+    # tfmodels-9986-nan-kernel-histogram-unet, ssdtf-27-nan-summary-lower-lr: the summary
+    # op refuses a NaN weight or activation; it was read as an unknown exception (or,
+    # quoted, as nothing at all).
+    for log in ("InvalidArgumentError: Nan in summary histogram for: Adam/HistogramSummary",
+                "InvalidArgumentError (see above for traceback): **Nan in summary histogram "
+                "for: D_X/fake**\n\t [[Node: D_X/fake = HistogramSummary[T=DT_FLOAT, "
+                "_device=\"/job:localhost/replica:0/task:0/cpu:0\"](D_X/fake/tag, "
+                "D_X_4/output/add/_1361)]]",
+                "InvalidArgumentError: Nan in summary histogram for: conv2d/kernel_0 "
+                "[Op:WriteHistogramSummary]",
+                "'...tensorflow.python.framework.errors_impl.InvalidArgumentError: Nan in "
+                "summary histogram for: filter_summaries/conv1_1'"):
+        c = classify_failure(1, None, log)
+        assert (c.cls, c.rule) == ("nan", "nan"), (log, c)
+    # A summary that is written, or one that is refused for another reason, is no NaN.
+    for log in ("INFO:tensorflow:Summary name conv1/weights:0 is illegal; using "
+                "conv1/weights_0 instead.",
+                "InvalidArgumentError: tags and values not the same shape: [] != [64] "
+                "(tag 'histogram summary')"):
+        assert classify_failure(1, None, log).cls != "nan", log
+
+
 def test_a_build_that_does_not_fit_is_the_jobs_environment():
     for log in ("AssertionError: Torch not compiled with CUDA enabled",
                 "RuntimeError: Distributed package doesn't have NCCL built in",

@@ -15,6 +15,7 @@ from slurm_robust.launcher.classify import (
     LEARNED_FROM,
     Evidence,
     classify,
+    model_features,
 )
 from slurm_robust.launcher.control.policy import EVICTING_CLASSES, blamed_nodes
 from slurm_robust.taxonomy import ROWS, Action, FailureClass, Side, node_side
@@ -61,6 +62,17 @@ def test_training_never_reads_a_held_out_entry(retrained):
     assert train.train(dev_only) == retrained
     # A held-out entry's words appear nowhere in the model unless a development entry
     # has them too: dropping all of them from the corpus changes nothing above.
+
+
+def test_training_reads_the_text_inference_reads():
+    # The model is trained on what classify shows it: the log tail without launcher
+    # prefixes ("[rank3]:", "[stderr]") and the exit status as the classifier reads it
+    # (a shell's 128+N is the signal N).
+    for entry in DEV:
+        assert train.entry_features(entry) == model_features(_evidence(entry)), entry.id
+    ev = Evidence(exit_code=137, log_tail="[rank3]: RuntimeError: shard download failed")
+    assert model_features(ev) == {"runtime", "error", "runtimeerror", "shard", "download",
+                                  "failed", "#sig9"}
 
 
 def test_the_fallback_fixes_catch_alls_it_was_not_trained_on():
