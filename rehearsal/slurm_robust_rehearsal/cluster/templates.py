@@ -51,13 +51,14 @@ def render_slurm_conf(cfg: ClusterConfig, programs: dict[str, Path]) -> str:
         f"SlurmdLogFile={cfg.log_dir}/slurmd-%n.log",
         "SlurmctldDebug=info",
         "SlurmdDebug=info",
-        # Not proctrack/pgid: at a step's end it waits (1 s, then 2 s) while anything of
-        # the step's process group exists, and srun's helper, orphaned when srun exits,
-        # stays a zombie in that group until init reaps it. A real init reaps at once;
-        # a container's init (this build machine's) every 2 s, which made every batch
-        # job with an srun end 3 s late. linuxproc tracks the step's descendants, which
-        # an orphan no longer is.
-        "ProctrackType=proctrack/linuxproc",
+        # pgid, not linuxproc, though pgid ends every batch job with an srun 3 s late
+        # here (it waits while srun's orphaned helper is a zombie in the batch's process
+        # group, and this build machine's container init reaps every 2 s). linuxproc
+        # tracks descendants only: on a requeue, the old attempt's srun, orphaned when
+        # its shell was killed, escaped it, outlived its step and 7 s later killed step
+        # 0 of the new attempt, which has the same step id. pgid (like the cgroups of
+        # a production site) still holds that srun.
+        "ProctrackType=proctrack/pgid",
         "TaskPlugin=task/none",
         "SwitchType=switch/none",
         "MpiDefault=none",
