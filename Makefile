@@ -47,7 +47,8 @@ test:
 	  [ -d "$$d" ] && $(CLI) cluster down --dir "$$d" >/dev/null 2>&1; done; true' EXIT; \
 	$(PY) -m pytest -n $(UNIT_WORKERS) -m "not integration" $(PYTEST_ARGS); unit=$$?; \
 	[ $$unit -eq 5 ] && unit=0; unit_s=$$(( $$(date +%s) - start )); \
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m integration $(PYTEST_ARGS); \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m integration \
+	  $(PYTEST_ARGS); \
 	cluster=$$?; [ $$cluster -eq 5 ] && cluster=0; \
 	echo "make test: $$(( $$(date +%s) - start )) s in all, set-up and unit tests" \
 	  "($$unit_s s) included (budget 1500 s)"; \

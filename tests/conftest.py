@@ -276,8 +276,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # The integration modules with the most cluster time, longest first (seconds in a
-# two-worker run, 2026-12-05). pytest-xdist's --dist loadfile hands out modules in
-# collection order, one to each worker as it frees up: longest first, the two workers end
+# two-worker run, 2026-12-05). pytest-xdist's --dist loadfile with --no-loadscope-reorder
+# (make test) hands out modules in collection order, one to each worker as it frees up
+# (it would otherwise sort them by test count): longest first, the two workers end
 # within seconds of each other (alphabetical order left one with 100 s more to run). A
 # stale order costs only balance; the timing summary shows a module that grew.
 LONGEST_MODULES = (
