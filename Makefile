@@ -34,12 +34,13 @@ demo: setup
 # Unit tests first, in UNIT_WORKERS pytest-xdist processes (they need no cluster and
 # share nothing), then the integration tests; each integration pytest process starts a
 # mini-cluster of its own (tests/conftest.py) and stops it at the end (the trap stops them
-# even when pytest fails). TEST_WORKERS=2 (the default) runs two integration processes,
-# a test module each at a time, each with its own namespaced cluster; 0 runs them in one
-# process (docs/DEVELOPING.md). Each pytest run ends with a timing summary
+# even when pytest fails). TEST_WORKERS=2 runs two integration processes, a test module
+# each at a time, each with its own namespaced cluster: about 26 minutes instead of 43,
+# but not yet reliable, so the default, 0, is one process (docs/DEVELOPING.md says why).
+# Each pytest run ends with a timing summary
 # (tests/timing.py); the last line adds them up with the set-up. Exit status 5 (nothing
 # selected, e.g. PYTEST_ARGS naming only unit tests) counts as a pass. Budget: 25 min.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 0
 UNIT_WORKERS ?= 2
 test:
 	@start=$$(date +%s); $(MAKE) --no-print-directory setup || exit $$?; \
