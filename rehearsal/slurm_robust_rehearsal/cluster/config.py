@@ -139,6 +139,11 @@ class ClusterConfig:
         return self.root / "log"
 
     @property
+    def ledger_dir(self) -> Path:
+        """The node ledger's directory (slurm_robust.json's ``ledger.dir``)."""
+        return self.log_dir / "ledger"
+
+    @property
     def bin_dir(self) -> Path:
         return self.root / "bin"
 

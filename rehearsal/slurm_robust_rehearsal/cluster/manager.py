@@ -382,7 +382,7 @@ class MiniCluster:
         # first writer, EpilogSlurmctld (SlurmUser) could make it, and root's programs then
         # refuse a directory they do not own (every ledger write after fails); a directory
         # an earlier `up` left that way is given back to root.
-        ledger = c.log_dir / "ledger"
+        ledger = c.ledger_dir
         ledger.mkdir(mode=0o700, exist_ok=True)
         if ledger.is_dir() and not ledger.is_symlink():
             _chown_tree(ledger, 0, gid)

@@ -171,7 +171,7 @@ def render_robust_conf(cfg: ClusterConfig) -> str:
         "reserve": {"partition": "standby", "target": 2},
         # The node ledger in the log directory (root:SlurmUser, setgid): root's node
         # programs and EpilogSlurmctld (SlurmUser) share it; one host, so WAL works.
-        "ledger": {"dir": f"{cfg.log_dir}/ledger", "lemons_file": f"{cfg.log_dir}/lemons.json"},
+        "ledger": {"dir": str(cfg.ledger_dir), "lemons_file": f"{cfg.log_dir}/lemons.json"},
         # The break-fix loop as a site starts it (one deep check, no reboot); its reboot
         # here is a restart of the node's slurmd (the nodes share one kernel).
         "repair": {"rounds": 1, "reboot": "never",
