@@ -101,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.action == "up":
         rep = mc.up(install=not args.no_install, prometheus=args.prometheus)
+        for notice in rep.notices:
+            print(notice, file=sys.stderr)
         out = {"seconds": round(rep.seconds, 2), "started": rep.started,
                "already_running": rep.already_running, "slurm_conf": str(cfg.slurm_conf)}
         if args.reserve_timer > 0:

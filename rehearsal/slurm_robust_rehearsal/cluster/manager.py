@@ -68,6 +68,7 @@ class UpReport:
     seconds: float
     started: list[str]
     already_running: list[str]
+    notices: tuple[str, ...] = ()
 
 
 def missing_packages(prometheus: bool = False) -> list[str]:
@@ -264,6 +265,13 @@ class MiniCluster:
         if os.geteuid() == 0:
             for d in ensure_reachable([Path(self.cfg.python), REPO_ROOT, self.cfg.root]):
                 log.warning("added o+x to %s so user %r can reach it", d, self.cfg.user)
+        notices: list[str] = []
+        if self.cfg.netns:
+            subnet, notice = netns.free_subnet(self.cfg)
+            if notice:
+                log.info("%s", notice)
+                notices.append(notice)
+            self.cfg = replace(self.cfg, netns_subnet=subnet)
         conf_changed = self._write_files()
         if self.cfg.netns:  # the bridge first: slurmctld's address lives on it
             netns.create(self.cfg)
@@ -282,7 +290,7 @@ class MiniCluster:
         after = self.running()
         started = [n for n, pid in after.items() if before.get(n) is None and pid]
         already = [n for n, pid in before.items() if pid]
-        return UpReport(time.monotonic() - start, started, already)
+        return UpReport(time.monotonic() - start, started, already, tuple(notices))
 
     def _check_mode(self) -> None:
         """Refuse to switch network modes under running daemons (slurmds would stay in

@@ -46,6 +46,8 @@ log = logging.getLogger("slurm_robust_rehearsal.cluster")
 
 NETNS_ETC = Path("/etc/netns")
 IP_TIMEOUT_S = 15
+# How many /24s after the configured one `up` tries before giving up.
+SUBNET_TRIES = 64
 #: The interface name inside each node's namespace.
 NODE_IF = "eth0"
 
@@ -149,18 +151,61 @@ def _namespaces() -> set[str]:
     return {line.split()[0] for line in out.splitlines() if line.strip()}
 
 
+def _ipv4_addresses() -> list[tuple[str, ipaddress.IPv4Interface]]:
+    """(interface, address) for every IPv4 address in this network namespace."""
+    found = []
+    for line in _ip("ip", "-o", "-4", "addr", "show").stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 4:
+            found.append((parts[1], ipaddress.IPv4Interface(parts[3])))
+    return found
+
+
+def free_subnet(cfg: ClusterConfig) -> tuple[str, str | None]:
+    """The /24 this cluster's bridge should use, and a one-line notice when it is not
+    ``cfg.netns_subnet``.
+
+    A bridge this cluster already has keeps its subnet. Otherwise the configured one,
+    or the first /24 after it that no interface uses: the host's network outlives
+    processes, so another cluster's bridge (a sibling, a second checkout, or one left by
+    a run killed before its ``down``) may hold the default, and a clash must not stop
+    ``up``. The subnet taken is written to the cluster's shape file, which every later
+    command reads."""
+    used = _ipv4_addresses()
+    chosen = _pick_subnet(cfg, plan(cfg).bridge, used)
+    if chosen == cfg.netns_subnet:
+        return chosen, None
+    wanted = ipaddress.IPv4Network(cfg.netns_subnet)
+    taken = sorted({name for name, addr in used if addr.network.overlaps(wanted)})
+    why = f"is used by {', '.join(taken)}" if taken else "is not this cluster's bridge's"
+    return chosen, f"mini-cluster: bridge subnet {chosen} ({cfg.netns_subnet} {why})"
+
+
+def _pick_subnet(cfg: ClusterConfig, bridge: str,
+                 used: list[tuple[str, ipaddress.IPv4Interface]]) -> str:
+    for name, addr in used:
+        if name == bridge:
+            return str(addr.network)
+    first = ipaddress.IPv4Network(cfg.netns_subnet)
+    for k in range(SUBNET_TRIES):
+        candidate = ipaddress.IPv4Network((int(first.network_address) + 256 * k, 24))
+        if not candidate.is_private:
+            break
+        if not any(addr.network.overlaps(candidate) for _, addr in used):
+            return str(candidate)
+    raise ClusterError(f"no free /24 from {cfg.netns_subnet} on: the next {SUBNET_TRIES} "
+                       "are all used by interfaces (`ip -4 addr`); remove stale ones "
+                       "(`slurm-robust cluster down --dir DIR` for a dead mini-cluster) "
+                       "or set another netns_subnet")
+
+
 def _check_subnet_free(p: NetPlan) -> None:
     """Refuse a subnet another interface already uses (a route clash would send the
     cluster's traffic elsewhere)."""
     net = ipaddress.ip_network(f"{p.gateway}/{p.prefixlen}", strict=False)
-    out = _ip("ip", "-o", "-4", "addr", "show").stdout
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) < 4 or parts[1] == p.bridge:
-            continue
-        addr = ipaddress.ip_interface(parts[3])
-        if addr.network.overlaps(net):
-            raise ClusterError(f"subnet {net} is already used by {parts[1]} ({parts[3]}); "
+    for name, addr in _ipv4_addresses():
+        if name != p.bridge and addr.network.overlaps(net):
+            raise ClusterError(f"subnet {net} is already used by {name} ({addr}); "
                                "give the mini-cluster another netns_subnet")
 
 

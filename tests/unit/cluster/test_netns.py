@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import subprocess
 from pathlib import Path
@@ -102,6 +103,51 @@ def test_create_is_idempotent_and_destroy_removes_everything_by_name(tmp_path):
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert p.prefix not in links
     assert not list(netns.NETNS_ETC.glob(p.prefix + "-*"))
+
+
+def test_subnet_pick_skips_every_taken_24_and_keeps_an_existing_bridges_own():
+    import ipaddress
+    cfg = ClusterConfig(root=Path("/nonexistent/mc"), netns=True, netns_subnet="10.213.0.0/24")
+    iface = ipaddress.IPv4Interface
+    used = [("eth0", iface("192.0.2.2/24")), ("srdeadbr", iface("10.213.0.1/24")),
+            ("wg0", iface("10.213.1.7/32"))]
+    assert netns._pick_subnet(cfg, "srmineb", used) == "10.213.2.0/24"
+    assert netns._pick_subnet(cfg, "srmineb", [("eth0", iface("192.0.2.2/24"))]) \
+        == "10.213.0.0/24"
+    # This cluster's bridge is up already (a second `up`): its subnet stays, whatever
+    # is free, since its slurmds hold addresses on it.
+    mine = used + [("srminebr", iface("10.213.5.1/24"))]
+    assert netns._pick_subnet(cfg, "srminebr", mine) == "10.213.5.0/24"
+    crowded = [(f"x{k}", iface(f"10.213.{k}.1/24")) for k in range(netns.SUBNET_TRIES)]
+    with pytest.raises(ClusterError, match="no free /24 from 10.213.0.0/24"):
+        netns._pick_subnet(cfg, "srminebr", crowded)
+
+
+@pytest.mark.skipif(netns.unavailable_reason() is not None,
+                    reason=f"no network namespaces: {netns.unavailable_reason()}")
+def test_a_stale_bridge_on_the_default_subnet_does_not_stop_up(tmp_path):
+    """The host's network outlives processes: a run killed before its `down` leaves its
+    bridge and namespaces, and the next `up` (a CI run, another checkout) must take
+    another subnet rather than fail, and say so."""
+    stale = _cfg(tmp_path / "dead", netns=True, netns_subnet="10.214.20.0/24").sized(1, 0)
+    fresh = _cfg(tmp_path / "new", netns=True, netns_subnet="10.214.20.0/24").sized(2, 0)
+    try:
+        netns.create(stale)
+        subnet, notice = netns.free_subnet(fresh)
+        assert subnet == "10.214.21.0/24"
+        assert notice == (f"mini-cluster: bridge subnet 10.214.21.0/24 (10.214.20.0/24 is "
+                          f"used by {netns.plan(stale).bridge})")
+        moved = dataclasses.replace(fresh, netns_subnet=subnet)
+        netns.create(moved)
+        inside = subprocess.run(["ip", "-n", netns.plan(moved).node("node2").netns, "-o",
+                                 "-4", "addr"], capture_output=True, text=True,
+                                check=True).stdout
+        assert "10.214.21.12/24" in inside
+        # Asked again (a second `up` of the same root), it keeps its own bridge's subnet.
+        assert netns.free_subnet(fresh)[0] == "10.214.21.0/24"
+    finally:
+        netns.destroy(fresh)
+        netns.destroy(stale)
 
 
 def test_inject_network_faults_check_their_arguments(tmp_path, monkeypatch):
