@@ -150,6 +150,9 @@ class Applier:
         #: A requeue the launcher did not make (an admin's, a preemption): its cause is
         #: read from accounting in a thread from now on, and recorded at start_run.
         self.outside_requeue: PreviousEndProbe | None = None
+        #: Its incident, opened before accounting answered: it takes the cause when the
+        #: answer comes (poll_outside_requeue) or, at the latest, when written.
+        self._unanswered: tuple[PreviousEndProbe, Incident] | None = None
         if requeued_outside(ident.restart_count, state.restart_count, state.open_incident,
                             state.finished):
             self.outside_requeue = PreviousEndProbe(ident.job_id, slurm.previous_end,
@@ -244,12 +247,34 @@ class Applier:
         if st.open_incident is not None:  # a restart in place Slurm's requeue cut short
             accounting.cut_short(st.open_incident, incident, now)
         st.open_incident = incident
+        if not probe.answered:
+            # The live metrics count it once, with its cause: when the answer comes.
+            self._unanswered = (probe, incident)
+            log.warning("incident %s: this allocation follows a requeue by Slurm; its "
+                        "cause is still being read from accounting (from step %s)",
+                        incident.incident, last)
+            return
+        self._outside_requeue_known(incident)
+
+    def _outside_requeue_known(self, incident: Incident) -> None:
         for listener in self.listeners:  # the live metrics count it as it opens
             listener.on_incident(incident)
         log.warning("incident %s: this allocation follows a requeue by Slurm (%s): %s "
                     "from step %s", incident.incident,
                     incident.evidence["requeue"]["slurm_state"] or "cause unknown",
-                    incident.cls, last)
+                    incident.cls, incident.last_step)
+
+    def settle_outside_requeue(self, final: bool = False) -> None:
+        """The requeue's incident takes its cause once accounting has answered (each tick
+        asks; cheap), or with whatever is known when it is written (``final``)."""
+        if self._unanswered is None:
+            return
+        probe, incident = self._unanswered
+        if not (probe.answered or final):
+            return
+        self._unanswered = None
+        probe.refine(incident)
+        self._outside_requeue_known(incident)
 
     def note_given(self, nodes: Sequence[str]) -> None:
         """Nodes whose agents came up in this allocation (state.json keeps them all)."""
@@ -711,6 +736,7 @@ class Applier:
         self.state.open_incident = None
 
     def write_incident(self, incident: Incident) -> None:
+        self.settle_outside_requeue(final=True)
         if incident.rung is None:
             incident.rung = Rung.STOP
         for cut in accounting.settle(incident):  # incidents it cut short, first

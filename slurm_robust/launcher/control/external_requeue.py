@@ -18,15 +18,19 @@ what ended each allocation and ETTR counts the time from the previous allocation
 
 The accounting read is a Slurm command (it waits for slurmdbd), so it runs in a thread
 started with the controller and is only collected when the agents have gathered: the
-controller's lock is never held across it. Without an answer by then the incident is
-``admin`` with the read's error as evidence; the requeue itself is certain (Slurm's
-count says so), only its cause is not.
+controller's lock is never held across it. Under load slurmdbd can be slower than the
+agents: no answer yet, or no ended record yet (the requeue is certain, Slurm's count says
+so, so an empty answer means accounting lags and the read is repeated for a while). The
+incident then opens as ``admin`` and takes the cause when the read answers, at the latest
+when it is written (the first step of the new allocation); only a read that never answers
+leaves it ``admin``, with the read's error as evidence.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -102,19 +106,35 @@ def requeued_outside(restart_count: int, saved_restart_count: int | None,
             and (open_incident is None or open_incident.rung != Rung.REQUEUE))
 
 
+#: How long the probe asks again while accounting has no ended record of the previous
+#: allocation yet, and how often.
+LAG_BUDGET_S = 60.0
+LAG_RETRY_S = 2.0
+NOT_ANSWERED = "sacct had not answered"
+
+
 class PreviousEndProbe:
     """The accounting read of a new allocation, in its own thread (module docstring)."""
 
     def __init__(self, job_id: str, fetch: Callable[[str], AllocationEnd | None],
                  restart_count: int, saved_restart_count: int) -> None:
         self.restart_count, self.saved = restart_count, saved_restart_count
+        lag_budget_s, lag_retry_s = LAG_BUDGET_S, LAG_RETRY_S
         self._end: AllocationEnd | None = None
         self._error: str | None = None
         self._done = threading.Event()
 
         def read() -> None:
+            deadline = time.monotonic() + lag_budget_s
             try:
-                self._end = fetch(job_id)
+                while True:
+                    self._end = fetch(job_id)
+                    if self._end is not None or time.monotonic() >= deadline:
+                        break
+                    time.sleep(lag_retry_s)
+                if self._end is None:
+                    self._error = (f"accounting had no ended allocation of job {job_id} "
+                                   f"after {lag_budget_s:g} s")
             except (SlurmRobustError, OSError, ValueError) as exc:
                 self._error = str(exc) or type(exc).__name__
                 log.warning("how the previous allocation ended could not be read: %s", exc)
@@ -122,6 +142,29 @@ class PreviousEndProbe:
                 self._done.set()
 
         threading.Thread(target=read, name="previous-allocation-end", daemon=True).start()
+
+    @property
+    def answered(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout_s: float) -> bool:
+        """For tests and tools: whether the read finished within ``timeout_s``."""
+        return self._done.wait(timeout_s)
+
+    def refine(self, incident: Incident) -> bool:
+        """Give ``incident`` (opened by :meth:`incident` before the read answered) the
+        cause the read has found since. Returns whether it changed; an incident opened
+        with the answer, or a read still unanswered, is left alone."""
+        evidence = incident.evidence.get("requeue", {})
+        if evidence.get("error") != NOT_ANSWERED or not self.answered:
+            return False
+        fresh = self.incident(incident.incident, incident.last_step, incident.detected_at,
+                              evidence.get("signalled_at"))
+        incident.cls, incident.category = fresh.cls, fresh.category
+        incident.evidence["requeue"] = fresh.evidence["requeue"]
+        if incident.fault_time is None:
+            incident.fault_time = fresh.fault_time
+        return True
 
     def incident(self, incident_id: str, last_step: int | None, now: float,
                  signalled_at: float | None = None) -> Incident:
@@ -131,7 +174,7 @@ class PreviousEndProbe:
         (slurm_ending.py), the fault's time when known (accounting's end is later, after
         KillWait or GraceTime)."""
         end = self._end if self._done.is_set() else None
-        error = self._error if self._done.is_set() else "sacct had not answered"
+        error = self._error if self._done.is_set() else NOT_ANSWERED
         cls = CAUSES.get(end.state, IncidentClass.ADMIN) if end is not None \
             else IncidentClass.ADMIN
         evidence = {"requeue": {

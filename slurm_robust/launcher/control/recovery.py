@@ -358,6 +358,7 @@ class Recovery:
         if phase is Phase.GATHER:
             self._apply(self._gather(now), now)
             return
+        self.app.settle_outside_requeue()
         if phase is Phase.REQUEUED:
             self.app.poll_requeue()
             return

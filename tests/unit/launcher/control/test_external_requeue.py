@@ -5,18 +5,23 @@ blamed."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
+from slurm_robust.launcher.control import external_requeue
 from slurm_robust.launcher.control.applier import SlurmSide
 from slurm_robust.launcher.control.external_requeue import (
+    NOT_ANSWERED,
     AllocationEnd,
     previous_end,
     requeued_outside,
 )
+from slurm_robust.launcher.control.listeners import Listener
 from slurm_robust.launcher.control.recovery import Recovery
 from slurm_robust.launcher.control.time_limit import time_limit_incident
 from slurm_robust.launcher.enums import Phase
 from slurm_robust.launcher.identity import Identity
+from slurm_robust.launcher.messages import Incident
 from slurm_robust.launcher.paths import RunPaths
 from slurm_robust.slurm import SlurmCommandError
 from slurm_robust.slurm.records import parse_sacct_parsable
@@ -135,6 +140,89 @@ def test_accounting_that_fails_leaves_an_admin_incident_that_says_so(tmp_path):
     [rec] = h.incidents()
     assert rec["class"] == "admin" and rec["fault_time"] is None
     assert "Connection refused" in rec["evidence"]["requeue"]["error"]
+
+
+def test_accounting_slower_than_the_agents_still_names_the_cause(tmp_path):
+    """Under load slurmdbd answers after the agents have gathered: the incident opens as
+    ``admin`` and takes the cause (and the live count) when the answer comes."""
+    h = Harness(tmp_path)
+    h.start()
+    release = threading.Event()
+    ended = h.clock() - 5.0  # before this allocation's controller started
+
+    def slow(job: str) -> AllocationEnd | None:
+        release.wait(10)
+        return AllocationEnd("PREEMPTED", ended, ("n1", "n2"))
+
+    next_allocation(h, slow)
+    counted: list[str] = []
+    h.rec.app.listeners.append(_Counting(counted))
+    h.tick()
+    inc = h.rec.state.open_incident
+    assert inc is not None and inc.cls == "admin" and counted == []
+    assert inc.evidence["requeue"]["error"] == NOT_ANSWERED
+    release.set()
+    assert h.rec.app.outside_requeue is None  # handed to the incident
+    _wait_answered(h)
+    h.tick()
+    assert inc.cls == "preempted" and counted == ["preempted"]
+    h.restored(3)
+    h.steps(1)
+    [rec] = h.incidents()
+    assert rec["class"] == "preempted" and rec["fault_time"] == ended
+    assert rec["evidence"]["requeue"]["slurm_state"] == "PREEMPTED"
+    assert rec["evidence"]["requeue"]["error"] is None and counted == ["preempted"]
+
+
+def test_accounting_without_the_ended_record_yet_is_asked_again(tmp_path, monkeypatch):
+    """Slurm's count says the previous allocation ended; an answer without its record
+    means accounting lags, so the probe asks again (within LAG_BUDGET_S)."""
+    monkeypatch.setattr(external_requeue, "LAG_RETRY_S", 0.01)
+    h = Harness(tmp_path)
+    h.start()
+    answers = [None, None, AllocationEnd("PREEMPTED", h.clock(), ("n1",))]
+    asked: list[str] = []
+
+    def lagging(job: str) -> AllocationEnd | None:
+        asked.append(job)
+        return answers[min(len(asked), len(answers)) - 1]
+
+    next_allocation(h, lagging)
+    _joined(h)
+    assert len(asked) == 3
+    h.tick()
+    h.restored(3)
+    h.steps(1)
+    [rec] = h.incidents()
+    assert rec["class"] == "preempted"
+
+
+def test_a_read_still_unanswered_when_written_stays_admin_and_says_so(tmp_path):
+    h = Harness(tmp_path)
+    h.start()
+    never = threading.Event()
+    next_allocation(h, lambda job: never.wait(10) and None)
+    h.tick()
+    h.restored(3)
+    h.steps(1)
+    [rec] = h.incidents()
+    assert rec["class"] == "admin"
+    assert rec["evidence"]["requeue"]["error"] == NOT_ANSWERED
+    never.set()
+
+
+class _Counting(Listener):
+    def __init__(self, seen: list[str]) -> None:
+        self.seen = seen
+
+    def on_incident(self, incident: Incident) -> None:
+        self.seen.append(str(incident.cls))
+
+
+def _wait_answered(h: Harness) -> None:
+    unanswered = h.rec.app._unanswered
+    assert unanswered is not None
+    assert unanswered[0].wait(5)
 
 
 def test_the_launchers_own_requeue_is_not_counted_twice(tmp_path):
