@@ -141,9 +141,15 @@ FLOOD = textwrap.dedent("""
             out["preauth_opened"] += 1
         except OSError:
             pass
-    s = socket.create_connection((chost, cport), timeout=10)
-    f = s.makefile("rwb")
     try:
+        s = socket.create_connection((chost, cport), timeout=10)
+    except OSError as exc:  # said in the result, so the test shows the run's state
+        s = None
+        out["non_ascii_mac"] = "not connected: " + type(exc).__name__
+    f = s.makefile("rwb") if s is not None else None
+    try:
+        if f is None:
+            raise OSError("not connected")
         f.readline()
         mac = "\\u00e9" * 64
         f.write((json.dumps({"auth": "response", "nonce": "0" * 32, "mac": mac},
@@ -152,9 +158,10 @@ FLOOD = textwrap.dedent("""
         reply = f.readline()
         out["non_ascii_mac"] = reply.decode() if reply else "closed"
     except OSError as exc:
-        out["non_ascii_mac"] = "closed: " + type(exc).__name__
+        out.setdefault("non_ascii_mac", "closed: " + type(exc).__name__)
     finally:
-        s.close()
+        if s is not None:
+            s.close()
     try:
         open(os.path.join(ckpt_root, "planted"), "w").close()
         out["ckpt_root"] = "writable"
@@ -297,7 +304,9 @@ def test_a_second_user_cannot_steer_drain_or_run_code_in_a_robust_job(minicluste
         assert flood.returncode == 0, flood_err
         seen = json.loads(flooded)
         assert seen["metrics_opened"] == 2000, seen  # accepted, the oldest closed at the cap
-        assert seen["non_ascii_mac"].startswith("closed"), seen
+        # (Once, under two clusters' load, the controller's port refused this
+        # connection: the run's tail says what the controller was doing.)
+        assert seen["non_ascii_mac"].startswith("closed"), (seen, run.tail())
         # every held pre-authentication slot closed by the handshake's total deadline
         assert seen["preauth_opened"] > 0, seen
         assert seen["preauth_closed"] == seen["preauth_opened"], seen
