@@ -213,11 +213,16 @@ LOG_RULES: tuple[Rule, ...] = (
     # container-toolkit notice); the host still sees the GPU. Recreate the container.
     Rule("nvml_unknown_error", F.CONTAINER_RUNTIME, _rx(
         r"Failed to initialize NVML: Unknown Error"), strength=_L),
-    # PyTorch's check of the installed build against the node's driver: the job's CUDA
-    # build is newer than the driver (or the driver older than the image needs). A version
-    # mismatch either side could resolve, not a broken driver.
+    # PyTorch's check of the installed build against the node's driver, and the CUDA
+    # runtime's own word for the same (cudaErrorInsufficientDriver, error 35, as caffe's
+    # and TensorFlow's checks print it): the job's CUDA build is newer than the driver, or
+    # the driver older than the image needs. A version mismatch either side could
+    # resolve (a newer driver on the node, an older build in the job), not a broken driver.
     Rule("driver_too_old", F.BAD_CONFIG, _rx(
-        r"NVIDIA driver on your system is too old"), side=Side.UNKNOWN, strength=_L),
+        r"NVIDIA driver on your system is too old|"
+        r"CUDA driver version is insufficient for CUDA runtime|cudaErrorInsufficientDriver|"
+        r"CUDA_ERROR_INSUFFICIENT_DRIVER|cuda runtime error \(35\)"),
+        side=Side.UNKNOWN, strength=_L),
     # What user space prints when it cannot reach the driver: a broken driver, but also a
     # job whose cgroup holds no GPU (it asked Slurm for none). No hardware evidence by
     # itself: the node's own GPU checks decide (diagnosis).
@@ -317,7 +322,14 @@ LOG_RULES: tuple[Rule, ...] = (
         # failed cudaMalloc, XLA's allocator (JAX), Apple's MPS backend
         r"Tried to allocate [\d.]+ [KMGT]iB|Cuda failure '?out of memory|"
         r"cudaMalloc\w*[^\n]*out of memory|RESOURCE_EXHAUSTED: Out of memory|"
-        r"MPS backend out of memory")),
+        r"MPS backend out of memory|"
+        # XLA's other words for device memory (JAX, TensorFlow and torch_xla on GPUs and
+        # TPUs): the compiler's HBM budget, the runtime's device buffers and its BFC
+        # allocator. RESOURCE_EXHAUSTED alone is also gRPC's quota status, so the memory
+        # words themselves are required.
+        r"Ran out of memory in memory space hbm|Exceeded hbm capacity|"
+        r"Error allocating device buffer|Failed to allocate request for [\d.]+ ?[KMGT]i?B|"
+        r"Attempting to (allocate|reserve) [\d.]+ ?[KMGT]i?B\.? That was not possible")),
     # cuBLAS unable to create its handle (CUBLAS_STATUS_NOT_INITIALIZED from cublasCreate):
     # its workspace could not be allocated, most often a GPU already full; an embedding
     # index out of range or a broken CUDA setup print the same, hence side unknown.
@@ -337,7 +349,7 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("gpu_build", F.BAD_CONFIG, _rx(
         r"invalid device ordinal|cudaErrorInvalidDevice\b|no kernel image is available|"
         r"cudaErrorNoKernelImageForDevice|invalid device function|"
-        r"cuda runtime error \((8|10|48)\)|CUDA driver version is insufficient")),
+        r"cuda runtime error \((8|10|48)\)")),
     # The job's software build does not fit the node or itself: a CPU-only or NCCL-less
     # PyTorch, an extension compiled for another CUDA, a GPU architecture the build or a
     # kernel library does not support, a C library newer than the node's. The job's
@@ -362,7 +374,16 @@ LOG_RULES: tuple[Rule, ...] = (
     # lost GPU looks the same from inside; diagnosis (NVML's count) tells them apart.
     Rule("no_gpu", F.BAD_CONFIG, _rx(
         r"No CUDA GPUs are available|no CUDA-capable device is detected|cudaErrorNoDevice|"
-        r"CUDA_ERROR_NO_DEVICE|cuda runtime error \((38|100)\)"), side=Side.UNKNOWN),
+        r"CUDA_ERROR_NO_DEVICE|cuda runtime error \((38|100)\)|"
+        # Lightning's device check finding none at all (its list of visible GPUs empty)
+        r"But your machine only has: \[\]"), side=Side.UNKNOWN),
+    # Lightning's refusal of the Trainer's own settings (MisconfigurationException), most
+    # often more devices than the allocation gives ("You requested gpu: [0, 1] But your
+    # machine only has: [0]"): the job's configuration against a node that works. With no
+    # GPU visible at all the rule above decides, since a lost GPU looks the same.
+    Rule("framework_misconfig", F.BAD_CONFIG, _rx(
+        r"MisconfigurationException|You requested gpus?: \[[\d, ]+\]\s*But your machine "
+        r"only has"), side=Side.USER),
     # A port already taken: the job's own choice of port, or a stale process on the node.
     Rule("port", F.BAD_CONFIG, _rx(
         r"Address already in use|EADDRINUSE|Errno 98\b|failed to bind|"

@@ -711,3 +711,46 @@ def test_an_http_download_cut_off_by_the_server_is_an_external_service():
     c = classify_failure(None, None, "Error on *.from_pretrained call: Unexpected ('Connection "
                                      "broken: IncompleteRead( 443")
     assert (c.cls, c.side) == ("external_service", "unknown"), c
+
+
+def test_xlas_device_memory_words_are_a_gpu_oom_and_its_quota_status_is_not():
+    # easydel-78-tpu-hbm-exceeded (the compiler's HBM budget),
+    # gemma-85-jax-device-buffer-residual (the runtime's device buffers).
+    for line in ("jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: XLA:TPU compile "
+                 "permanent error. Ran out of memory in memory space hbm. Used 21.90G of "
+                 "7.48G hbm. Exceeded hbm capacity by 14.42G.",
+                 "`jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Error allocating "
+                 "device buffer: Attempting to allocate 15.65G. That was not possible. There "
+                 "are 11.08G free.; (0x0x0_HBM0)`"):
+        c = classify_failure(1, None, line)
+        assert (c.cls, c.rule) == ("gpu_oom", "gpu_oom"), c
+    # gRPC's RESOURCE_EXHAUSTED is a quota, not memory: the status word alone decides nothing.
+    quota = classify_failure(1, None, "google.api_core.exceptions.ResourceExhausted: 429 "
+                                      "RESOURCE_EXHAUSTED: Quota exceeded for quota metric")
+    assert quota.cls != "gpu_oom", quota
+
+
+def test_lightnings_device_count_check_is_the_jobs_request_unless_no_gpu_is_visible():
+    # sleap-2642-requested-seven-gpus-has-two
+    c = classify_failure(1, None, "lightning.fabric.utilities.exceptions."
+                                  "MisconfigurationException: You requested gpu: [0, 1, 2, "
+                                  "3, 4, 5, 6] But your machine only has: [0, 1]")
+    assert (c.cls, c.side, c.rule) == ("bad_config", "user", "framework_misconfig"), c
+    assert not c.evicts
+    # No GPU visible at all: a lost GPU looks the same from inside, so the side is left
+    # to diagnosis, as for "No CUDA GPUs are available".
+    none = classify_failure(1, None, "pytorch_lightning.utilities.exceptions."
+                                     "MisconfigurationException: \n"
+                                     "                You requested GPUs: [0]\n"
+                                     "                But your machine only has: []")
+    assert (none.cls, none.side, none.rule) == ("bad_config", "unknown", "no_gpu"), none
+
+
+def test_the_cuda_runtimes_insufficient_driver_is_a_mismatch_either_side_may_fix():
+    # niuzhiheng-caffe-33-driver-insufficient-old-driver: updating the machine's driver
+    # fixed it; the same words come from a job built for a newer CUDA than the node's.
+    c = classify_failure(None, signal.SIGABRT,
+                         "\"Check failed: error == cudaSuccess (35 vs. 0) CUDA driver version "
+                         "is insufficient for CUDA runtime version\"")
+    assert (c.cls, c.side, c.rule) == ("bad_config", "unknown", "driver_too_old"), c
+    assert not c.evicts
