@@ -48,6 +48,9 @@ from slurm_robust_rehearsal.cluster.templates import (
 
 log = logging.getLogger("slurm_robust_rehearsal.cluster")
 
+#: The subreaper each slurmd runs under (a file, run by path: it imports nothing).
+REAPER = Path(__file__).with_name("reaper.py")
+
 # Debian 12 packages and a program each provides, to tell what is missing.
 PACKAGES: dict[str, str] = {
     "slurmctld": "/usr/sbin/slurmctld",
@@ -220,7 +223,9 @@ class MiniCluster:
         for node in c.nodes:
             # netns mode: slurmd (and so every job process on the node) in the node's
             # own network namespace.
-            argv = (*netns.exec_prefix(c, node), "slurmd", "-D", "-N", node)
+            # Under a reaper: every orphan of the node's jobs reaped at once (reaper.py).
+            argv = (*netns.exec_prefix(c, node), c.python, str(REAPER), "slurmd", "-D",
+                    "-N", node)
             ds.append(Daemon(f"slurmd-{node}", argv,
                              run / f"mc-slurmd-{node}.pid", logs / f"slurmd-{node}.out"))
         return ds

@@ -12,7 +12,7 @@ import pytest
 from slurm_robust_rehearsal.cluster import netns
 from slurm_robust_rehearsal.cluster.config import ClusterConfig
 from slurm_robust_rehearsal.cluster.daemons import ClusterError
-from slurm_robust_rehearsal.cluster.manager import MiniCluster
+from slurm_robust_rehearsal.cluster.manager import REAPER, MiniCluster
 from slurm_robust_rehearsal.cluster.templates import render_slurm_conf
 
 
@@ -28,7 +28,8 @@ def test_shared_mode_is_the_default_and_stays_on_loopback(tmp_path):
     assert "AccountingStorageHost=localhost\n" in text
     assert "NodeAddr=127.0.0.1 Port=17002" in text
     assert netns.exec_prefix(cfg, "node2") == ()
-    assert MiniCluster(cfg).daemon("slurmd-node2").argv == ("slurmd", "-D", "-N", "node2")
+    assert MiniCluster(cfg).daemon("slurmd-node2").argv == (
+        cfg.python, str(REAPER), "slurmd", "-D", "-N", "node2")
 
 
 def test_netns_mode_gives_each_node_its_address_and_the_bridge_the_control_plane(tmp_path):
@@ -47,7 +48,7 @@ def test_netns_mode_gives_each_node_its_address_and_the_bridge_the_control_plane
     assert argv[:2] == ("nsenter", f"--net=/run/netns/{p.prefix}-node2")
     assert argv[-4:] == ("slurmd", "-D", "-N", "node2")
     # Its own hostname, the NodeHostname slurmctld looks an srun's reported host up by.
-    assert "--uts" in argv and argv[argv.index("slurmd") - 1] == "node2"
+    assert "--uts" in argv and argv[argv.index(cfg.python) - 1] == "node2"
 
 
 def test_prefix_differs_per_cluster_root(tmp_path):
