@@ -32,27 +32,30 @@ demo: setup
 	$(PY) examples/demo.py
 
 # Unit tests first, in UNIT_WORKERS pytest-xdist processes (they need no cluster and
-# share nothing), then the integration tests; each integration pytest process starts a
-# mini-cluster of its own (tests/conftest.py) and stops it at the end (the trap stops them
-# even when pytest fails). TEST_WORKERS=2 runs two integration processes, a test module
-# each at a time, each with its own namespaced cluster: about 26 minutes instead of 43,
-# but not yet reliable, so the default, 0, is one process (docs/DEVELOPING.md says why).
+# share nothing), then the integration tests in TEST_WORKERS processes, a test module
+# each at a time; each starts a mini-cluster of its own (tests/conftest.py: namespaced,
+# its own directory, ports, subnet and job ids) and stops it at the end (the trap stops
+# them even when pytest fails). The default is two processes where namespaces can be
+# made (root, iproute2), else one (TEST_WORKERS=0; siblings need namespaces); two on
+# this 2-core machine take about 23 minutes instead of 40 (docs/DEVELOPING.md).
 # Each pytest run ends with a timing summary
 # (tests/timing.py); the last line adds them up with the set-up. Exit status 5 (nothing
 # selected, e.g. PYTEST_ARGS naming only unit tests) counts as a pass. Budget: 25 min.
-TEST_WORKERS ?= 0
+TEST_WORKERS ?=
 UNIT_WORKERS ?= 2
 test:
 	@start=$$(date +%s); $(MAKE) --no-print-directory setup || exit $$?; \
+	workers="$(TEST_WORKERS)"; if [ -z "$$workers" ]; then workers=0; \
+	  [ "$$(id -u)" = 0 ] && command -v ip >/dev/null && workers=2; fi; \
 	trap 'for d in .minicluster .minicluster-*/; do \
 	  [ -d "$$d" ] && $(CLI) cluster down --dir "$$d" >/dev/null 2>&1; done; true' EXIT; \
 	$(PY) -m pytest -n $(UNIT_WORKERS) -m "not integration" $(PYTEST_ARGS); unit=$$?; \
 	[ $$unit -eq 5 ] && unit=0; unit_s=$$(( $$(date +%s) - start )); \
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m integration \
+	$(PY) -m pytest -n $$workers --dist loadfile --no-loadscope-reorder -m integration \
 	  $(PYTEST_ARGS); \
 	cluster=$$?; [ $$cluster -eq 5 ] && cluster=0; \
 	echo "make test: $$(( $$(date +%s) - start )) s in all, set-up and unit tests" \
-	  "($$unit_s s) included (budget 1500 s)"; \
+	  "($$unit_s s) included, $$workers integration workers (budget 1500 s)"; \
 	[ $$unit -eq 0 ] && exit $$cluster; exit $$unit
 
 test-unit: venv
