@@ -50,6 +50,7 @@ from typing import Any
 from slurm_robust.errors import UsageError
 from slurm_robust.health.drain import DEEP_FAILED_PREFIX, PENDING_PREFIX
 from slurm_robust.records import read_json_bounded, write_json_atomic
+from slurm_robust.stacks.procfs import read_stat
 
 REPAIR_FILE = "repair.json"
 REPAIR_SCHEMA = "slurm_robust.repair"
@@ -248,12 +249,10 @@ def boot_identity(pid: int | None = None, proc: Path = Path("/proc")) -> str:
     for _ in range(16):
         if current <= 1:
             break
-        try:
-            stat = (proc / str(current) / "stat").read_text()
-        except OSError:
+        stat = read_stat(current, proc)  # any user's process may name itself oddly
+        if stat is None or len(stat[1]) < 20:
             break
-        comm = stat[stat.find("(") + 1:stat.rfind(")")]
-        fields = stat[stat.rfind(")") + 2:].split()
+        comm, fields = stat
         if comm == "slurmd":
             return f"{boot_id}:slurmd:{current}:{fields[19]}"
         current = int(fields[1])

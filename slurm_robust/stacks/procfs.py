@@ -26,15 +26,28 @@ def ppid_map(proc: Path = PROC) -> dict[int, int]:
     return parents
 
 
-def read_ppid(pid: int, proc: Path = PROC) -> int | None:
+def read_stat(pid: int, proc: Path = PROC) -> tuple[str, list[str]] | None:
+    """``(comm, fields after comm)`` from /proc/<pid>/stat (``fields[0]`` the state,
+    ``[1]`` the parent, ``[19]`` the start time); None when the process is gone.
+
+    Read as bytes: comm is whatever the process named itself (``prctl(PR_SET_NAME)``
+    takes any bytes), so another user's process can make it invalid UTF-8, and may put
+    spaces and parentheses in it (the fields start after the last one)."""
     try:
-        stat = (proc / str(pid) / "stat").read_text()
+        raw = (proc / str(pid) / "stat").read_bytes()
     except OSError:
         return None
-    # "pid (comm) state ppid ..."; comm may hold spaces and parentheses.
-    fields = stat.rpartition(")")[2].split()
+    head, sep, tail = raw.rpartition(b")")
+    if not sep:
+        return None
+    comm = head.partition(b"(")[2].decode(errors="replace")
+    return comm, tail.decode("ascii", errors="replace").split()
+
+
+def read_ppid(pid: int, proc: Path = PROC) -> int | None:
+    stat = read_stat(pid, proc)
     try:
-        return int(fields[1])
+        return int(stat[1][1]) if stat is not None else None
     except (IndexError, ValueError):
         return None
 
@@ -81,7 +94,8 @@ def catches_signal(pid: int, signum: int, proc: Path = PROC) -> bool:
     fallback checks this first.
     """
     try:
-        status = (proc / str(pid) / "status").read_text()
+        # Bytes first: the Name line is the process's own choice (read_stat).
+        status = (proc / str(pid) / "status").read_bytes().decode(errors="replace")
     except OSError:
         return False
     for line in status.splitlines():

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from slurm_robust.errors import SlurmRobustError
 from slurm_robust.records import write_bytes_atomic
+from slurm_robust.stacks.procfs import read_stat
 from slurm_robust_rehearsal.cluster.config import MARKER_ENV
 
 log = logging.getLogger("slurm_robust_rehearsal.cluster")
@@ -62,11 +63,10 @@ def process_marker(pid: int) -> str | None:
 def is_ours(pid: int, root: Path) -> bool:
     if pid <= 1:
         return False
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+    stat = read_stat(pid)  # bytes: a test's hostile user names a process in non-UTF-8
+    if stat is None or not stat[1]:
         return False
-    return state != "Z" and process_marker(pid) == str(root)
+    return stat[1][0] != "Z" and process_marker(pid) == str(root)
 
 
 def our_processes(root: Path) -> list[int]:

@@ -181,11 +181,8 @@ def log_tail(path: Path, nbytes: int = TAIL_BYTES) -> str:
 
 def process_state(pid: int) -> str | None:
     """The one-letter state of a process (R, S, D, T stopped, Z), None when gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text.rsplit(")", 1)[-1].split()[0]
+    stat = procfs.read_stat(pid)
+    return stat[1][0] if stat is not None and stat[1] else None
 
 
 def wait_for_exit(workers: Sequence[Worker], timeout_s: float,
