@@ -151,7 +151,7 @@ class Applier:
         #: read from accounting in a thread from now on, and recorded at start_run.
         self.outside_requeue: PreviousEndProbe | None = None
         #: Its incident, opened before accounting answered: it takes the cause when the
-        #: answer comes (poll_outside_requeue) or, at the latest, when written.
+        #: answer comes (settle_outside_requeue, every tick) or, at the latest, when written.
         self._unanswered: tuple[PreviousEndProbe, Incident] | None = None
         if requeued_outside(ident.restart_count, state.restart_count, state.open_incident,
                             state.finished):
