@@ -119,22 +119,21 @@ class PreviousEndProbe:
     def __init__(self, job_id: str, fetch: Callable[[str], AllocationEnd | None],
                  restart_count: int, saved_restart_count: int) -> None:
         self.restart_count, self.saved = restart_count, saved_restart_count
-        lag_budget_s, lag_retry_s = LAG_BUDGET_S, LAG_RETRY_S
         self._end: AllocationEnd | None = None
         self._error: str | None = None
         self._done = threading.Event()
 
         def read() -> None:
-            deadline = time.monotonic() + lag_budget_s
+            deadline = time.monotonic() + LAG_BUDGET_S
             try:
                 while True:
                     self._end = fetch(job_id)
                     if self._end is not None or time.monotonic() >= deadline:
                         break
-                    time.sleep(lag_retry_s)
+                    time.sleep(LAG_RETRY_S)
                 if self._end is None:
                     self._error = (f"accounting had no ended allocation of job {job_id} "
-                                   f"after {lag_budget_s:g} s")
+                                   f"after {LAG_BUDGET_S:g} s")
             except (SlurmRobustError, OSError, ValueError) as exc:
                 self._error = str(exc) or type(exc).__name__
                 log.warning("how the previous allocation ended could not be read: %s", exc)

@@ -80,7 +80,7 @@ def next_allocation(h: Harness, fetch: Any, restart_count: int = 1) -> None:
 def _joined(h: Harness) -> None:
     probe = h.rec.app.outside_requeue
     assert probe is not None
-    assert probe._done.wait(5)
+    assert probe.wait(5)
 
 
 def test_a_preemption_is_recorded_in_the_next_allocation_and_closed_by_its_first_step(
