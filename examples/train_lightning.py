@@ -56,7 +56,10 @@ class ResumableLoader(DataLoader):
         self.served = 0  # the epoch ended: the next one starts at its first batch
 
     def state_dict(self) -> dict[str, int]:
-        return {"served": self.served}
+        # After an epoch's last batch the epoch is over: Lightning resumes such a state
+        # with the next epoch, which must start at its first batch, not skip a whole
+        # epoch (torchdata's StatefulDataLoader had the same bug: meta-pytorch/data#1437).
+        return {"served": 0 if self.served >= len(self) else self.served}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.skip = int(state["served"])

@@ -37,7 +37,9 @@ the launcher's, not srun's (whose task count includes the spares); the Trainer n
 from the environment). Limits, as for Lightning's own checkpoints: a restore mid-epoch
 replays the same data only with a resumable dataloader (``state_dict``/
 ``load_state_dict``, e.g. torchdata's StatefulDataLoader); one optimizer and at most one
-LR scheduler.
+LR scheduler. A snapshot after an epoch's last batch restores into the next epoch, so the
+loader's state taken there must resume at that epoch's first batch, not skip it
+(examples/train_lightning.py's loader reports 0 batches served once all were).
 """
 
 from __future__ import annotations

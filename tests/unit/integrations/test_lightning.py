@@ -1,14 +1,17 @@
 """The Lightning callback, run for real (CPU, one process): a fit that crashes mid-epoch
-and is fitted again resumes from the callback's last snapshot and ends bit-identical to
-an uninterrupted fit; the progress channel has every step and the restore."""
+or right after an epoch's last step and is fitted again resumes from the callback's last
+snapshot and ends bit-identical to an uninterrupted fit; the progress channel has every
+step and the restore. The resumable loader is examples/train_lightning.py's."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 pl = pytest.importorskip("pytorch_lightning", reason="PyTorch Lightning is not installed "
                          "(optional extra: pip install 'slurm-robust[lightning]')")
@@ -16,32 +19,21 @@ pl = pytest.importorskip("pytorch_lightning", reason="PyTorch Lightning is not i
 from slurm_robust.integrations.lightning import RobustCallback  # noqa: E402
 from tests.unit.integrations.launcher_env import lines, robust_env  # noqa: E402
 
-STEPS, CRASH_AT, BATCH = 10, 6, 4
+# 64 samples / batch 4: 16 steps an epoch. Step 6 is mid-epoch 0; step 16 ends it.
+STEPS, BATCH = 20, 4
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "train_lightning.py"
 
 
-class ResumableLoader(DataLoader):
-    """A dataloader Lightning can resume mid-epoch (its ``state_dict`` interface): it
-    counts the batches it handed out and skips them on the next iteration."""
+def _example_loader() -> type[DataLoader]:
+    """The resumable loader of examples/train_lightning.py (what a user copies)."""
+    spec = importlib.util.spec_from_file_location("train_lightning_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ResumableLoader
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.served, self.skip = 0, 0
 
-    def __iter__(self):  # type: ignore[override]
-        it = super().__iter__()
-        for _ in range(self.skip):
-            next(it)
-        self.served, self.skip = self.skip, 0
-        for batch in it:
-            self.served += 1
-            yield batch
-        self.served = 0  # an epoch ended: the next starts from its first batch
-
-    def state_dict(self) -> dict[str, int]:
-        return {"served": self.served}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.skip = state["served"]
+ResumableLoader = _example_loader()
 
 
 class Regression(pl.LightningModule):
@@ -71,27 +63,34 @@ def fit(crash_at: int | None = None) -> Regression:
     trainer = pl.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=[RobustCallback()])
-    trainer.fit(model, ResumableLoader(data, batch_size=BATCH))  # 16 batches an epoch
+    # A shuffle that changes with the epoch (Lightning calls set_epoch): a restore that
+    # skipped or repeated an epoch would see other batches.
+    sampler = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=0)
+    trainer.fit(model, ResumableLoader(data, batch_size=BATCH, sampler=sampler))
     return model
 
 
-def test_a_crashed_fit_resumes_bit_identical(monkeypatch, tmp_path):
+@pytest.mark.parametrize("crash_at", [6, 16], ids=["mid-epoch", "epoch-end"])
+def test_a_crashed_fit_resumes_bit_identical(monkeypatch, tmp_path, crash_at):
+    """Crashed in the step after ``crash_at``: the restore is of step ``crash_at``, mid
+    epoch 0 or its last batch (where Lightning goes on with epoch 1, and a loader whose
+    state still counted epoch 0's batches skipped epoch 1 whole)."""
     robust_env(monkeypatch, tmp_path, "clean")
     clean = fit()
 
     progress = robust_env(monkeypatch, tmp_path, "crash")
     with pytest.raises(RuntimeError, match="deliberate crash"):
-        fit(crash_at=CRASH_AT)
+        fit(crash_at=crash_at)
     resumed = fit()
 
     for name, tensor in clean.state_dict().items():
         assert torch.equal(tensor, resumed.state_dict()[name]), name
     items = lines(progress)
     steps = [i["step"] for i in items if i["kind"] == "step"]
-    # First fit: steps 1..CRASH_AT; the second restores CRASH_AT and goes on from there.
-    assert steps == [*range(1, CRASH_AT + 1), *range(CRASH_AT + 1, STEPS + 1)], steps
+    # First fit: steps 1..crash_at; the second restores crash_at and goes on from there.
+    assert steps == [*range(1, crash_at + 1), *range(crash_at + 1, STEPS + 1)], steps
     restored = [i for i in items if i["kind"] == "restored"]
-    assert [r["step"] for r in restored] == [None, CRASH_AT]
+    assert [r["step"] for r in restored] == [None, crash_at]
     assert all(isinstance(i["loss"], float) for i in items if i["kind"] == "step")
     final = [i for i in items if i["kind"] == "final"]
     assert final[-1]["step"] == STEPS and final[-1]["params_sha256"]
