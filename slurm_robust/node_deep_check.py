@@ -29,7 +29,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
@@ -63,9 +63,10 @@ from slurm_robust.health.repair import (
     save_record,
 )
 from slurm_robust.health.suite import run_suite
+from slurm_robust.health_check_program import is_pending
 from slurm_robust.records import append_records, make_record
-from slurm_robust.site_config import SiteConfig, load_site_config
-from slurm_robust.slurm import Slurm, check_node_name
+from slurm_robust.site_config import SiteConfig
+from slurm_robust.slurm import Slurm
 from slurm_robust.slurm.client import clean_reason
 
 DEEP_CHECK_SCHEMA = "slurm_robust.deep_check"
@@ -89,12 +90,6 @@ class DeepCheckOutcome:
     reason: str
     run_id: str
     previous_reason: str
-
-
-def is_pending(state: str, reason: str) -> bool:
-    """Drained with our pending reason and no job left on it (``draining`` nodes still
-    run jobs: a deep suite beside a job would disturb it and judge the node under load)."""
-    return state == "drained" and reason.startswith(PENDING_PREFIX)
 
 
 def failed_reason(suite_reason: str) -> str:
@@ -267,19 +262,13 @@ def ledger_events(outcome: DeepCheckOutcome,
     return out
 
 
-def main(environ: Mapping[str, str], err: TextIO = sys.stderr,
-         detach: bool = True) -> int:
-    """slurmd's HealthCheckProgram: deep-check this node if it is pending. Always 0: a
-    failure here is reported, never a reason for slurmd to mark the node down."""
+def run_pending(node: str, site: SiteConfig, slurm: Slurm, err: TextIO = sys.stderr,
+                detach: bool = True) -> int:
+    """The HealthCheckProgram's work on a pending node (slurm_robust.health_check_program
+    found it so): deep-check it in a detached child under the node's lock, and return it
+    to service or keep it drained. Always 0, as the program."""
     in_child = False
     try:
-        node = check_node_name(environ.get("SLURMD_NODENAME")
-                               or socket.gethostname().split(".")[0])
-        site = load_site_config()
-        slurm = Slurm()
-        state, reason = slurm.node_state_reason(node)
-        if not is_pending(state, reason):
-            return 0  # the common case: one sinfo call, nothing else
         lock_fd = _try_lock(site.state_path(node))
         if lock_fd is None:
             return 0  # a deep check of this node is still running

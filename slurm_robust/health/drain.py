@@ -18,9 +18,10 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from slurm_robust.reason_prefix import PENDING, PREFIX
+from slurm_robust.reason_prefix import PENDING_PREFIX as PENDING_PREFIX  # re-exported
 from slurm_robust.slurm import Node, Slurm
 
-PREFIX = "slurm_robust:"
 #: Slurm keeps the reason in a fixed buffer and `sinfo -R` cuts it further: stay short.
 REASON_LIMIT = 100
 
@@ -35,12 +36,10 @@ class ReasonKind(StrEnum):
     """
 
     CHECK = ""
-    PENDING = "pending deep check"
+    PENDING = PENDING
     REPEAT = "repeat offender"
 
 
-#: The exact start of every "pending deep check" reason (the deep-check side matches it).
-PENDING_PREFIX = f"{PREFIX} {ReasonKind.PENDING.value}:"
 # Tails by which an older reason nested an earlier one inside itself, or a repeat
 # offender's "again N h after return": cut, never kept (a new one is added when due).
 _NESTING = re.compile(r"\s*(\(before:|[;:,]?\s*failed again|[;:]\s*again \d)")

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from slurm_robust.health.drain import DEEP_FAILED_PREFIX, PENDING_PREFIX
 from slurm_robust.health.probes import inject_path
+from slurm_robust.health_check_program import is_pending
 from slurm_robust.node_deep_check import (
     OUTCOME_FILE,
     deep_check_and_return,
     failed_reason,
-    is_pending,
 )
 from slurm_robust.records import read_records
 from slurm_robust.reserve.remote_check import wait_result
@@ -57,6 +59,20 @@ def test_reasons() -> None:
     assert not is_pending("drained", "slurm_robust: gpu_xid: Xid 79")
     assert failed_reason("slurm_robust: deep_shm_free: 0 GiB") == \
         f"{DEEP_FAILED_PREFIX} deep_shm_free: 0 GiB"
+
+
+def test_the_health_check_programs_common_path_imports_no_deep_check_code() -> None:
+    """slurmd runs the program on every node every interval: deciding that a node is not
+    pending must not import the suite, the repair loop or the ledger (they doubled the
+    CPU of each run); the deep check is imported only for a pending node."""
+    probe = ("import sys, slurm_robust.health_check_program; "
+             "print(' '.join(m for m in sys.modules if m.startswith('slurm_robust.')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split()
+    assert "slurm_robust.health_check_program" in out
+    heavy = [m for m in out if m.startswith(("slurm_robust.health.", "slurm_robust.stacks"))
+             or m in ("slurm_robust.health", "slurm_robust.node_deep_check")]
+    assert heavy == [], heavy
 
 
 def test_a_passing_pending_node_is_resumed_and_recorded(site: SiteConfig) -> None:
