@@ -196,6 +196,9 @@ _G, _L, _K, _H = Strength.GENERIC, Strength.LIBRARY, Strength.KERNEL, Strength.H
 #: module names) or one of its endpoints; azure.core's exceptions serve every Azure SDK.
 _AZURE_STORAGE = re.compile(
     r"azure[/.\\]storage[/.\\]|\.(blob|dfs|file|queue)\.core\.windows\.net\b", re.I)
+#: A path on a remote or shared file system as remote_io reads it: an object store's URL,
+#: Colab's Drive mount, a Lustre/GPFS tree, an NFS or pNFS mount.
+_SHARED_PATH = r"(s3://|gs://|hdfs://|/content/drive|/lustre|/gpfs|/p?nfs)"
 #: An object-store URL's scheme (S3, GCS, Azure, OCI), as object_store_url matches it.
 _OBJECT_URL = r"\b(s3|s3a|gs|gcs|az|abfss?|oci)://"
 
@@ -471,9 +474,13 @@ LOG_RULES: tuple[Rule, ...] = (
         r"InvalidToken|AccessControlListNotSupported|AllAccessDisabled|InvalidBucketName|"
         r"AuthorizationHeaderMalformed|NoSuchBucket)\) when calling the \w+ operation|"
         r"is not authorized to perform: s3:"), side=Side.USER),
+    # EIO on a line that names a remote or shared file system's path, in either order
+    # ("[Errno 5] Input/output error: '/lustre/...'", coreutils' "fsync failed for
+    # '/mnt/pnfs/...': Input/output error"): that file system, not the node's disk.
     Rule("remote_io", F.REMOTE_STORAGE, _rx(
-        r"(Input/output error|Errno 5\b)[^\n]*(s3://|gs://|hdfs://|/content/drive|/lustre|"
-        r"/gpfs|/nfs)|botocore|boto3|\bS3Error|s3fs|NoSuchKey|SlowDown|\bHDFS\b|webhdfs|"
+        r"(Input/output error|Errno 5\b)[^\n]*" + _SHARED_PATH + "|" + _SHARED_PATH +
+        r"[^\n]*(Input/output error|Errno 5\b)|"
+        r"botocore|boto3|\bS3Error|s3fs|NoSuchKey|SlowDown|\bHDFS\b|webhdfs|"
         r"LustreError|gcsfs|google\.cloud\.storage|azure\.storage|"
         r"/content/drive/|BlockMissingException|Could not obtain block|"
         # S3's 503 reply to a too-high request rate, as an HTTP client prints it

@@ -848,3 +848,21 @@ def test_a_c_library_or_nccl_missing_from_the_jobs_environment_is_its_build():
                                          "load NCCL library. Multi-GPU collectives will not "
                                          "work.;"))
     assert changed.cls == "code_data_change", changed
+
+
+def test_eio_on_a_line_naming_a_shared_file_systems_path_is_that_storage_in_either_order():
+    # pnfs-44-fsync-eio: coreutils names the path before the errno; the parallel NFS was
+    # at fault, and a disk-fault reading would have evicted a healthy client.
+    c = classify_failure(1, None, "() [jbent@h9 ~]$ dd if=/dev/urandom of=/mnt/pnfs/jbent/"
+                                  "manual.bin bs=3901 count=1 conv=fsync\n"
+                                  "ls -l /mnt/pnfs/jbent/manual.bin\n"
+                                  "dd: fsync failed for '/mnt/pnfs/jbent/manual.bin': "
+                                  "Input/output error")
+    assert (c.cls, c.rule) == ("remote_storage", "remote_io"), c
+    assert not c.evicts
+    first = classify_failure(1, None, "OSError: [Errno 5] Input/output error: '/lustre/scratch/"
+                                      "ckpt/step_100.pt'")
+    assert (first.cls, first.rule) == ("remote_storage", "remote_io"), first
+    # no shared path on the line: the node's own disk stays the reading
+    local = classify_failure(1, None, "dd: fsync failed for '/tmp/x.bin': Input/output error")
+    assert (local.cls, local.rule) == ("disk_fault", "io_error"), local
