@@ -192,6 +192,13 @@ def _cpu_stall_line(line: str, log: str) -> bool:
 
 _G, _L, _K, _H = Strength.GENERIC, Strength.LIBRARY, Strength.KERNEL, Strength.HARDWARE
 
+#: Azure Storage in a log: its client library's modules (as a traceback's paths or as
+#: module names) or one of its endpoints; azure.core's exceptions serve every Azure SDK.
+_AZURE_STORAGE = re.compile(
+    r"azure[/.\\]storage[/.\\]|\.(blob|dfs|file|queue)\.core\.windows\.net\b", re.I)
+#: A path on a remote or shared file system as remote_io reads it: an object store's URL,
+#: Colab's Drive mount, a Lustre/GPFS tree, an NFS or pNFS mount.
+_SHARED_PATH = r"(s3://|gs://|hdfs://|/content/drive|/lustre|/gpfs|/p?nfs)"
 #: An object-store URL's scheme (S3, GCS, Azure, OCI), as object_store_url matches it.
 _OBJECT_URL = r"\b(s3|s3a|gs|gcs|az|abfss?|oci)://"
 
@@ -228,6 +235,13 @@ LOG_RULES: tuple[Rule, ...] = (
     # itself: the node's own GPU checks decide (diagnosis).
     Rule("gpu_driver_unreachable", F.GPU_UNAVAILABLE, _rx(
         r"unable to communicate with the NVIDIA driver|nvidia-smi has failed"),
+        side=Side.UNKNOWN, strength=_L),
+    # The CUDA runtime refusing all work because the node is not ready for it
+    # (cudaErrorSystemNotReady, error 802: on NVSwitch machines the fabric manager is not
+    # running or does not match the driver). No GPU on the node can run CUDA, whatever
+    # the job; the library's word, not a hardware report: diagnosis confirms it.
+    Rule("cuda_system_not_ready", F.GPU_UNAVAILABLE, _rx(
+        r"system not yet initialized|cudaErrorSystemNotReady|CUDA_ERROR_SYSTEM_NOT_READY"),
         side=Side.UNKNOWN, strength=_L),
     # The CUDA runtime relaying an uncorrectable NVLink error (cudaErrorNvlinkUncorrectable,
     # CUDA_ERROR_NVLINK_UNCORRECTABLE): the link's own hardware report, stronger than the
@@ -320,7 +334,7 @@ LOG_RULES: tuple[Rule, ...] = (
         r"Failed to CUDA calloc|"
         # PyTorch's caching allocator ("Tried to allocate 20.00 MiB (GPU 0; ...)"), NCCL's
         # failed cudaMalloc, XLA's allocator (JAX), Apple's MPS backend
-        r"Tried to allocate [\d.]+ [KMGT]iB|Cuda failure '?out of memory|"
+        r"Tried to allocate [\d.]+ [KMGT]iB|Cuda failure (\d+ )?'?out of memory|"
         r"cudaMalloc\w*[^\n]*out of memory|RESOURCE_EXHAUSTED: Out of memory|"
         r"MPS backend out of memory|"
         # XLA's other words for device memory (JAX, TensorFlow and torch_xla on GPUs and
@@ -360,7 +374,9 @@ LOG_RULES: tuple[Rule, ...] = (
         r"compile|CUDA_HOME environment variable is not set|"
         r"Unsupported gpu architecture|is not compatible with the current PyTorch "
         r"installation|only supports Ampere GPUs or newer|Bfloat16 is only supported on|"
-        r"version `GLIBC\w*_[\d.]+' not found|"
+        r"version [`'\u2018\u2019\"]?GLIBC\w*_[\d.]+[`'\u2018\u2019\"]? not found|"
+        # XLA's NCCL collectives with no NCCL library in the job's environment
+        r"Unable to load NCCL library|"
         r"PyTorch and torchvision were compiled with different CUDA versions"), side=Side.USER),
     # A shared library the job's environment cannot find (libcudart, libcudnn...). The
     # driver's own libraries (libcuda, libnvidia-ml) missing in a container are the
@@ -458,9 +474,13 @@ LOG_RULES: tuple[Rule, ...] = (
         r"InvalidToken|AccessControlListNotSupported|AllAccessDisabled|InvalidBucketName|"
         r"AuthorizationHeaderMalformed|NoSuchBucket)\) when calling the \w+ operation|"
         r"is not authorized to perform: s3:"), side=Side.USER),
+    # EIO on a line that names a remote or shared file system's path, in either order
+    # ("[Errno 5] Input/output error: '/lustre/...'", coreutils' "fsync failed for
+    # '/mnt/pnfs/...': Input/output error"): that file system, not the node's disk.
     Rule("remote_io", F.REMOTE_STORAGE, _rx(
-        r"(Input/output error|Errno 5\b)[^\n]*(s3://|gs://|hdfs://|/content/drive|/lustre|"
-        r"/gpfs|/nfs)|botocore|boto3|\bS3Error|s3fs|NoSuchKey|SlowDown|\bHDFS\b|webhdfs|"
+        r"(Input/output error|Errno 5\b)[^\n]*" + _SHARED_PATH + "|" + _SHARED_PATH +
+        r"[^\n]*(Input/output error|Errno 5\b)|"
+        r"botocore|boto3|\bS3Error|s3fs|NoSuchKey|SlowDown|\bHDFS\b|webhdfs|"
         r"LustreError|gcsfs|google\.cloud\.storage|azure\.storage|"
         r"/content/drive/|BlockMissingException|Could not obtain block|"
         # S3's 503 reply to a too-high request rate, as an HTTP client prints it
@@ -481,6 +501,13 @@ LOG_RULES: tuple[Rule, ...] = (
         r"when calling the \w+ operation|googleapis\.com/(upload/)?storage/|"
         r"tensorflow/core/platform/(s3|cloud)/\w+\.cc:\d+\]"),
         side=Side.UNKNOWN),
+    # Azure Storage through its Python client (azure-storage-blob and its siblings, on
+    # azure-core): the client's exception, or a failed request to a storage endpoint
+    # (<account>.blob.core.windows.net). A refused account or key, the store's outage or
+    # an unreachable endpoint read alike: side unknown.
+    Rule("azure_storage", F.REMOTE_STORAGE, _rx(
+        r"azure\.core\.exceptions\.\w+|\b[\w-]+\.(blob|dfs|file|queue)\.core\.windows\.net\b"),
+        side=Side.UNKNOWN, accept=lambda line, log: _AZURE_STORAGE.search(log) is not None),
     # An error that names an object-store URL: a shard or checkpoint the job streams from
     # or to S3/GCS/Azure (aws s3 cp, gsutil cat, a streaming dataset's download) failed.
     # Which side (the store, the network, the path or its permissions) the line rarely says.
@@ -490,6 +517,12 @@ LOG_RULES: tuple[Rule, ...] = (
         side=Side.UNKNOWN),
     Rule("ib_io", F.NETWORK, _rx(r"(Input/output error|Errno 5\b)[^\n]*infiniband|"
                                  r"infiniband[^\n]*(Input/output error|Errno 5\b)")),
+    # A libfabric provider's own error report (EFA's RxR protocol, verbs, tcp...): its
+    # "err: Input/output error (5) prov_errno: ..." is the fabric's completion failing,
+    # not a disk; the source file it names is the provider's (prov/efa/src/...).
+    Rule("ofi_provider", F.NETWORK, _rx(
+        r"\bprov_errno\b|\bprov/(efa|verbs|rxm|rxd|tcp|udp|shm|psm\d?|cxi|opx|sockets)/\S+|"
+        r"Unable to write to EQ"), side=Side.UNKNOWN),
     Rule("io_error", F.DISK_FAULT, _rx(r"Input/output error|Errno 5\b|\bEIO\b")),
     Rule("read_only", F.BAD_CONFIG, _rx(r"Read-only file system|Errno 30\b|\bEROFS\b")),
     # NCCL's own verdict on the caller (ncclInvalidUsage: "invalid usage of NCCL
@@ -611,6 +644,9 @@ LOG_RULES: tuple[Rule, ...] = (
         r"failure|CUBLAS_STATUS_(EXECUTION_FAILED|INTERNAL_ERROR)|CUDNN_STATUS_"
         r"(EXECUTION_FAILED|INTERNAL_ERROR|MAPPING_ERROR)|ncclUnhandledCudaError|"
         r"unhandled cuda error|no CUDA-capable device|all CUDA-capable devices are busy|"
+        # NCCL's own report of a CUDA call that failed inside it ("NCCL WARN Cuda failure
+        # 1 'invalid argument'"); running out of memory is gpu_oom's
+        r"NCCL WARN Cuda failure|"
         # ROCm's HSA runtime on a GPU page fault: its illegal memory access
         r"Memory access fault by GPU node")),
     # A compiled extension built against another version of the library it links

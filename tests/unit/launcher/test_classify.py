@@ -754,3 +754,115 @@ def test_the_cuda_runtimes_insufficient_driver_is_a_mismatch_either_side_may_fix
                          "is insufficient for CUDA runtime version\"")
     assert (c.cls, c.side, c.rule) == ("bad_config", "unknown", "driver_too_old"), c
     assert not c.evicts
+
+
+def test_azure_storages_client_errors_are_remote_storage_of_unknown_side():
+    # mxfaas-4-azure-blob-account-disabled (the client's exception under its own frames),
+    # mxfaas-14-azure-blob-connect-timeout (a storage endpoint that does not answer).
+    refused = classify_failure(1, None, "  File \"/usr/local/lib/python3.8/dist-packages/azure/"
+                                        "storage/blob/_shared/response_handlers.py\", line 189, "
+                                        "in process_storage_error\n"
+                                        "    exec(\"raise error from None\")   # pylint: "
+                                        "disable=exec-used # nosec\n"
+                                        "  File \"<string>\", line 1, in <module>\n"
+                                        "azure.core.exceptions.HttpResponseError: The specified "
+                                        "account is disabled.\n"
+                                        "RequestId:32d7912c-601e-0011-0862-b2b16b000000\n"
+                                        "Time:2023-07-09T12:39:32.0469709Z\n"
+                                        "ErrorCode:AccountIsDisabled")
+    assert (refused.cls, refused.side, refused.rule) == ("remote_storage", "unknown",
+                                                         "azure_storage"), refused
+    assert refused.line.startswith("azure.core.exceptions.HttpResponseError"), refused.line
+    unreachable = classify_failure(1, None, "azure.core.exceptions.ServiceRequestError: "
+                                            "(<urllib3.connection.HTTPSConnection object at "
+                                            "0x7ff8343d71c0>, 'Connection to serverlesscache."
+                                            "blob.core.windows.net timed out. (connect "
+                                            "timeout=20)')")
+    assert (unreachable.cls, unreachable.side) == ("remote_storage", "unknown"), unreachable
+    # azure-core serves every Azure SDK: its exception alone names no store.
+    vault = classify_failure(1, None, "azure.core.exceptions.ClientAuthenticationError: "
+                                      "Authentication failed for the key vault")
+    assert vault.rule != "azure_storage", vault
+
+
+def test_the_cuda_runtimes_system_not_ready_is_a_node_that_cannot_run_cuda():
+    # ollama-12136-cuda-init-fabric-manager: the fabric manager did not match the driver.
+    for line in ("> > ggml_cuda_init: failed to initialize CUDA: system not yet initialized",
+                 "cuInit failed: CUDA_ERROR_SYSTEM_NOT_READY"):
+        c = classify_failure(None, None, line)
+        assert (c.cls, c.side, c.rule) == ("gpu_unavailable", "unknown",
+                                           "cuda_system_not_ready"), c
+        # the library's word, not a hardware report: diagnosis before any eviction
+        assert c.action == "diagnose" and not c.evicts, c
+
+
+def test_nccls_own_cuda_failure_is_a_cuda_error_unless_it_ran_out_of_memory():
+    # nccl-1488-nvls-invalid-argument-fm-restart: NVLS memory after a fabric-manager restart.
+    c = classify_failure(None, None, "node23:12098:12141 [2] transport/nvls.cc:244 NCCL WARN "
+                                     "Cuda failure 1 'invalid argument'")
+    assert (c.cls, c.side, c.rule) == ("cuda_error", "unknown", "cuda"), c
+    oom = classify_failure(None, None, "node23:12098:12141 [2] NCCL WARN Cuda failure 2 "
+                                       "'out of memory'")
+    assert (oom.cls, oom.rule) == ("gpu_oom", "gpu_oom"), oom
+
+
+def test_a_libfabric_providers_input_output_error_is_the_fabric_not_a_disk():
+    # libfabric-6249-efa-eq-write-abort: EFA's RxR protocol relays a failed completion as
+    # "err: Input/output error (5)"; read as a disk it would evict a healthy node.
+    c = classify_failure(None, signal.SIGABRT,
+                         "Unable to write to EQ: Missing or unavailable event queue. err: "
+                         "Input/output error (5) prov_errno: Unknown error -12 (-12) "
+                         "prov/efa/src/rxr/rxr.h:1343")
+    assert (c.cls, c.side, c.rule) == ("network", "unknown", "ofi_provider"), c
+    assert not c.evicts
+    disk = classify_failure(1, None, "OSError: [Errno 5] Input/output error")
+    assert (disk.cls, disk.rule) == ("disk_fault", "io_error"), disk
+
+
+def test_a_c_library_or_nccl_missing_from_the_jobs_environment_is_its_build():
+    # pirender-21-glibcxx-conda-libstdcxx: the version named without its quotes.
+    glibcxx = classify_failure(1, None, "`ImportError: /miniconda3/envs/PIRender/lib/python3.6/"
+                                        "site-packages/torch/lib/../../../.././libstdc++.so.6: "
+                                        "version GLIBCXX_3.4.29 not found (required by .cache/"
+                                        "torch_extensions/nvdiffrast_plugin/"
+                                        "nvdiffrast_plugin.so)`")
+    assert (glibcxx.cls, glibcxx.side, glibcxx.rule) == ("bad_config", "user",
+                                                         "build_mismatch"), glibcxx
+    # lwm-44-xla-unable-to-load-nccl: XLA's collectives with no NCCL library installed.
+    line = ("2024-02-23 23:00:08.992499: E external/xla/xla/pjrt/pjrt_stream_executor_client.cc"
+            ":2732] Execution of replica 0 failed: INTERNAL: Failed to execute XLA Runtime "
+            "executable: run time error: custom call 'xla.gpu.reduce_scatter' failed: external/"
+            "xla/xla/service/gpu/nccl_utils.cc:134: NCCL operation ncclGetUniqueId(&id) failed: "
+            "Unable to load NCCL library. Multi-GPU collectives will not work.. Last NCCL "
+            "warning(error) log entry (may be unrelated) 'Unable to load NCCL library. "
+            "Multi-GPU collectives will not work.'.; current tracing scope: "
+            "reduce-scatter-start.4; current profiling annotation: XlaModule:#hlo_module="
+            "pjit_fn,program_id=50#.")
+    nccl = classify_failure(None, None, line)
+    assert (nccl.cls, nccl.side, nccl.rule) == ("bad_config", "user", "build_mismatch"), nccl
+    # jax-18391-unable-to-load-nccl-after-upgrade: the same words right after the job's
+    # jax upgrade are that change's.
+    changed = classify(Evidence(exit_code=1, change_recorded=True,
+                                log_tail="external/xla/xla/service/gpu/nccl_utils.cc:133: NCCL "
+                                         "operation ncclGetUniqueId(&id) failed: Unable to "
+                                         "load NCCL library. Multi-GPU collectives will not "
+                                         "work.;"))
+    assert changed.cls == "code_data_change", changed
+
+
+def test_eio_on_a_line_naming_a_shared_file_systems_path_is_that_storage_in_either_order():
+    # pnfs-44-fsync-eio: coreutils names the path before the errno; the parallel NFS was
+    # at fault, and a disk-fault reading would have evicted a healthy client.
+    c = classify_failure(1, None, "() [jbent@h9 ~]$ dd if=/dev/urandom of=/mnt/pnfs/jbent/"
+                                  "manual.bin bs=3901 count=1 conv=fsync\n"
+                                  "ls -l /mnt/pnfs/jbent/manual.bin\n"
+                                  "dd: fsync failed for '/mnt/pnfs/jbent/manual.bin': "
+                                  "Input/output error")
+    assert (c.cls, c.rule) == ("remote_storage", "remote_io"), c
+    assert not c.evicts
+    first = classify_failure(1, None, "OSError: [Errno 5] Input/output error: '/lustre/scratch/"
+                                      "ckpt/step_100.pt'")
+    assert (first.cls, first.rule) == ("remote_storage", "remote_io"), first
+    # no shared path on the line: the node's own disk stays the reading
+    local = classify_failure(1, None, "dd: fsync failed for '/tmp/x.bin': Input/output error")
+    assert (local.cls, local.rule) == ("disk_fault", "io_error"), local
