@@ -16,15 +16,9 @@ from collections.abc import Mapping
 from typing import TextIO
 
 from slurm_robust.errors import SlurmRobustError
-from slurm_robust.reason_prefix import PENDING_PREFIX
+from slurm_robust.pending_reason import is_pending
 from slurm_robust.site_config import load_site_config
 from slurm_robust.slurm import Slurm, check_node_name
-
-
-def is_pending(state: str, reason: str) -> bool:
-    """Drained with our pending reason and no job left on it (``draining`` nodes still
-    run jobs: a deep suite beside a job would disturb it and judge the node under load)."""
-    return state == "drained" and reason.startswith(PENDING_PREFIX)
 
 
 def main(environ: Mapping[str, str], err: TextIO = sys.stderr,

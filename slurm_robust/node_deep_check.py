@@ -63,7 +63,7 @@ from slurm_robust.health.repair import (
     save_record,
 )
 from slurm_robust.health.suite import run_suite
-from slurm_robust.health_check_program import is_pending
+from slurm_robust.pending_reason import is_pending
 from slurm_robust.records import append_records, make_record
 from slurm_robust.site_config import SiteConfig
 from slurm_robust.slurm import Slurm

@@ -18,8 +18,8 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from slurm_robust.reason_prefix import PENDING, PREFIX
-from slurm_robust.reason_prefix import PENDING_PREFIX as PENDING_PREFIX  # re-exported
+from slurm_robust.pending_reason import PENDING, PREFIX
+from slurm_robust.pending_reason import PENDING_PREFIX as PENDING_PREFIX  # re-exported
 from slurm_robust.slurm import Node, Slurm
 
 #: Slurm keeps the reason in a fixed buffer and `sinfo -R` cuts it further: stay short.

@@ -10,12 +10,12 @@ import pytest
 
 from slurm_robust.health.drain import DEEP_FAILED_PREFIX, PENDING_PREFIX
 from slurm_robust.health.probes import inject_path
-from slurm_robust.health_check_program import is_pending
 from slurm_robust.node_deep_check import (
     OUTCOME_FILE,
     deep_check_and_return,
     failed_reason,
 )
+from slurm_robust.pending_reason import is_pending
 from slurm_robust.records import read_records
 from slurm_robust.reserve.remote_check import wait_result
 from slurm_robust.site_config import SiteConfig
