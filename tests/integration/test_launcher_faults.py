@@ -27,6 +27,8 @@ from cluster_helpers import run_diagnostics, spare_path_victim, standalone_diges
 
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.paths import RunPaths
+from slurm_robust.node_deep_check import DEEP_CHECK_SCHEMA, OUTCOME_FILE
+from slurm_robust.pending_reason import PENDING_PREFIX
 from slurm_robust.records import read_records
 from slurm_robust.site_config import load_site_config
 
@@ -245,14 +247,28 @@ def test_kill_node_activates_spare_from_peer_backup(runs, baseline_sha):
     assert_report_counts(run, "node_lost", "spare")
 
 
-def wait_drained(cluster, node: str, timeout: float = 60.0) -> bool:
-    """Whether EpilogSlurmctld drained ``node`` (it applies the job's verdicts at job end)."""
+def wait_drained(cluster, node: str, since: float, timeout: float = 60.0) -> bool:
+    """Whether EpilogSlurmctld drained ``node`` (it applies the job's verdicts at job end):
+    drained now, or deep-checked since ``since`` (the verdict's time) while pending. The
+    HealthCheckProgram deep-checks a pending node within its 10 s interval and returns it
+    when it passes; on a loaded machine that can all happen before the test gets here
+    (a fresh-clone run saw the fail-slow victim drained and back before this was asked)."""
+    site = load_site_config(cluster.env["SLURM_ROBUST_CONFIG"])
     deadline = time.time() + timeout
     while time.time() < deadline:
         if cluster.slurm.node(node).drained:
             return True
+        checked = read_records(site.state_path(node) / OUTCOME_FILE, DEEP_CHECK_SCHEMA).records
+        if any(r["time"] >= since and r["previous_reason"].startswith(PENDING_PREFIX)
+               for r in checked):
+            return True
         time.sleep(0.5)
     return False
+
+
+def verdict_time(run: Run) -> float:
+    """When the run's first verdict was written (what ``wait_drained`` counts from)."""
+    return min(v["time"] for v in read_records(run.paths.verdicts).records)
 
 
 SLOW_STEPS = 75
@@ -304,7 +320,8 @@ def test_slow_worker_is_evicted_to_a_spare(runs, minicluster):
         # The teardown resumes the node; it must not run before the epilog drained it.
         if read_records(run.paths.verdicts).records:
             run.cancel()
-            assert wait_drained(minicluster, victim), f"{victim} not drained at job end"
+            assert wait_drained(minicluster, victim, verdict_time(run)), \
+                f"{victim} not drained at job end"
 
 
 def test_kill_controller_node_without_spare_requeues(runs, baseline_sha, minicluster):

@@ -21,7 +21,14 @@ import pytest
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.records import read_records
 from tests.integration import test_launcher_faults as faults
-from tests.integration.test_launcher_faults import CLI, STEPS, Run, the_incident, wait_drained
+from tests.integration.test_launcher_faults import (
+    CLI,
+    STEPS,
+    Run,
+    the_incident,
+    verdict_time,
+    wait_drained,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 # The fault tests' fixtures: the fault-free digest and the run factory.
@@ -87,7 +94,8 @@ def test_a_hardware_xid_evicts_the_node_to_the_spare(runs, baseline_sha, miniclu
         clear_probes(minicluster.env, victim)
         if read_records(run.paths.verdicts).records:
             run.cancel()
-            assert wait_drained(minicluster, victim), f"{victim} not drained at job end"
+            assert wait_drained(minicluster, victim, verdict_time(run)), \
+                f"{victim} not drained at job end"
 
 
 def test_a_port_flap_once_is_recorded_twice_in_the_window_evicts(runs, baseline_sha,
@@ -133,5 +141,6 @@ def test_a_port_flap_once_is_recorded_twice_in_the_window_evicts(runs, baseline_
             clear_probes(minicluster.env, victim)
         if victim is not None and read_records(run.paths.verdicts).records:
             run.cancel()
-            assert wait_drained(minicluster, victim), f"{victim} not drained at job end"
+            assert wait_drained(minicluster, victim, verdict_time(run)), \
+                f"{victim} not drained at job end"
         run.cancel()
