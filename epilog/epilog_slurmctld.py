@@ -21,6 +21,8 @@ START_WAIT_S = 120.0
 
 
 def main() -> int:
+    # No earlier than the kill that revoked the job's credential (slurm/restart.py).
+    started = time.time()
     try:
         from slurm_robust.reserve.handoff import handle_job_end, job_end_from_env
         from slurm_robust.site_config import load_site_config
@@ -31,13 +33,14 @@ def main() -> int:
         # Every requeued job with verdicts, spares handed over or not: otherwise Slurm's
         # BeginTime (cred_expire, 120 s by default) holds it even when nodes are free.
         if report is not None and report.requeued:
-            _start_detached(site, end.job_id, report.stop_reason)
+            _start_detached(site, end.job_id, started, report.stop_reason)
     except Exception as exc:  # noqa: BLE001 - logged, never raised into slurmctld
         _log_error(exc)
     return EXIT_OK
 
 
-def _start_detached(site, job_id: str, stop_reason: str | None = None) -> None:
+def _start_detached(site, job_id: str, requeued_at: float,
+                    stop_reason: str | None = None) -> None:
     """Fork a session-less child that resets the job's StartTime once it is PENDING (or,
     with ``stop_reason``, stops it with that verdict: it cannot be placed any more).
 
@@ -57,6 +60,7 @@ def _start_detached(site, job_id: str, stop_reason: str | None = None) -> None:
         from slurm_robust.reserve.config import SHARED_FILE_MODE, reserve_config
         from slurm_robust.reserve.handoff import start_when_requeued
         from slurm_robust.reserve.respare import stop_when_requeued
+        from slurm_robust.slurm.restart import STARTED
 
         cfg = reserve_config(site)
         if stop_reason:
@@ -64,8 +68,9 @@ def _start_detached(site, job_id: str, stop_reason: str | None = None) -> None:
                                       START_WAIT_S, time.monotonic, time.sleep)
             action, ok = "stop", what == "stopped with a verdict"
         else:
-            what = start_when_requeued(_slurm_factory(site)(), job_id, START_WAIT_S)
-            action, ok = "start_now", what == "StartTime reset"
+            what = start_when_requeued(_slurm_factory(site)(), job_id, START_WAIT_S,
+                                       requeued_at)
+            action, ok = "start_now", what == STARTED
         append_records(cfg.log_file, [make_record("slurm_robust.reserve_action", 1, {
             "op": "handoff", "action": action, "node": None, "job_id": job_id,
             "ok": ok, "why": stop_reason or what, "error": "" if ok else what,

@@ -75,7 +75,8 @@ def _fields(line: str, keys: tuple[str, ...]) -> str:
 
 def diagnosis(cluster: Any, mc: Any = None) -> str:
     """The cluster's state in a few lines: stopped daemons, nodes that take no job and
-    why, the last verdicts (they name the check), slurmctld's last errors."""
+    why, the jobs still in the queue and why they wait, the last verdicts (they name the
+    check), slurmctld's last errors and the jobs it ended because a node refused them."""
     out: list[str] = []
     if mc is not None:
         stopped = [name for name, pid in mc.running().items() if not pid]
@@ -87,6 +88,13 @@ def diagnosis(cluster: Any, mc: Any = None) -> str:
             f" {n.reason!r}" for n in bad) if bad else "none"))
     except Exception as exc:  # noqa: BLE001 -- slurmctld not answering is itself the finding
         out.append(f"sinfo failed: {exc}")
+    try:
+        queued = [j for j in cluster.slurm.jobs() if not j.finished]
+        out.append("jobs in the queue: " + ("; ".join(
+            f"{j.job_id} {j.state} {j.state_reason or '-'} restarts={j.restart_count}"
+            f" nodes={','.join(j.nodes) or '-'}" for j in queued[:10]) if queued else "none"))
+    except Exception as exc:  # noqa: BLE001 -- as above
+        out.append(f"squeue failed: {exc}")
     log_dir = Path(cluster.cfg.log_dir)
     for line in _tail(log_dir / "verdicts.jsonl", 3):
         out.append("verdict: " + _fields(line, ("node", "action", "reason")))
@@ -96,5 +104,8 @@ def diagnosis(cluster: Any, mc: Any = None) -> str:
         if failed:
             out.append("health: " + _fields(failed[0], ("node", "stage", "check", "reason")))
     for line in _tail(log_dir / "slurmctld.log", 5, "error"):
+        out.append(f"slurmctld: {line[:300]}")
+    # An info line, not an error: a launch a slurmd refused ends the job for good.
+    for line in _tail(log_dir / "slurmctld.log", 3, "non-startable"):
         out.append(f"slurmctld: {line[:300]}")
     return "\n".join(out)

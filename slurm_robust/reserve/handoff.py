@@ -58,6 +58,7 @@ from slurm_robust.reserve.verdicts import (
 )
 from slurm_robust.site_config import SiteConfig
 from slurm_robust.slurm import Job, Slurm, check_job_id, expand_hostlist
+from slurm_robust.slurm.restart import start_requeued
 
 VERDICT_ACTION_SCHEMA = "slurm_robust.verdict_action"
 VERDICT_ACTION_VERSION = 1
@@ -265,26 +266,14 @@ def down_under_job(slurm: Slurm, job_id: str, given: GivenNodes,
 
 
 def start_when_requeued(slurm: Slurm, job_id: str, timeout_s: float,
-                        clock: Callable[[], float] = time.monotonic,
-                        sleep: Callable[[float], None] = time.sleep,
-                        poll_s: float = 0.5) -> str:
-    """Reset a requeued job's StartTime once it has left COMPLETING; returns what happened.
-
-    Seen on 22.05: Slurm sets a requeued job's BeginTime (now + ~120 s) when the job
-    finishes completing (after the node epilogs), which undoes a StartTime reset made
-    earlier. So the reset waits for the job to be PENDING. Run it detached from
-    EpilogSlurmctld (see epilog/epilog_slurmctld.py) so slurmctld is never held up.
+                        requeued_at: float | None = None) -> str:
+    """Reset a requeued job's StartTime once that is safe (slurm/restart.py: pending
+    again, and past the credential margin counted from ``requeued_at``, a wall-clock time
+    no earlier than the requeue, by default now); returns what happened. Run it detached
+    from EpilogSlurmctld (see epilog/epilog_slurmctld.py) so slurmctld is never held up.
     """
-    deadline = clock() + timeout_s
-    while clock() < deadline:
-        job = slurm.job(job_id)
-        if job is None or job.finished or job.running:
-            return f"job is {job.state if job else 'gone'}; nothing to start"
-        if job.state != "COMPLETING":
-            slurm.update_job(job_id, StartTime="now")
-            return "StartTime reset"
-        sleep(poll_s)
-    return f"job still completing after {timeout_s:g} s; StartTime not reset"
+    return start_requeued(slurm, job_id, time.time() if requeued_at is None else requeued_at,
+                          timeout_s, poll_s=0.5)
 
 
 def _with_nodes(snap: Snapshot, slurm: Slurm, names: list[str]) -> Snapshot:

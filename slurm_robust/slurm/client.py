@@ -32,6 +32,7 @@ from slurm_robust.slurm.records import (
     parse_sinfo_json,
     parse_squeue_json,
 )
+from slurm_robust.slurm.restart import start_requeued
 from slurm_robust.slurm.runner import (
     DEFAULT_POLICY,
     NO_RETRY,
@@ -282,27 +283,17 @@ class Slurm:
 
     def requeue(self, job_id: str | int, start_now: bool = True, hold: bool = False,
                 timeout_s: float = 60.0) -> None:
-        """Requeue a job; with ``start_now`` reset its StartTime so it is not held ~120 s.
-
-        Slurm 22.05 sets the ~120 s BeginTime only once the job has finished completing
-        and is pending again, so StartTime=now is applied after the job reaches PENDING
-        (an earlier update is overwritten).
-        """
+        """Requeue a job; with ``start_now`` start it again within seconds instead of
+        after Slurm's BeginTime hold (``cred_expire``, ~120 s): see restart.py for when
+        the StartTime reset is safe. Raises SlurmCommandError if the job is still on its
+        way back to the queue after ``timeout_s``."""
         jid = check_job_id(job_id)
         self._run(["scontrol", "requeuehold" if hold else "requeue", jid], NO_RETRY)
         if not start_now or hold:
             return
-        deadline = time.monotonic() + timeout_s
-        while True:
-            job = self.job(jid)
-            if job is None or job.state not in ("RUNNING", "COMPLETING", "CONFIGURING"):
-                break
-            if time.monotonic() > deadline:
-                raise SlurmCommandError(["scontrol", "requeue", jid], None,
-                                        f"job still {job.state} {timeout_s:g} s after requeue")
-            time.sleep(0.2)
-        if job is not None and job.state == "PENDING":
-            self.update_job(jid, StartTime="now")
+        what = start_requeued(self, jid, time.time(), timeout_s)
+        if what.startswith("job still"):
+            raise SlurmCommandError(["scontrol", "requeue", jid], None, what)
 
     def update_job(self, job_id: str | int, **fields: str) -> None:
         """``scontrol update jobid=J Key=Value ...``."""

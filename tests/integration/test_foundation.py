@@ -10,7 +10,7 @@ import pytest
 from cluster_helpers import shared_out_dir as _out_dir
 from cluster_helpers import wait_until
 
-from slurm_robust.slurm import SlurmCommandError
+from slurm_robust.slurm import Job, SlurmCommandError
 from slurm_robust_rehearsal.cluster.manager import MiniCluster
 
 pytestmark = pytest.mark.integration
@@ -50,7 +50,12 @@ def test_drain_with_reason_reads_back_and_resumes(minicluster):
 def test_requeue_with_immediate_start_runs_again_quickly(minicluster):
     s = minicluster.slurm
     out = _out_dir(minicluster, "requeue")
-    job_id = s.sbatch(["-N", "1", "-p", "train", "--requeue", "-o", str(out / "%j.out")],
+    # Pinned to one node: the job comes back where the requeue just revoked its
+    # credential, and a sleep's epilog is quick, so a StartTime reset made as soon as it
+    # is pending would relaunch it within the revocation's second: slurmd refuses that
+    # launch and the job ends FAILED (slurm/restart.py).
+    job_id = s.sbatch(["-N", "1", "-p", "train", "-w", "node3", "--requeue",
+                       "-o", str(out / "%j.out")],
                       script=f"#!/bin/sh\ntouch {out}/started.$SLURM_JOB_ID\nsleep 300\n")
     try:
         # Running in squeue is not enough: Slurm 22.05 kills a batch step whose launch is
@@ -61,9 +66,14 @@ def test_requeue_with_immediate_start_runs_again_quickly(minicluster):
                    lambda: s.job(job_id).running and (out / f"started.{job_id}").exists())
         t0 = time.monotonic()
         s.requeue(job_id, start_now=True)
-        job = wait_until("job running again",
-                         lambda: (j := s.job(job_id)).running and j.restart_count >= 1 and j,
-                         timeout_s=60)
+
+        def back() -> Job | None:
+            job = s.job(job_id)
+            assert job is not None and not job.finished, \
+                f"the requeued job ended ({job.state if job else 'gone'}) instead of running"
+            return job if job.running and job.restart_count >= 1 else None
+
+        job = wait_until("job running again", back, timeout_s=60)
         elapsed = time.monotonic() - t0
         assert job.restart_count == 1
         assert elapsed < 15, f"requeue took {elapsed:.1f} s to run again"
