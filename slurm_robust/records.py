@@ -29,6 +29,8 @@ EVENT_SCHEMA = "slurm_robust.event"
 EVENT_VERSION = 1
 VERDICT_SCHEMA = "slurm_robust.verdict"
 VERDICT_VERSION = 1
+RESTART_REQUEST_SCHEMA = "slurm_robust.restart_request"
+RESTART_REQUEST_VERSION = 1
 TASK_EXIT_SCHEMA = "slurm_robust.task_exit"
 TASK_EXIT_VERSION = 1
 

@@ -9,7 +9,9 @@ pending a deep check (an admin's reason is never replaced; a repeat offender's r
 so; at most ``job_blame_cap`` over the job's life) and, if the job was requeued, as many
 spares as it lost (within the same cap) are
 moved from the reserve into its partition; :func:`start_when_requeued` then resets its
-StartTime (detached, once Slurm has finished requeueing it) so it starts at once.
+StartTime (detached, once Slurm has finished requeueing it) so it starts at once. A job
+that requeued itself without blaming a node leaves only a restart request in the file,
+and gets the same reset.
 ``reserve reconcile`` refills the reserve afterwards.
 
 Every applied or refused verdict is logged to ``SiteConfig.verdict_log`` as a
@@ -165,7 +167,9 @@ def handle_job_end(end: JobEnd, site: SiteConfig, slurm_factory: Callable[[], Sl
                    gate_factory: Callable[[Slurm], HealthGate],
                    clock: Callable[[], float] = time.time,
                    probe: Probe = slurmd_answers) -> HandoffReport | None:
-    """Apply job ``end``'s verdicts; None (and no Slurm call) when it left none.
+    """Apply job ``end``'s verdicts; None (and no Slurm call) when it left none. A
+    restart request alone (verdicts.write_restart_request) costs one Slurm call: whether
+    the job was requeued (``report.requeued``, on which the caller starts it).
 
     For a requeued job, the drained nodes among them whose slurmd is gone are then set
     DOWN (``probe`` asks; see unreachable.py), outside the reserve lock."""
@@ -181,6 +185,9 @@ def handle_job_end(end: JobEnd, site: SiteConfig, slurm_factory: Callable[[], Sl
     report = HandoffReport(end.job_id, len(batch.verdicts), len(batch.refusals))
     _log_refusals(site, end, batch, clock())
     if not batch.verdicts:
+        if batch.restart_requested:
+            # A requeue that blamed no node: only the start (the caller's) is wanted.
+            report.requeued = is_requeued(slurm_factory().job(end.job_id), clock())
         return report
     nodes = SiteLedger(site)
     # Read before the lock: the reserve lock is never held waiting on the ledger's.

@@ -34,6 +34,8 @@ from typing import Any
 
 from slurm_robust.errors import SlurmRobustError, UsageError
 from slurm_robust.records import (
+    RESTART_REQUEST_SCHEMA,
+    RESTART_REQUEST_VERSION,
     VERDICT_SCHEMA,
     VERDICT_VERSION,
     append_record,
@@ -151,6 +153,37 @@ def write_verdict(verdict_root: Path, user: str, job_id: str | int, node: str, r
         VerdictError: the spool directory is missing or the user directory is not ours.
         UsageError: bad user, job id or node name.
     """
+    path = _spool_file(verdict_root, user, job_id)
+    record = make_record(VERDICT_SCHEMA, VERDICT_VERSION, {
+        "job_id": check_job_id(job_id), "node": check_node_name(node),
+        "reason": clean_reason(reason), "class": cls, "evidence": dict(evidence or {}),
+        "incident": incident}, now=now)
+    append_records(path, [record], mode=FILE_MODE)
+    if run_dir is not None:
+        append_record(Path(run_dir) / "verdicts.jsonl", record)
+    return path
+
+
+def write_restart_request(verdict_root: Path, user: str, job_id: str | int, why: str,
+                          now: float | None = None) -> Path:
+    """Ask EpilogSlurmctld to start the job again at once after the requeue the job is
+    about to make (a ``slurm_robust.restart_request`` in the verdict file).
+
+    Slurm holds a requeued job for its credential lifetime (120 s by default) and undoes
+    a StartTime reset made while the job completes; the job's own processes are gone by
+    the time it is pending again, so the reset has to come from EpilogSlurmctld. A job
+    with verdicts gets it anyway; this is for a requeue that blames no node (a time
+    limit, a shortfall). The request can only restart the job that wrote it, which its
+    user may do anyway. Raises as :func:`write_verdict`.
+    """
+    path = _spool_file(verdict_root, user, job_id)
+    append_records(path, [make_record(RESTART_REQUEST_SCHEMA, RESTART_REQUEST_VERSION, {
+        "job_id": check_job_id(job_id), "why": clean_reason(why)}, now=now)], mode=FILE_MODE)
+    return path
+
+
+def _spool_file(verdict_root: Path, user: str, job_id: str | int) -> Path:
+    """The job's verdict file, its user directory made if the root still allows it."""
     path = verdict_path(verdict_root, user, job_id)
     if not verdict_root.is_dir():
         raise VerdictError(f"verdict_dir {verdict_root} does not exist; an admin creates it "
@@ -164,13 +197,6 @@ def write_verdict(verdict_root: Path, user: str, job_id: str | int, node: str, r
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         raise VerdictError(f"{path.parent} is not a directory owned by uid {os.geteuid()}; "
                            "ask an admin to remove it")
-    record = make_record(VERDICT_SCHEMA, VERDICT_VERSION, {
-        "job_id": check_job_id(job_id), "node": check_node_name(node),
-        "reason": clean_reason(reason), "class": cls, "evidence": dict(evidence or {}),
-        "incident": incident}, now=now)
-    append_records(path, [record], mode=FILE_MODE)
-    if run_dir is not None:
-        append_record(Path(run_dir) / "verdicts.jsonl", record)
     return path
 
 
@@ -203,6 +229,8 @@ class VerdictBatch:
     verdicts: list[Verdict] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
     done_name: str | None = None  # what the file was renamed to once read
+    #: The job asked to be started again at once after its requeue.
+    restart_requested: bool = False
 
 
 def parse_verdicts(data: bytes, job_id: str, job_nodes: Collection[str],
@@ -211,11 +239,21 @@ def parse_verdicts(data: bytes, job_id: str, job_nodes: Collection[str],
 
     A record is applied only when it is a ``slurm_robust.verdict`` object whose ``job_id``
     is this job and whose ``node`` is in ``job_nodes``; one verdict per node is kept (the
-    first). Everything else becomes a Refusal naming the reason.
+    first). A ``slurm_robust.restart_request`` for this job is no verdict and no refusal
+    (:func:`parse_verdict_file` reports it). Everything else becomes a Refusal naming the
+    reason.
     """
+    verdicts, refusals, _ = parse_verdict_file(data, job_id, job_nodes, max_records)
+    return verdicts, refusals
+
+
+def parse_verdict_file(data: bytes, job_id: str, job_nodes: Collection[str],
+                       max_records: int) -> tuple[list[Verdict], list[Refusal], bool]:
+    """:func:`parse_verdicts`, and whether the file holds a restart request of this job."""
     verdicts: list[Verdict] = []
     refusals: list[Refusal] = []
     seen: set[str] = set()
+    restart = False
     for lineno, raw in enumerate(data.splitlines(), 1):
         if not raw.strip():
             continue
@@ -227,6 +265,14 @@ def parse_verdicts(data: bytes, job_id: str, job_nodes: Collection[str],
             # hostile file) is refused like any other non-record.
             refusals.append(Refusal(f"line {lineno}: not JSON (or nested too deep)", None,
                                     excerpt))
+            continue
+        if isinstance(obj, dict) and obj.get("schema") == RESTART_REQUEST_SCHEMA:
+            if str(obj.get("job_id")) == job_id:
+                restart = True
+            else:
+                refusals.append(Refusal(f"line {lineno}: restart request for job_id "
+                                        f"{obj.get('job_id')!r}, not this job ({job_id})",
+                                        None, excerpt))
             continue
         why, verdict = _validate(obj, job_id, job_nodes)
         if verdict is None:
@@ -241,7 +287,7 @@ def parse_verdicts(data: bytes, job_id: str, job_nodes: Collection[str],
         else:
             seen.add(verdict.node)
             verdicts.append(verdict)
-    return verdicts, refusals
+    return verdicts, refusals, restart
 
 
 def _validate(obj: Any, job_id: str, job_nodes: Collection[str]) -> tuple[str, Verdict | None]:
@@ -344,8 +390,8 @@ def _read_in_dir(dir_fd: int, path: Path, uid: int, job_id: str, job_nodes: Coll
     if why:
         batch.refusals.append(Refusal(f"{path}: {why}"))
         return batch
-    batch.verdicts, batch.refusals = parse_verdicts(data[:max_bytes], job_id, job_nodes,
-                                                    max_records)
+    batch.verdicts, batch.refusals, batch.restart_requested = parse_verdict_file(
+        data[:max_bytes], job_id, job_nodes, max_records)
     return batch
 
 

@@ -13,6 +13,7 @@ import subprocess
 import pytest
 
 from slurm_robust.launcher.worker_signals import WARNING_SIGNAL
+from slurm_robust.records import read_records
 from tests.integration.test_launcher_faults import (  # noqa: F401
     TRAIN_ARGS,
     assert_report_counts,
@@ -24,7 +25,8 @@ from tests.integration.test_launcher_faults import (  # noqa: F401
 pytestmark = pytest.mark.integration
 
 
-def test_the_time_limit_warning_requeues_from_the_newest_step(runs, baseline_sha):  # noqa: F811
+def test_the_time_limit_warning_requeues_from_the_newest_step(runs, baseline_sha,  # noqa: F811
+                                                             minicluster):
     run = runs("time-limit", spares=0, train_args=TRAIN_ARGS, extra=["--warn-before", "60"])
     run.wait_step(12)
     script = next(run.paths.submitit.glob("*_submission.sh")).read_text()
@@ -48,6 +50,11 @@ def test_the_time_limit_warning_requeues_from_the_newest_step(runs, baseline_sha
     # No worker died of the signal: no other incident, and the run is bit-identical.
     assert end["status"] == "completed" and end["params_sha256"] == baseline_sha, end
     assert_report_counts(run, "time_limit", "requeue")
+    # A requeue that blames no node still starts at once: EpilogSlurmctld, on the run's
+    # restart request, reset Slurm's hold (cred_expire, 20 s here, 120 s by default).
+    started = [r for r in read_records(minicluster.cfg.log_dir / "reserve.jsonl").records
+               if r.get("job_id") == run.job_id and r.get("action") == "start_now"]
+    assert [r["why"] for r in started] == ["StartTime reset"], started
 
 
 def test_a_run_longer_than_its_time_limit_completes_across_allocations(runs):  # noqa: F811

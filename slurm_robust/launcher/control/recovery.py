@@ -36,6 +36,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 
 from slurm_robust.launcher.config import RunConfig
 from slurm_robust.launcher.control import actions as act
@@ -65,6 +66,7 @@ from slurm_robust.launcher.control.nan_ladder import NanLadder, NanPolicy
 from slurm_robust.launcher.control.nan_recovery import NanRecovery
 from slurm_robust.launcher.control.outcome import RunOutcome
 from slurm_robust.launcher.control.policy import assign_slots
+from slurm_robust.launcher.control.requeue import requeue_job
 from slurm_robust.launcher.control.shortfall import Capacity, job_capacity, reserve_partition
 from slurm_robust.launcher.control.slurm_actions import SlurmAction
 from slurm_robust.launcher.control.slurm_ending import SlurmEnding
@@ -137,7 +139,9 @@ class Recovery:
                      *([MetricsListener(metrics)] if metrics is not None else []),
                      HotUpdateListener(self.hot), self.watch]
         self.app = Applier(cfg, ident, members, state, self.events, self.hot,
-                           slurm or SlurmSide(capacity=self._count_capacity,
+                           slurm or SlurmSide(requeue=partial(requeue_job,
+                                                              site_config=cfg.site_config),
+                                              capacity=self._count_capacity,
                                               end_time=job_end_time),
                            fence or Fence(), listeners, clock)
         self.nans = NanRecovery(self.app, NanLadder.from_state(NanPolicy(cfg.nan_policy),

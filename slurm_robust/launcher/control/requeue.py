@@ -36,7 +36,7 @@ from slurm_robust.launcher.enums import Category, IncidentClass, Rung
 from slurm_robust.launcher.paths import RunPaths, load_site
 from slurm_robust.records import VERDICT_SCHEMA, VERDICT_VERSION, append_record, make_record
 from slurm_robust.reserve.config import reserve_config
-from slurm_robust.reserve.verdicts import VerdictError
+from slurm_robust.reserve.verdicts import VerdictError, write_restart_request
 from slurm_robust.reserve.verdicts import write_verdict as spool_verdict
 from slurm_robust.slurm import Slurm, SlurmCommandError
 
@@ -51,7 +51,7 @@ def write_verdict(paths: RunPaths, job_id: str, node: str, reason: str, cls: str
     copy. Without the spool directory (no reserve set up on this cluster) only the run's
     copy is written, and that is logged: the node is then not drained by the epilog."""
 
-    user = os.environ.get("SLURM_JOB_USER") or pwd.getpwuid(os.geteuid()).pw_name
+    user = _job_user()
     try:
         root = reserve_config(load_site(site_config)).verdict_root
         spool_verdict(root, user, job_id, node, reason, cls, dict(evidence), incident,
@@ -62,6 +62,25 @@ def write_verdict(paths: RunPaths, job_id: str, node: str, reason: str, cls: str
     append_record(paths.verdicts, make_record(VERDICT_SCHEMA, VERDICT_VERSION, {
         "job_id": job_id, "node": node, "reason": reason, "class": cls,
         "evidence": dict(evidence), "incident": incident}))
+
+
+def _job_user() -> str:
+    return os.environ.get("SLURM_JOB_USER") or pwd.getpwuid(os.geteuid()).pw_name
+
+
+def request_restart(job_id: str, why: str, site_config: str | None = None) -> bool:
+    """Leave a restart request where EpilogSlurmctld reads verdicts, so the requeue about
+    to be made starts again at once instead of after Slurm's hold (reserve/verdicts.py).
+    Best effort: without the spool (no reserve set up here) the job waits out the hold,
+    and that is logged. Returns whether the request was written."""
+    try:
+        root = reserve_config(load_site(site_config)).verdict_root
+        write_restart_request(root, _job_user(), job_id, why)
+        return True
+    except (VerdictError, UsageError, OSError) as exc:
+        log.warning("no restart request for job %s (it waits out Slurm's requeue hold): %s",
+                    job_id, exc)
+        return False
 
 
 def drain_directly(nodes: Sequence[str], reason: str) -> list[str]:
@@ -96,7 +115,8 @@ REQUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED
 
 
 def requeue_job(job_id: str, exclude: Sequence[str], restart_count: int | None = None,
-                slurm: Slurm | None = None, num_nodes: int | None = None) -> None:
+                slurm: Slurm | None = None, num_nodes: int | None = None,
+                site_config: str | None = None) -> None:
     """Requeue, keep the job off ``exclude``, and start it again as soon as possible.
 
     A slurmctld that is away, busy or answers "Unexpected message received" is retried
@@ -107,10 +127,15 @@ def requeue_job(job_id: str, exclude: Sequence[str], restart_count: int | None =
     the requeue is refused for good; the follow-up updates are best effort (a job
     already running again cannot take ExcNodeList). ``num_nodes`` shrinks the pending
     job (fewer spares, see shortfall.py). Blocks: run it as a SlurmAction.
+
+    The StartTime reset made here is undone by Slurm when the job finishes completing
+    (slurm/restart.py); what starts the job at once is EpilogSlurmctld, on the restart
+    request written first (``site_config``'s spool).
     """
     slurm = slurm or Slurm()
     if restart_count is None:
         restart_count = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    request_restart(job_id, "requeued by slurm_robust", site_config)
 
     def settled() -> bool:
         return requeued_since(slurm, job_id, restart_count)
@@ -197,7 +222,8 @@ def requeue_after_controller_loss(cfg: RunConfig, ident: Any, controller_node: s
         _stop_for_shortfall(paths, cfg, ident.job_id, state, plan.reason)
         return True
     requeue_job(ident.job_id, state.blamed, ident.restart_count,
-                num_nodes=plan.nodes if plan.choice is Choice.SHRINK else None)
+                num_nodes=plan.nodes if plan.choice is Choice.SHRINK else None,
+                site_config=cfg.site_config)
     return True
 
 

@@ -11,7 +11,11 @@ import pytest
 from slurm_robust.errors import UsageError
 from slurm_robust.records import read_records
 from slurm_robust.reserve.handoff import handle_job_end, is_requeued, job_end_from_env
-from slurm_robust.reserve.verdicts import ensure_verdict_root, write_verdict
+from slurm_robust.reserve.verdicts import (
+    ensure_verdict_root,
+    write_restart_request,
+    write_verdict,
+)
 from slurm_robust.site_config import SiteConfig
 from slurm_robust.slurm import Job, SlurmCommandError
 
@@ -96,3 +100,31 @@ def test_requeued_is_told_from_end_time_while_completing() -> None:
     assert not is_requeued(job("COMPLETING", 990), now)  # ended for good
     assert is_requeued(job("PENDING", 0), now)
     assert not is_requeued(job("COMPLETED", 990), now) and not is_requeued(None, now)
+
+
+class SqueueOnly:
+    """Answers ``squeue`` for job 42 with ``state``; any other Slurm call fails the test."""
+
+    state = "COMPLETING"
+
+    def job(self, job_id):
+        assert str(job_id) == "42"
+        return job(self.state, 6_090_908_112 if self.state == "COMPLETING" else 0)
+
+
+@pytest.mark.parametrize("state, requeued", [("COMPLETING", True), ("PENDING", True),
+                                             ("COMPLETED", False)])
+def test_a_restart_request_alone_asks_slurm_once_whether_to_start(tmp_path: Path, state,
+                                                                  requeued) -> None:
+    """A requeue that blamed no node (a time limit): no verdict, no drain, no spare; the
+    report says whether the job was requeued, and the caller then starts it."""
+    site = site_for(tmp_path)
+    root = tmp_path / "log" / "verdicts"
+    ensure_verdict_root(root)
+    write_restart_request(root, "alice", "42", "time limit")
+    SqueueOnly.state = state
+    report = handle_job_end(job_end_from_env(ENV), site, SqueueOnly, no_slurm)
+    assert report is not None and report.requeued is requeued
+    assert report.verdicts == 0 and report.refused == 0 and report.outcomes == []
+    assert not Path(site.verdict_log).exists()  # nothing applied, nothing refused
+    assert (root / "alice" / "42.1.done").exists()

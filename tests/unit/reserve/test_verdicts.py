@@ -12,9 +12,11 @@ from slurm_robust.errors import UsageError
 from slurm_robust.reserve.verdicts import (
     ensure_user_spool,
     ensure_verdict_root,
+    parse_verdict_file,
     parse_verdicts,
     read_job_verdicts,
     verdict_path,
+    write_restart_request,
     write_verdict,
 )
 
@@ -217,3 +219,26 @@ def test_group_writable_user_dir_is_read_only_with_the_spool_group(tmp_path: Pat
     os.chown(d, UID, tmp_path.stat().st_gid)
     batch = read_job_verdicts(tmp_path, USER, UID, "42", NODES, 4096, 64)
     assert batch is not None and [v.node for v in batch.verdicts] == ["node2"]
+
+
+def test_a_restart_request_is_neither_a_verdict_nor_a_refusal(tmp_path: Path) -> None:
+    root = tmp_path / "verdicts"
+    ensure_verdict_root(root)
+    write_restart_request(root, USER, "42", "time\nlimit")
+    write_verdict(root, USER, "42", "node2", "gpu_xid: Xid 79", "gpu_memory_error")
+    rec = json.loads(verdict_path(root, USER, "42").read_text().splitlines()[0])
+    assert (rec["schema"], rec["v"], rec["job_id"], rec["why"]) == (
+        "slurm_robust.restart_request", 1, "42", "time limit")  # one line
+    batch = read_job_verdicts(root, USER, UID, "42", NODES, 4096, 64)
+    assert batch is not None and batch.restart_requested
+    assert [v.node for v in batch.verdicts] == ["node2"] and batch.refusals == []
+
+
+def test_a_restart_request_for_another_job_is_refused() -> None:
+    other = json.dumps({"schema": "slurm_robust.restart_request", "v": 1, "job_id": "43",
+                        "why": "x"}).encode() + b"\n"
+    verdicts, refusals, restart = parse_verdict_file(other, "42", NODES, 64)
+    assert not restart and verdicts == []
+    assert "restart request for job_id '43', not this job (42)" in refusals[0].why
+    # parse_verdicts (verdicts and refusals only) sees the same refusal.
+    assert parse_verdicts(other, "42", NODES, 64)[1] == refusals

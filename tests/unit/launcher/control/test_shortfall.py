@@ -122,7 +122,7 @@ def controller_lost(tmp_path, monkeypatch, has: int, **cfg_kw: Any) -> tuple[Any
 
 def test_controller_loss_shrinks_the_requeue(tmp_path, monkeypatch):
     _, calls = controller_lost(tmp_path, monkeypatch, has=2, nodes=2, spares=1)
-    assert calls == [(("7", ["n1"], 0), {"num_nodes": 2})]
+    assert calls == [(("7", ["n1"], 0), {"num_nodes": 2, "site_config": None})]
 
 
 def test_controller_loss_into_a_shortfall_stops_the_run(tmp_path, monkeypatch):
