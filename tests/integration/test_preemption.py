@@ -18,6 +18,7 @@ import pytest
 from slurm_robust.analysis.allocations import allocation_table
 from slurm_robust.analysis.frames import LoadIssues
 from slurm_robust.analysis.loaders import load_run_dirs
+from slurm_robust.slurm.restart import start_requeued
 from tests.integration.test_launcher_faults import (  # noqa: F401
     CLI,
     NODES,
@@ -52,10 +53,13 @@ def _one_boundary(run, cls: str) -> dict:
     return inc
 
 
-def test_an_admin_requeue_mid_run_goes_on_from_the_newest_step(runs, baseline_sha):  # noqa: F811
+def test_an_admin_requeue_mid_run_goes_on_from_the_newest_step(runs, baseline_sha,  # noqa: F811
+                                                              minicluster):
     run = runs("admin-requeue", spares=0, train_args=TRAIN_ARGS)
     run.wait_step(12)
-    _checked(["scontrol", "requeue", run.job_id], run.env)
+    # `scontrol requeue`, then StartTime reset as an admin in a hurry does (what the run
+    # does with the boundary does not depend on Slurm's 20 s hold here, 120 s by default).
+    minicluster.slurm.requeue(run.job_id, start_now=True)
     end = run.wait_end(timeout=300)
     inc = _one_boundary(run, "admin")
     assert inc["evidence"]["requeue"]["slurm_state"] == "REQUEUED", inc
@@ -104,9 +108,10 @@ def test_a_preempted_run_waits_then_goes_on_from_the_newest_step(runs, baseline_
             time.sleep(1.0)
         assert said and "preempted" in said, (said, run.tail())
     finally:
-        # Seen: the preemptor need not run its course (the requeued job waits out
-        # Slurm's requeue delay either way).
+        # The preemptor need not run its course; the requeued job's hold (Slurm's, 20 s
+        # here) is reset as an admin would, once the job is pending again.
         subprocess.run(["scancel", urgent], env=run.env, timeout=30)
+    start_requeued(minicluster.slurm, run.job_id, time.time(), timeout_s=60)
     end = run.wait_end(timeout=300)
     inc = _one_boundary(run, "preempted")
     assert inc["evidence"]["requeue"]["slurm_state"] == "PREEMPTED", inc
