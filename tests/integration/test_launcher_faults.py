@@ -253,17 +253,25 @@ def wait_drained(cluster, node: str, since: float, timeout: float = 60.0) -> boo
     HealthCheckProgram deep-checks a pending node within its 10 s interval and returns it
     when it passes; on a loaded machine that can all happen before the test gets here
     (a fresh-clone run saw the fail-slow victim drained and back before this was asked)."""
-    site = load_site_config(cluster.env["SLURM_ROBUST_CONFIG"])
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if cluster.slurm.node(node).drained:
-            return True
-        checked = read_records(site.state_path(node) / OUTCOME_FILE, DEEP_CHECK_SCHEMA).records
-        if any(r["time"] >= since and r["previous_reason"].startswith(PENDING_PREFIX)
-               for r in checked):
+        if drain_reason_seen(cluster, node, since) is not None:
             return True
         time.sleep(0.5)
     return False
+
+
+def drain_reason_seen(cluster, node: str, since: float) -> str | None:
+    """The reason ``node`` is drained with now, or, if it is back, the pending reason its
+    deep check since ``since`` found it drained with (None: neither)."""
+    info = cluster.slurm.node(node)
+    if info.drained:
+        return info.reason
+    site = load_site_config(cluster.env["SLURM_ROBUST_CONFIG"])
+    checked = read_records(site.state_path(node) / OUTCOME_FILE, DEEP_CHECK_SCHEMA).records
+    pending = [r["previous_reason"] for r in checked
+               if r["time"] >= since and r["previous_reason"].startswith(PENDING_PREFIX)]
+    return pending[-1] if pending else None
 
 
 def verdict_time(run: Run) -> float:
