@@ -106,9 +106,11 @@ class SqueueOnly:
     """Answers ``squeue`` for job 42 with ``state``; any other Slurm call fails the test."""
 
     state = "COMPLETING"
+    calls = 0
 
     def job(self, job_id):
         assert str(job_id) == "42"
+        SqueueOnly.calls += 1
         return job(self.state, 6_090_908_112 if self.state == "COMPLETING" else 0)
 
 
@@ -122,8 +124,9 @@ def test_a_restart_request_alone_asks_slurm_once_whether_to_start(tmp_path: Path
     root = tmp_path / "log" / "verdicts"
     ensure_verdict_root(root)
     write_restart_request(root, "alice", "42", "time limit")
-    SqueueOnly.state = state
+    SqueueOnly.state, SqueueOnly.calls = state, 0
     report = handle_job_end(job_end_from_env(ENV), site, SqueueOnly, no_slurm)
+    assert SqueueOnly.calls == 1
     assert report is not None and report.requeued is requeued
     assert report.verdicts == 0 and report.refused == 0 and report.outcomes == []
     assert not Path(site.verdict_log).exists()  # nothing applied, nothing refused
