@@ -31,31 +31,44 @@ spank: packages
 demo: setup
 	$(PY) examples/demo.py
 
-# Unit tests first, in UNIT_WORKERS pytest-xdist processes (they need no cluster and
-# share nothing), then the integration tests in TEST_WORKERS processes, a test module
-# each at a time; each starts a mini-cluster of its own (tests/conftest.py: namespaced,
-# its own directory, ports, subnet and job ids) and stops it at the end (the trap stops
-# them even when pytest fails). The default is two processes where namespaces can be
-# made (root, iproute2), else one (TEST_WORKERS=0; siblings need namespaces); two on
-# this 2-core machine take about 23 minutes instead of 40 (docs/DEVELOPING.md).
-# Each pytest run ends with a timing summary
+# The unit tests (`-m "not integration"`: no cluster, they share nothing) run in
+# UNIT_WORKERS pytest-xdist processes *beside* the integration tests, at nice UNIT_NICE:
+# the integration processes wait on their clusters for about a quarter of 2 cores' time,
+# which the unit tests take instead of a phase of their own, and the niceness keeps them
+# from slowing a cluster's job when both want the CPU. Their output goes to
+# .test-unit.log and is printed once the integration tests end. The integration tests run
+# in TEST_WORKERS processes, a test module each at a time; each starts a mini-cluster of
+# its own (tests/conftest.py: namespaced, its own directory, ports, subnet and job ids) and
+# stops it at the end (the trap stops them, and the unit run, even when pytest fails). The
+# default is two processes where namespaces can be made (root, iproute2), else one
+# (TEST_WORKERS=0; siblings need namespaces); two on this 2-core machine take about 23
+# minutes instead of 40 (docs/DEVELOPING.md). Each pytest run ends with a timing summary
 # (tests/timing.py); the last line adds them up with the set-up. Exit status 5 (nothing
 # selected, e.g. PYTEST_ARGS naming only unit tests) counts as a pass. Budget: 25 min.
 TEST_WORKERS ?=
 UNIT_WORKERS ?= 2
+UNIT_NICE ?= 10
 test:
 	@start=$$(date +%s); $(MAKE) --no-print-directory setup || exit $$?; \
+	setup_s=$$(( $$(date +%s) - start )); \
 	workers="$(TEST_WORKERS)"; if [ -z "$$workers" ]; then workers=0; \
 	  [ "$$(id -u)" = 0 ] && command -v ip >/dev/null && workers=2; fi; \
-	trap 'for d in .minicluster .minicluster-*/; do \
+	unit_pid=; \
+	trap '[ -n "$$unit_pid" ] && kill $$unit_pid 2>/dev/null; \
+	  for d in .minicluster .minicluster-*/; do \
 	  [ -d "$$d" ] && $(CLI) cluster down --dir "$$d" >/dev/null 2>&1; done; true' EXIT; \
-	$(PY) -m pytest -n $(UNIT_WORKERS) -m "not integration" $(PYTEST_ARGS); unit=$$?; \
-	[ $$unit -eq 5 ] && unit=0; unit_s=$$(( $$(date +%s) - start )); \
+	nice -n $(UNIT_NICE) $(PY) -m pytest -n $(UNIT_WORKERS) -m "not integration" \
+	  $(PYTEST_ARGS) > .test-unit.log 2>&1 & unit_pid=$$!; \
+	echo "make test: the unit tests run beside the integration tests (nice $(UNIT_NICE));" \
+	  "their output follows the integration tests'"; \
 	$(PY) -m pytest -n $$workers --dist loadfile --no-loadscope-reorder -m integration \
 	  $(PYTEST_ARGS); \
 	cluster=$$?; [ $$cluster -eq 5 ] && cluster=0; \
-	echo "make test: $$(( $$(date +%s) - start )) s in all, set-up and unit tests" \
-	  "($$unit_s s) included, $$workers integration workers (budget 1500 s)"; \
+	wait $$unit_pid; unit=$$?; unit_pid=; [ $$unit -eq 5 ] && unit=0; \
+	echo "---------- the unit tests (ran beside the integration tests): .test-unit.log"; \
+	cat .test-unit.log; \
+	echo "make test: $$(( $$(date +%s) - start )) s in all, set-up $$setup_s s included," \
+	  "$$workers integration workers, the unit tests beside them (budget 1500 s)"; \
 	[ $$unit -eq 0 ] && exit $$cluster; exit $$unit
 
 test-unit: venv
