@@ -35,8 +35,10 @@ demo: setup
 # UNIT_WORKERS pytest-xdist processes *beside* the integration tests, at nice UNIT_NICE:
 # the integration processes wait on their clusters for about a quarter of 2 cores' time,
 # which the unit tests take instead of a phase of their own, and the niceness keeps them
-# from slowing a cluster's job when both want the CPU. Their output goes to
-# .test-unit.log and is printed once the integration tests end. The integration tests run
+# from slowing a cluster's job when both want the CPU (a shell starts a background command
+# with SIGINT and SIGQUIT ignored, which its children would inherit: `env
+# --default-signal` gives the tests the dispositions a terminal's would have). Output to
+# .test-unit.log, printed once the integration tests end. The integration tests run
 # in TEST_WORKERS processes, a test module each at a time; each starts a mini-cluster of
 # its own (tests/conftest.py: namespaced, its own directory, ports, subnet and job ids) and
 # stops it at the end (the trap stops them, and the unit run, even when pytest fails). The
@@ -57,8 +59,8 @@ test:
 	trap '[ -n "$$unit_pid" ] && kill $$unit_pid 2>/dev/null; \
 	  for d in .minicluster .minicluster-*/; do \
 	  [ -d "$$d" ] && $(CLI) cluster down --dir "$$d" >/dev/null 2>&1; done; true' EXIT; \
-	nice -n $(UNIT_NICE) $(PY) -m pytest -n $(UNIT_WORKERS) -m "not integration" \
-	  $(PYTEST_ARGS) > .test-unit.log 2>&1 & unit_pid=$$!; \
+	nice -n $(UNIT_NICE) env --default-signal=INT,QUIT $(PY) -m pytest -n $(UNIT_WORKERS) \
+	  -m "not integration" $(PYTEST_ARGS) > .test-unit.log 2>&1 & unit_pid=$$!; \
 	echo "make test: the unit tests run beside the integration tests (nice $(UNIT_NICE));" \
 	  "their output follows the integration tests'"; \
 	$(PY) -m pytest -n $$workers --dist loadfile --no-loadscope-reorder -m integration \

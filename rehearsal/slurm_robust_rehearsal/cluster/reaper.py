@@ -53,9 +53,13 @@ def main(argv: list[str]) -> int:
         return 2
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     parent = os.getpid()
+    # Held from before the fork until the handlers know the child: a signal that comes
+    # in between is delivered then, not lost (or fatal to the reaper alone).
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     child = os.fork()
     if child == 0:
         try:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)  # exec keeps a mask
             _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
             if os.getppid() != parent:  # the reaper died before the prctl took hold
                 os._exit(1)
@@ -77,6 +81,7 @@ def main(argv: list[str]) -> int:
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     while True:
         try:
             pid, status = os.waitpid(-1, 0)

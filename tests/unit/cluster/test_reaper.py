@@ -42,6 +42,14 @@ def _reaper(*argv: str, **kw) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
 
 
+def _wait_for_child(pid: int, timeout_s: float = 30.0) -> None:
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    deadline = time.monotonic() + timeout_s
+    while not children.read_text().split():
+        assert time.monotonic() < deadline, "the reaper never started its command"
+        time.sleep(0.01)
+
+
 def test_an_orphan_of_the_command_is_reaped_as_soon_as_it_dies():
     proc = _reaper(sys.executable, "-c", ORPHANING)
     out, err = proc.communicate(timeout=30)
@@ -61,7 +69,7 @@ def test_signals_reach_the_command_and_its_status_is_the_reapers():
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) == 7
     killed = _reaper("sleep", "30")
-    time.sleep(0.3)
+    _wait_for_child(killed.pid)  # the reaper has forked: from then on nothing is lost
     killed.send_signal(signal.SIGINT)  # sleep dies of it: 128 + SIGINT, as a shell says
     assert killed.wait(timeout=10) == 128 + signal.SIGINT
 
