@@ -78,6 +78,7 @@ from typing import Any
 
 # DDP users: wrap_ddp, not DistributedDataParallel, for bit-identical restarts.
 from slurm_robust.ddp import wrap_ddp  # noqa: F401  (re-exported)
+from slurm_robust.launcher import rank_map
 from slurm_robust.launcher.classify import EXIT_NONFINITE, EXIT_SPIKE
 from slurm_robust.launcher.control.events import EventLog
 from slurm_robust.launcher.control.policy import WINDOW, step_anomaly
@@ -177,7 +178,7 @@ class RobustRun:
             return self._restore_for_replay(model, optimizer, scheduler)
 
         cfg = ckpt.CheckpointConfig.from_env(peer_backup=self.world_size > 1)
-        rank_nodes = json.loads(os.environ.get("SLURM_ROBUST_RANK_NODES") or "null")
+        rank_nodes = rank_nodes_from_env()
         # job_key: the job id plus a keyed hash of the run secret (the agent derives
         # it), so the private checkpoint directories cannot be pre-created by others.
         self._mgr = ckpt.CheckpointManager(cfg, self.rank, self.world_size, self.node,
@@ -549,6 +550,21 @@ def _drain(run: RobustRun) -> None:
             stream.flush()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+def rank_nodes_from_env() -> list[str] | None:
+    """The node of every rank, from SLURM_ROBUST_RANK_NODES (compact runs, see
+    slurm_robust.launcher.rank_map); None outside the launcher. A malformed value is
+    the launcher's bug, reported as such rather than guessed around."""
+    raw = os.environ.get("SLURM_ROBUST_RANK_NODES")
+    if not raw:
+        return None
+    try:
+        runs = json.loads(raw)
+        return None if runs is None else rank_map.decode(runs)
+    except ValueError as exc:
+        raise RuntimeError(f"SLURM_ROBUST_RANK_NODES cannot be read ({exc}); it is set by "
+                           "the slurm_robust launcher, which this worker's must match") from exc
 
 
 def _finite_floats(values: Any) -> list[float]:

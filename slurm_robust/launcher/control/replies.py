@@ -1,11 +1,11 @@
 """The controller's replies, encoded without redoing the per-rank work each time.
 
 A reply carries the agent's whole plan (protocol.py), and an active plan names the node
-of every rank of the world (``rank_nodes``): 8,192 names at 1,024 nodes of 8 ranks. Built
-through ``Plan.to_json`` and ``json.dumps`` for every report, that list cost about 3 ms
-of controller CPU per reply at that size, more than everything else a report costs. The
-list is the same object in every plan of a generation (plans.generation_plans), so its
-JSON is encoded once and spliced into each reply; the rest of the plan is small.
+of every rank of the world (``rank_nodes``; on the wire compact runs, "rank_map",
+launcher/rank_map.py): 8,192 ranks at 1,024 nodes of 8. Making the runs walks every
+rank (a few ms at that size), so the list, the same object in every plan of a
+generation (plans.generation_plans), is encoded once and its JSON spliced into each
+reply; the rest of the plan is small.
 
 The bytes are exactly what ``Channel.send(Reply(...).to_json())`` writes (the same
 separators, key order and escaping).
@@ -32,6 +32,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from slurm_robust.launcher import rank_map
 from slurm_robust.launcher.messages import Plan
 
 #: Hex digits of a plan digest kept in its identity (80 bits: a collision between two
@@ -39,6 +40,8 @@ from slurm_robust.launcher.messages import Plan
 _DIGEST_HEX = 20
 
 _SEPARATORS = (",", ":")
+#: The wire key of Plan.rank_nodes.
+_RANK_MAP_KEY = "rank_map"
 #: Distinct rank_nodes lists kept encoded (a generation has one; a dual-phase replay
 #: one per group).
 _KEEP = 16
@@ -75,7 +78,7 @@ class ReplyEncoder:
         plan_id = self._identity(_dumps(small), nodes_digest)
         if held == plan_id:
             return ('{"unchanged":true,"plan_id":' + _dumps(plan_id) + "}\n").encode()
-        parts = [f"{_dumps(k)}:{fragment if fragment and k == 'rank_nodes' else _dumps(v)}"
+        parts = [f"{_dumps(k)}:{fragment if fragment and k == _RANK_MAP_KEY else _dumps(v)}"
                  for k, v in small.items()]
         return ('{"plan":{' + ",".join(parts) + '},"plan_id":' + _dumps(plan_id)
                 + "}\n").encode()
@@ -110,7 +113,7 @@ class ReplyEncoder:
         if hit is not None and hit[0] == nodes:
             return hit[1], hit[2]
         copy = list(nodes)
-        text = _dumps(copy)
+        text = _dumps(rank_map.encode(copy))
         digest = hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
         with self._lock:
             self._lists[key] = (copy, text, digest)

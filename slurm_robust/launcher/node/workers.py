@@ -14,7 +14,8 @@ Slurm's own (SLURM_RESTART_COUNT and the rest, passed through), plus the robust 
     SLURM_ROBUST_NODE       the Slurm node name
     SLURM_ROBUST_JOB_ID     the job id (checkpoint paths carry it)
     SLURM_ROBUST_CKPT       JSON: checkpoint tiers for slurm_robust.ckpt.CheckpointConfig
-    SLURM_ROBUST_RANK_NODES JSON list: the node of every rank
+    SLURM_ROBUST_RANK_NODES JSON: the node of every rank, as compact runs
+                            ([["node[0001-0004]", 8]]; train.rank_nodes_from_env reads it)
 
 Workers stay in the agent's process group, so Slurm's own cleanup (scancel, requeue)
 reaches them. Their stdout and stderr go to
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_robust.ckpt import CheckpointConfig
+from slurm_robust.launcher import rank_map
 from slurm_robust.launcher.messages import Plan
 from slurm_robust.launcher.node.forkserver_client import ForkServer, ServedProcess
 from slurm_robust.launcher.node.worker_order import WorkerOrder
@@ -106,7 +108,11 @@ def worker_env(base: Mapping[str, str], plan: Plan, rank: int, local_rank: int,
         "SLURM_ROBUST_PROGRESS": str(progress),
         "SLURM_ROBUST_NODE": node,
         "SLURM_ROBUST_JOB_ID": job_id,
-        "SLURM_ROBUST_RANK_NODES": json.dumps(plan.rank_nodes),
+        # Runs, not a name per rank: 32,768 names are past Linux's 128 KiB limit for one
+        # environment string, and execve would refuse every worker (launcher/rank_map.py).
+        "SLURM_ROBUST_RANK_NODES": json.dumps(
+            None if plan.rank_nodes is None else rank_map.encode(plan.rank_nodes),
+            separators=(",", ":")),
         "PYTHONUNBUFFERED": "1",
         **ckpt.to_env(),
     })

@@ -137,22 +137,22 @@ def test_bad_plans_are_refused() -> None:
 
 
 ACTIVE = {"role": "active", "gen": 1, "attempt": 0, "world_size": 4, "master_addr": "a",
-          "master_port": 1, "rank_nodes": ["n1", "n1", "n2", "n2"], "slot": 0,
+          "master_port": 1, "rank_map": [["n[1-2]", 2]], "slot": 0,
           "ranks": [0, 1]}
 
 
 @pytest.mark.parametrize("field, items", [
-    ("rank_nodes", ["n1", "n1", "n2", 3]), ("rank_nodes", ["n1", None, "n2", "n2"]),
+    ("rank_map", [["n1", 2], ["n2", "2"]]), ("rank_map", [["n1", 2], [None, 2]]),
     ("ranks", [0, True]), ("ranks", [0, 1.0]), ("ranks", [0, "1"])])
 def test_a_list_with_one_item_of_another_type_is_refused(field, items) -> None:
-    # Lists are checked item by item's exact type first (fast on 32,768 rank nodes);
+    # Lists are checked by their items' exact types first (fast on long lists);
     # a bool is no int, as for a single field.
     with pytest.raises(BadMessage, match=f"field '{field}'"):
         Plan.from_json({**ACTIVE, field: items})
 
 
 def test_a_list_of_str_subclasses_still_reads() -> None:
-    plan = Plan.from_json({**ACTIVE, "rank_nodes": [Role.ACTIVE, "n1", "n2", "n2"]})
+    plan = Plan.from_json({**ACTIVE, "rank_map": [[Role.ACTIVE, 1], ["n1", 1], ["n2", 2]]})
     assert plan.rank_nodes == ["active", "n1", "n2", "n2"]
 
 

@@ -69,7 +69,7 @@ def test_an_unchanged_plan_at_1024_nodes_costs_a_short_reply():
     enc = ReplyEncoder(incarnation(7))
     plan = _big()
     full = enc.encode(plan)
-    assert len(full) > 60_000  # the per-rank node list: 8,192 names
+    assert b'"rank_map":[["node[0000-1023]",8]]' in full  # 8,192 ranks as one run
     held = Reply.from_json(json.loads(full)).plan_id
     # The same plan again, as recovery.plan_for builds it: a new object, equal content.
     again = enc.encode(dataclasses.replace(plan, rank_nodes=list(plan.rank_nodes or [])),
@@ -91,7 +91,7 @@ def test_any_change_of_the_plan_sends_it_in_full(change):
     held = enc.plan_id(plan)
     changed = dataclasses.replace(plan, **change)
     reply = enc.encode(changed, held)
-    assert len(reply) > 60_000
+    assert b'"rank_map"' in reply
     got = Reply.from_json(json.loads(reply))
     assert not got.unchanged and got.plan == changed and got.plan_id != held
 
