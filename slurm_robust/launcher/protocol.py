@@ -188,6 +188,9 @@ class Channel:
         # on a descriptor number that close() has freed for reuse.
         self._send_lock = threading.Lock()
         self._closed = False
+        #: A reply is partly written (the controller's report loop writes without
+        #: blocking): a wake-up now would land inside it, so none is sent.
+        self.holding = False
         #: Whether empty lines are wake-ups to skip: on the agent's end only. The
         #: controller's end refuses them, as any line that is not a message, so that a
         #: stranger cannot keep a connection slot by sending them before the handshake.
@@ -241,7 +244,7 @@ class Channel:
         if not self._send_lock.acquire(blocking=False):
             return False
         try:
-            if self._closed:
+            if self._closed or self.holding:
                 return False
             # The socket has a timeout, so its descriptor is non-blocking: a full buffer
             # raises at once instead of waiting out the timeout under the caller's lock.

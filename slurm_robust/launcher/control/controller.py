@@ -1,7 +1,9 @@
 """The controller: the agents' TCP server and the run's membership.
 
-It runs as threads inside agent 0's process: a TCP server (one handler thread per
-agent connection, see protocol.py) and a tick loop. Both work under one lock. The
+It runs as threads inside agent 0's process: a TCP server (a thread per connection
+until it passes the handshake), the report loop that then serves every agent's reports
+from one thread (report_loop.py), and a tick loop. Reports and ticks work under one
+lock. The
 controller knows which agents exist and when each was last heard (:class:`AgentView`);
 everything else, the run's phase, generation, plans, spares, run state and event log,
 belongs to the recovery owner (:class:`~slurm_robust.launcher.control.recovery.Recovery`),
@@ -24,6 +26,7 @@ import socket
 import socketserver
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from slurm_robust.errors import SlurmRobustError
@@ -42,6 +45,7 @@ from slurm_robust.launcher.control.outcome import RunOutcome
 from slurm_robust.launcher.control.overload import EPISODE_S, Lateness, OverloadRecorder
 from slurm_robust.launcher.control.recovery import Fence, Recovery, SlurmSide
 from slurm_robust.launcher.control.replies import ReplyEncoder, incarnation
+from slurm_robust.launcher.control.report_loop import Arrival, Connection, ReportLoop, detach
 from slurm_robust.launcher.control.state import load_state
 from slurm_robust.launcher.enums import Phase, Role, RunStatus
 from slurm_robust.launcher.identity import Identity
@@ -119,7 +123,7 @@ class AgentView:
         #: Its open connection, for wake-ups (protocol.py); None between connections.
         self.chan: Channel | None = None
         #: When a report of its arrived that the controller has not answered yet (set by
-        #: the connection's thread before it waits for the lock): the agent is alive and
+        #: the report loop before it waits for the lock): the agent is alive and
         #: the controller is the one late, so the heartbeat timeout does not run.
         self.pending_since: float | None = None
         #: Its last connection closed while the controller was late (an agent that gave
@@ -160,6 +164,8 @@ class Controller:
                                          self.metrics.on_lateness)
         self._server: socketserver.ThreadingTCPServer | None = None
         self._thread: threading.Thread | None = None
+        #: Every authenticated connection's reports, from one thread (report_loop.py).
+        self._reports = ReportLoop(self._serve_batch, self._connection_ended)
         # Channel security (docs/SECURITY.md): the run secret for the handshake,
         # the job's own node addresses for the accept check, and a cap on connections.
         self.secret = ensure_run_secret(cfg.run_dir)
@@ -241,6 +247,7 @@ class Controller:
                                "already claimed; is another controller running?")
         self.recovery.persist()  # the term is in state.json before any plan
         failover.renew_lease(self.paths, self.term)
+        self._reports.start()
         threading.Thread(target=self._server.serve_forever, daemon=True,
                          name="robust-controller-server").start()
         write_json_atomic(self.paths.controller, {
@@ -361,11 +368,11 @@ class Controller:
         self.preauth.leave(sock)
 
     def _serve(self, sock: socket.socket) -> None:
+        """A new connection, in its own thread until it has passed the handshake; then
+        the report loop serves it (report_loop.py) and this thread ends."""
         chan = Channel(sock, self.cfg.heartbeat_timeout_s * 3)
-        view: AgentView | None = None
         peer = "?"
         counted = False
-        late = False  # the last answer on this connection was late (LATE_ANSWER_S)
         try:
             peer = str(sock.getpeername()[0])
             self._handshake(chan, sock, peer)
@@ -376,48 +383,75 @@ class Controller:
                     return
                 self.connections += 1
                 counted = True
-            while True:
-                raw = chan.recv()
-                arrived = time.time()  # liveness counts from here, not from our turn
-                # Marked before the report is checked and decoded (CPU a starved process
-                # may take long over): read without the lock (one dict lookup), so that
-                # the tick sees this agent as heard while its report waits.
-                index = raw.get("agent")
-                sender = self.agents.get(index) if type(index) is int else None
-                if sender is not None:
-                    sender.pending_since = arrived
-                answer = None
-                try:
-                    # Ranges and list bounds first (they need the world size), then the
-                    # typed message; either refuses at the boundary with BadMessage.
-                    check_report(raw, self.cfg.world_size)
-                    report = Report.from_json(raw)
-                    with self.lock:
-                        answer = self._answer(report, chan)
-                    if answer is not None:
-                        view = answer[0]
-                        chan.send_encoded(self.replies.encode(answer[1], report.plan_id))
-                finally:
-                    if answer is not None and answer[0] is not None:
-                        # The agent's heartbeat clock restarts once it has the answer
-                        # (it reports again a heartbeat after); then the mark goes, in
-                        # this order, so the tick always sees one or the other.
-                        answer[0].last_seen = max(answer[0].last_seen, time.time())
-                    if sender is not None:
-                        sender.pending_since = None
-                    late = time.time() - arrived > LATE_ANSWER_S
-                if answer is None:
-                    break  # never answer once replaced: the agent reconnects
+            # socketserver closes the socket it handed the handler when the handler
+            # returns: the loop gets the connection under a socket object of its own.
+            chan.sock = detach(sock)
+            self._reports.add(Connection(chan, peer, counted))
+            return
         except (AuthError, BadMessage) as exc:
-            # Refused at the boundary: this connection ends, the run goes on (an agent
-            # that reconnects with good reports is heard again).
-            log.warning("closed the controller connection from %s (%s): %s", peer,
-                        view.node if view else "not yet an agent", exc)
+            log.warning("closed the controller connection from %s (not yet an agent): %s",
+                        peer, exc)
         except (OSError, ChannelClosed):
             pass
         finally:
             self.preauth.leave(sock)
-            self._closed(view, chan, counted, late)
+        self._closed(None, chan, counted)
+
+    def _serve_batch(self, batch: Sequence[Arrival]) -> list[bytes | None]:
+        """One round of the report loop: each report checked and decoded, then all of
+        them answered under one acquisition of the lock; the reply bytes for each (None:
+        close that connection)."""
+        replies: list[bytes | None] = [None] * len(batch)
+        decoded: list[tuple[int, Report, AgentView | None]] = []
+        refused: set[int] = set()
+        for i, arrival in enumerate(batch):
+            conn = arrival.conn
+            if id(conn) in refused:
+                continue
+            # Marked before the report is checked and decoded (CPU a starved process may
+            # take long over), without the lock: the tick sees the agent as heard.
+            index = arrival.raw.get("agent")
+            sender = self.agents.get(index) if type(index) is int else None
+            if sender is not None:
+                sender.pending_since = arrival.arrived
+            try:
+                # Ranges and list bounds first (they need the world size), then the
+                # typed message; either refuses at the boundary with BadMessage.
+                check_report(arrival.raw, self.cfg.world_size)
+                decoded.append((i, Report.from_json(arrival.raw), sender))
+            except BadMessage as exc:
+                # Refused at the boundary: this connection ends, the run goes on (an
+                # agent that reconnects with good reports is heard again).
+                log.warning("closed the controller connection from %s (%s): %s", conn.peer,
+                            conn.view.node if conn.view else "not yet an agent", exc)
+                refused.add(id(conn))
+                if sender is not None:
+                    sender.pending_since = None
+        answers: dict[int, tuple[AgentView | None, Plan | None] | None] = {}
+        with self.lock:
+            for i, report, _ in decoded:
+                if id(batch[i].conn) not in refused:
+                    answers[i] = self._answer(report, batch[i].conn.chan)
+        for i, report, sender in decoded:
+            answer = answers.get(i)
+            conn = batch[i].conn
+            if answer is not None:
+                conn.view = answer[0]
+                replies[i] = self.replies.encode(answer[1], report.plan_id)
+                if answer[0] is not None:
+                    # The agent's heartbeat clock restarts once it has the answer (the
+                    # loop writes it next); then the mark goes, in this order, so the
+                    # tick always sees one or the other.
+                    answer[0].last_seen = max(answer[0].last_seen, time.time())
+            if sender is not None:
+                sender.pending_since = None
+            conn.late = time.time() - batch[i].arrived > LATE_ANSWER_S
+        return replies
+
+    def _connection_ended(self, conn: Connection, why: str) -> None:
+        log.debug("controller connection from %s (%s) ended: %s", conn.peer,
+                  conn.view.node if conn.view else "not yet an agent", why)
+        self._closed(conn.view, conn.chan, conn.counted, conn.late)
 
     def _answer(self, report: Report, chan: Channel
                 ) -> tuple[AgentView | None, Plan | None] | None:
@@ -512,7 +546,7 @@ class Controller:
     def _report_waiting(view: AgentView) -> bool:
         """Whether a report of this agent has arrived and waits for the controller: read
         and waiting for the lock (``pending_since``), or still in the socket, its
-        connection's thread not yet scheduled. Such an agent is alive; the controller is
+        report loop not yet at it. Such an agent is alive; the controller is
         the one late, and a slow controller must blame no node."""
         if view.pending_since is not None:
             return True

@@ -58,7 +58,7 @@ def incarnation(term: int) -> str:
 
 
 class ReplyEncoder:
-    """Encodes replies; safe to call from the handler threads. ``incarnation`` prefixes
+    """Encodes replies; safe to call from any thread. ``incarnation`` prefixes
     every plan identity it makes (see the module docstring)."""
 
     def __init__(self, incarnation: str) -> None:
