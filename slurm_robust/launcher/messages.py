@@ -77,59 +77,109 @@ _EXACT_ITEM_TYPES: dict[Any, frozenset[type]] = {
     bool: frozenset({bool})}
 
 
+Check = Callable[[Any], bool]
+Convert = Callable[[Any, str], Any]
+
+
 def _type_ok(value: Any, hint: Any) -> bool:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(value, arg) for arg in typing.get_args(hint))
-    if hint is Any:
-        return True
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if origin is list:
-        (item,) = typing.get_args(hint)
-        if not isinstance(value, list):
-            return False
-        exact = _EXACT_ITEM_TYPES.get(item)
-        return (exact is not None and set(map(type, value)) <= exact) \
-            or all(_type_ok(v, item) for v in value)
-    if origin is dict:
-        key, item = typing.get_args(hint)
-        return isinstance(value, dict) and all(_type_ok(k, key) and _type_ok(v, item)
-                                               for k, v in value.items())
-    if typing.is_typeddict(hint):
-        # A record's keys are documented, not checked here: its reader reads what it needs.
-        return isinstance(value, dict)
-    if isinstance(hint, type) and issubclass(hint, StrEnum):
-        return isinstance(value, str) and value in hint._value2member_map_
-    if isinstance(hint, type) and issubclass(hint, Message):
-        return isinstance(value, dict)
-    return isinstance(hint, type) and isinstance(value, hint)
+    return _checker(hint)(value)
 
 
 def _convert(value: Any, hint: Any, where: str) -> Any:
     """Turn a checked JSON value into the field's type (enums, nested messages)."""
-    if value is None:
-        return None
+    return _converter(hint)(value, where)
+
+
+# The check and the conversion of each type hint are built once per hint (closures over
+# what the hint says) instead of reading the hint with typing.get_origin on every value:
+# a 4,096-agent controller decodes about 7,000 progress lines a second, and reading the
+# hints was 70 % of its CPU (bench scale, cProfile).
+@functools.cache
+def _checker(hint: Any) -> Check:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        parts = tuple(_checker(arg) for arg in typing.get_args(hint))
+        if len(parts) == 2 and type(None) in typing.get_args(hint):
+            other = parts[0] if typing.get_args(hint)[1] is type(None) else parts[1]
+            return lambda v: v is None or other(v)
+        return lambda v: any(p(v) for p in parts)
+    if hint is Any:
+        return lambda v: True
+    if hint is type(None):
+        return lambda v: v is None
+    if hint is bool:
+        return lambda v: isinstance(v, bool)
+    if hint is int:
+        return lambda v: isinstance(v, int) and not isinstance(v, bool)
+    if hint is float:
+        return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        exact = _EXACT_ITEM_TYPES.get(item)
+        item_ok = _checker(item)
+        return lambda v: isinstance(v, list) and (
+            (exact is not None and set(map(type, v)) <= exact) or all(map(item_ok, v)))
+    if origin is dict:
+        key_ok, value_ok = (_checker(arg) for arg in typing.get_args(hint))
+        return lambda v: isinstance(v, dict) and all(key_ok(k) and value_ok(x)
+                                                     for k, x in v.items())
+    if typing.is_typeddict(hint):
+        # A record's keys are documented, not checked here: its reader reads what it needs.
+        return lambda v: isinstance(v, dict)
+    if isinstance(hint, type) and issubclass(hint, StrEnum):
+        members = hint._value2member_map_
+        return lambda v: isinstance(v, str) and v in members
+    if isinstance(hint, type) and issubclass(hint, Message):
+        return lambda v: isinstance(v, dict)
+    if isinstance(hint, type):
+        return lambda v: isinstance(v, hint)
+    return lambda v: False
+
+
+def _same(value: Any, where: str) -> Any:
+    return value
+
+
+@functools.cache
+def _converter(hint: Any) -> Convert:
     union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    # What each alternative of the hint does to a value, in order; the first that
+    # applies decides (a list or a message always applies, an enum to a str, a float
+    # to an int).
+    steps: list[tuple[str, Any]] = []
     for arg in typing.get_args(hint) if union else (hint,):
         if typing.get_origin(arg) is list:
             (item,) = typing.get_args(arg)
-            if isinstance(item, type) and issubclass(item, Message):
-                return [item.from_json(v, f"{where}[{i}]") for i, v in enumerate(value)]
-            return list(value)
-        if isinstance(arg, type) and issubclass(arg, StrEnum) and isinstance(value, str):
-            return arg(value)
-        if isinstance(arg, type) and issubclass(arg, Message):
-            return arg.from_json(value, where)
-        if arg is float and isinstance(value, int):
-            return float(value)
-    return value
+            message_items = isinstance(item, type) and issubclass(item, Message)
+            steps.append(("messages" if message_items else "list", item))
+            break
+        if isinstance(arg, type) and issubclass(arg, StrEnum):
+            steps.append(("enum", arg))
+        elif isinstance(arg, type) and issubclass(arg, Message):
+            steps.append(("message", arg))
+            break
+        elif arg is float:
+            steps.append(("float", arg))
+    if not steps:
+        return _same
+
+    def convert(value: Any, where: str) -> Any:
+        if value is None:
+            return None
+        for kind, arg in steps:
+            if kind == "messages":
+                return [arg.from_json(v, f"{where}[{i}]") for i, v in enumerate(value)]
+            if kind == "list":
+                return list(value)
+            if kind == "message":
+                return arg.from_json(value, where)
+            if kind == "enum" and isinstance(value, str):
+                return arg(value)
+            if kind == "float" and isinstance(value, int):
+                return float(value)
+        return value
+
+    return convert
 
 
 def _to_wire(value: Any) -> Any:
@@ -159,7 +209,7 @@ class Message:
             raise BadMessage(f"{where}: expected a JSON object, got {type(raw).__name__}")
         # open-ended: the keyword arguments of whichever message class decodes here
         values: dict[str, Any] = {}
-        for name, key, required, hint, form in _wire_fields(cls):
+        for name, key, required, hint, form, check, convert in _wire_fields(cls):
             if key not in raw:
                 if required:
                     raise BadMessage(f"{where}: missing field {key!r}")
@@ -171,10 +221,10 @@ class Message:
                 except ValueError as exc:
                     raise BadMessage(f"{where}: field {key!r}: {exc}") from None
                 continue
-            if not _type_ok(value, hint):
+            if not check(value):
                 raise BadMessage(f"{where}: field {key!r} has {value!r:.80}, expected "
                                  f"{_hint_name(hint)}")
-            values[name] = _convert(value, hint, f"{where}.{key}")
+            values[name] = value if convert is _same else convert(value, f"{where}.{key}")
         obj = cls(**values)
         obj.validate(where)
         return obj
@@ -199,10 +249,10 @@ def _field_to_wire(f: dataclasses.Field[Any], value: Any) -> Any:
 
 
 @functools.cache
-def _wire_fields(cls: type[Message]
-                 ) -> tuple[tuple[str, str, bool, Any, WireForm | None], ...]:
+def _wire_fields(cls: type[Message]) -> tuple[
+        tuple[str, str, bool, Any, WireForm | None, Check, Convert], ...]:
     """Each field of a message class as (name, wire key, required, resolved type hint,
-    its wire form or None).
+    its wire form or None, its type check, its conversion).
 
     Computed once per class: ``typing.get_type_hints`` evaluates every annotation string
     on each call, and was two thirds of the controller's cost per report when it ran for
@@ -210,7 +260,8 @@ def _wire_fields(cls: type[Message]
     hints = typing.get_type_hints(cls)
     return tuple((f.name, f.metadata.get("wire", f.name),
                   f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
-                  hints[f.name], f.metadata.get("wire_form"))
+                  hints[f.name], f.metadata.get("wire_form"), _checker(hints[f.name]),
+                  _converter(hints[f.name]))
                  for f in dataclasses.fields(cls))
 
 
