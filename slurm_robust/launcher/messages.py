@@ -81,15 +81,6 @@ Check = Callable[[Any], bool]
 Convert = Callable[[Any, str], Any]
 
 
-def _type_ok(value: Any, hint: Any) -> bool:
-    return _checker(hint)(value)
-
-
-def _convert(value: Any, hint: Any, where: str) -> Any:
-    """Turn a checked JSON value into the field's type (enums, nested messages)."""
-    return _converter(hint)(value, where)
-
-
 # The check and the conversion of each type hint are built once per hint (closures over
 # what the hint says) instead of reading the hint with typing.get_origin on every value:
 # a 4,096-agent controller decodes about 7,000 progress lines a second, and reading the
