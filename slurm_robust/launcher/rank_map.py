@@ -14,8 +14,11 @@ The form: a JSON list of ``[nodes, ranks_per_node]`` pairs in rank order, ``node
 either one node name or ``prefix[first-last]suffix`` (Slurm's hostlist notation,
 restricted to one ascending range whose bounds have the same number of digits, which is
 every node's: node0009 and node0010, not node9 and node10). The order of the ranks is
-kept exactly, which a sorting hostlist library (python-hostlist's ``collect_hostlist``)
-does not do, so a run is only made of nodes that follow each other in rank order.
+kept exactly, which a sorting hostlist library (python-hostlist's ``collect_hostlist``,
+the project's own ``slurm.hostlist.compress_hostlist``, which groups by prefix) does not
+do, so a run is only made of nodes that follow each other in rank order; and a map is
+expanded only after its one range is checked and its size bounded, which
+``expand_hostlist`` (commas, nested ranges, no bound) does not do.
 """
 
 from __future__ import annotations

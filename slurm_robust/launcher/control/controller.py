@@ -403,10 +403,10 @@ class Controller:
         close that connection)."""
         replies: list[bytes | None] = [None] * len(batch)
         decoded: list[tuple[int, Report, AgentView | None]] = []
-        refused: set[int] = set()
+        refused: set[Connection] = set()
         for i, arrival in enumerate(batch):
             conn = arrival.conn
-            if id(conn) in refused:
+            if conn in refused:
                 continue
             # Marked before the report is checked and decoded (CPU a starved process may
             # take long over), without the lock: the tick sees the agent as heard.
@@ -424,13 +424,13 @@ class Controller:
                 # agent that reconnects with good reports is heard again).
                 log.warning("closed the controller connection from %s (%s): %s", conn.peer,
                             conn.view.node if conn.view else "not yet an agent", exc)
-                refused.add(id(conn))
+                refused.add(conn)
                 if sender is not None:
                     sender.pending_since = None
         answers: dict[int, tuple[AgentView | None, Plan | None] | None] = {}
         with self.lock:
             for i, report, _ in decoded:
-                if id(batch[i].conn) not in refused:
+                if batch[i].conn not in refused:
                     answers[i] = self._answer(report, batch[i].conn.chan)
         for i, report, sender in decoded:
             answer = answers.get(i)
