@@ -100,6 +100,10 @@ from slurm_robust.taxonomy import Action, Side
 log = logging.getLogger("slurm_robust.launcher.node.agent")
 #: Longest wait for the controller of this job step to appear.
 CONNECT_TIMEOUT_S = 180.0
+#: How long an agent waits for a late answer from a controller that still passes a
+#: handshake, in heartbeat timeouts since its last answer (Agent._exchange): past it, a
+#: controller that authenticates but never answers is given up on and reconnected to.
+LATE_WAIT_TIMEOUTS = 4
 
 
 class Agent:
@@ -228,17 +232,30 @@ class Agent:
 
     def _exchange(self, chan: Channel, last_ok: float) -> dict[str, object]:
         """Send a report and wait for its answer: past the socket timeout, until a
-        heartbeat timeout since the last answer. A controller that is late answers late;
-        giving up on its connection would only add a reconnect (and a handshake it
-        refuses while its loop holds the lock) to its load. A dead controller's kernel
-        closes the connection at once; a dead node's silence ends at the timeout."""
+        heartbeat timeout since the last answer, and on while the controller passes a
+        handshake on a second connection (at most LATE_WAIT_TIMEOUTS timeouts in all).
+
+        A controller that is late answers late: its report loop held up, its machine
+        starved. Giving up on the connection would add a reconnect to its load, and
+        worse, the controller takes a closed connection for a dead process (the kernel
+        closes a dead agent's sockets), so a late controller whose own tick kept time
+        would declare a live node lost. A dead controller's kernel closes the connection
+        at once; a dead or cut-off controller node passes no handshake, and then the
+        silence ends at the timeout as before."""
         chan.send(self.report().to_json())
+        timeout = self.cfg.heartbeat_timeout_s
         while True:
             try:
                 return chan.recv()
             except TimeoutError:
-                if time.time() - last_ok > self.cfg.heartbeat_timeout_s:
-                    raise
+                waited = time.time() - last_ok
+                if waited <= timeout:
+                    continue
+                if waited <= LATE_WAIT_TIMEOUTS * timeout and self._answers():
+                    log.info("agent %s: no answer for %.1f s, but the controller passes a "
+                             "handshake: waiting on", self.ident.index, waited)
+                    continue
+                raise
 
     def _plan_of(self, reply: Reply) -> Plan | None:
         """The plan a reply stands for: its own, or for "unchanged" the plan this agent
@@ -257,7 +274,10 @@ class Agent:
             return self.cfg.heartbeat_s
         return min(self.cfg.heartbeat_s, max(0.01, plan.poll_s))
 
-    def _connect(self, timeout_s: float) -> Channel | None:
+    def _connect(self, timeout_s: float, probe: bool = False) -> Channel | None:
+        """An authenticated connection to the controller (None: none within
+        ``timeout_s``). ``probe``: only to learn whether it answers, so the plan this
+        agent holds stays its own (a report in flight may be answered "unchanged")."""
         deadline = time.time() + timeout_s
         while True:
             info = self._controller_info()
@@ -277,7 +297,8 @@ class Agent:
                         # A new connection starts from the plan in full: the identity
                         # would keep an "unchanged" from another controller out anyway
                         # (replies.py), and one full plan per reconnect costs little.
-                        self.held = None
+                        if not probe:
+                            self.held = None
                         return chan
                     except (OSError, ChannelClosed) as exc:
                         log.warning("controller at %s:%s failed the handshake: %s",
@@ -290,7 +311,7 @@ class Agent:
     def _answers(self) -> bool:
         """Whether the controller passes a handshake now (it refuses one while its loop
         holds the lock, so a pass means it ticks again)."""
-        chan = self._connect(1.0)
+        chan = self._connect(1.0, probe=True)
         if chan is None:
             return False
         chan.close()
@@ -547,9 +568,7 @@ class Agent:
             return 0
         # A link that came back while slurmctld was asked: the controller, not this
         # agent, decides (it tells an agent it declared lost to stand down).
-        chan = self._connect(1.0)
-        if chan is not None:
-            chan.close()
+        if self._answers():
             return None
         got = after_controller_loss(self.cfg, self.ident, self.term, last_heard=last_ok,
                                     answers=self._answers)

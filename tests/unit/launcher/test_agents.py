@@ -70,7 +70,8 @@ def run(tmp_path, monkeypatch):
     def start(steps: int, bug: int = 0, spares: int = 1, **kw) -> tuple[RunConfig, list]:
         cfg = RunConfig(command=(sys.executable, str(script), str(steps), str(bug)),
                         run_dir=str(tmp_path / "run"), nodes=2, spares=spares,
-                        site_config=str(site), hang_floor_s=3.0, heartbeat_timeout_s=2.0,
+                        site_config=str(site), hang_floor_s=kw.pop("hang_floor_s", 3.0),
+                        heartbeat_timeout_s=2.0,
                         local_every=0, durable_every=0, grace_s=0.2, prewarm=("json",),
                         **kw)
         results: list = [None] * cfg.total_nodes
