@@ -54,4 +54,3 @@ def test_answers_held_past_the_heartbeat_timeout_lose_no_agent(run):
     evs = events(cfg)
     assert not [e for e in evs if e["event"] == "incident"]
     assert not any(v.lost for v in ctl.agents.values())
-    assert ctl.lateness.late_between(0, time.time()) < 1.0  # the tick was never late
