@@ -543,9 +543,10 @@ class Reply(Message):
     (``{}``, None here) has no identity. Unchanged: ``{"unchanged": true, "plan_id":
     "..."}``, sent only to a report whose ``plan_id`` is the identity of the plan the
     controller would send now; the agent goes on with the plan it holds under that
-    identity. A plan identity names the controller incarnation that issued it
-    (control/replies.py), so no other controller, a successor after failover included,
-    can answer "unchanged" to it. A report without ``plan_id`` always gets the plan in
+    identity. Pushed: the full form with ``"push": true``, unasked (protocol.py). A
+    plan identity names the controller incarnation that issued it (control/replies.py),
+    so no other controller, a successor after failover included, can answer "unchanged"
+    to it. A report without ``plan_id`` always gets the plan in
     full: that is how an agent asks for it, and how an older agent stays served.
     """
 
@@ -554,6 +555,9 @@ class Reply(Message):
     plan: Plan | None = None
     plan_id: str | None = None
     unchanged: bool = False
+    #: Sent unasked, when the agent's plan changed (``"push": true``, always in full):
+    #: the agent applies it without reporting first (protocol.py).
+    push: bool = False
 
     @classmethod
     def from_json(cls, raw: Any, where: str | None = None) -> Reply:
@@ -569,24 +573,30 @@ class Reply(Message):
         if not isinstance(unchanged, bool):
             raise BadMessage(f"{where}: field 'unchanged' has {unchanged!r:.80}, "
                              "expected a bool")
+        push = raw.get("push", False)
+        if not isinstance(push, bool):
+            raise BadMessage(f"{where}: field 'push' has {push!r:.80}, expected a bool")
         if unchanged:
-            if plan_id is None or "plan" in raw:
+            if plan_id is None or "plan" in raw or push:
                 raise BadMessage(f"{where}: an 'unchanged' reply names a 'plan_id' and "
-                                 "carries no 'plan'")
+                                 "carries no 'plan' (and is never pushed)")
             return cls(plan_id=plan_id, unchanged=True)
         if "plan" not in raw:
             raise BadMessage(f"{where}: expected an object with 'plan'")
         plan = Plan.from_json(raw["plan"]) if raw["plan"] else None
         if plan is None and plan_id is not None:
             raise BadMessage(f"{where}: an empty plan has no 'plan_id'")
-        return cls(plan=plan, plan_id=plan_id)
+        if push and plan_id is None:
+            raise BadMessage(f"{where}: a pushed plan names its 'plan_id'")
+        return cls(plan=plan, plan_id=plan_id, push=push)
 
     # open-ended: Message.to_json's signature; the two forms are the docstring's
     def to_json(self) -> dict[str, Any]:
         if self.unchanged:
             return {"unchanged": True, "plan_id": self.plan_id}
         plan = self.plan.to_json() if self.plan is not None else {}
-        return {"plan": plan} if self.plan_id is None else {"plan": plan, "plan_id": self.plan_id}
+        named = {} if self.plan_id is None else {"plan_id": self.plan_id}
+        return {"plan": plan, **named, **({"push": True} if self.push else {})}
 
 
 def plan_from_reply(raw: Any) -> Plan | None:

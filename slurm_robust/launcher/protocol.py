@@ -11,12 +11,17 @@ answer carries the plan again (a new connection starts by asking for it in full)
 report itself is the heartbeat; a connection that closes (the agent process died: the kernel
 closes its sockets) is noticed at once, a silent one after ``heartbeat_timeout_s``.
 
-One message goes the other way unasked: the *wake-up*, an empty line (one byte, so it
-is written whole or not at all). The controller sends it when an agent's plan changed
-since its last answer (a failure began to settle, a new generation was decided); the
-agent, waiting for its next heartbeat, reports at once instead. It carries nothing, so a
-lost wake-up costs only the heartbeat it would have saved, and a reply is never mistaken
-for one (``recv`` skips empty lines).
+One message goes the other way unasked: the *push*, the agent's new plan in full
+(``{"plan": {...}, "plan_id": "...", "push": true}``). The controller sends it when an
+agent's plan changed since its last answer (a failure began to settle, a new generation
+was decided); the agent, waiting for its next heartbeat, applies it at once and goes on
+waiting, instead of reporting to ask for it: at 4,096 agents a decision then costs the
+controller 4,096 writes, not 4,096 reports to serve first. One writer (the controller's
+report loop) keeps every message on a connection in the order the controller decided
+it, so the last one an agent read always carries its newest plan: a push that arrives
+while an agent waits for an answer is dropped, the answer after it being as new. A lost
+push costs only the heartbeat it would have saved. An empty line (the *wake-up* of
+earlier versions: report now) is still honoured on the agent's end.
 
 Messages are bounded (MAX_MESSAGE) so that a confused peer cannot exhaust memory.
 
@@ -36,7 +41,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
-import os
 import select
 import socket
 import subprocess
@@ -184,13 +188,10 @@ class Channel:
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._buf = b""
         self.max_message = MAX_MESSAGE  # lowered by the server until the peer authenticates
-        # A wake-up from another thread must not land inside a reply being written, nor
-        # on a descriptor number that close() has freed for reuse.
+        # A send from another thread must not interleave with one being written, nor
+        # land on a descriptor number that close() has freed for reuse.
         self._send_lock = threading.Lock()
         self._closed = False
-        #: A reply is partly written (the controller's report loop writes without
-        #: blocking): a wake-up now would land inside it, so none is sent.
-        self.holding = False
         #: Whether empty lines are wake-ups to skip: on the agent's end only. The
         #: controller's end refuses them, as any line that is not a message, so that a
         #: stranger cannot keep a connection slot by sending them before the handshake.
@@ -237,29 +238,34 @@ class Channel:
             self._arm()
             self.sock.sendall(data)
 
-    def wake(self) -> bool:
-        """Send the peer a wake-up (see the module docstring) without ever blocking:
-        False when it could not go now (a message is being sent on this channel, or the
-        peer's buffer is full), which only costs the peer its heartbeat's wait."""
-        if not self._send_lock.acquire(blocking=False):
-            return False
-        try:
-            if self._closed or self.holding:
-                return False
-            # The socket has a timeout, so its descriptor is non-blocking: a full buffer
-            # raises at once instead of waiting out the timeout under the caller's lock.
-            return os.write(self.sock.fileno(), b"\n") == 1
-        except OSError:
-            return False
-        finally:
-            self._send_lock.release()
-
-    def woken(self) -> bool:
-        """Whether a wake-up already read into the buffer is waiting (it is consumed)."""
-        rest = self._buf.lstrip(b"\n")
-        woke = len(rest) != len(self._buf)
-        self._buf = rest
-        return woke
+    # open-ended: raw wire JSON; the typed messages (messages.py) check it
+    def read_ready(self) -> tuple[bool, list[dict[str, Any]]]:
+        """What the peer sent that can be read now, without blocking: whether a wake-up
+        (an empty line) was among it, and the whole messages (a partial one stays
+        buffered for ``recv``). ChannelClosed if the peer closed or sent a bad line."""
+        poller = select.poll()  # the socket's own timeout would wait in recv
+        poller.register(self.sock.fileno(), select.POLLIN)
+        while poller.poll(0):
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ChannelClosed("peer closed the connection")
+            self._buf += chunk
+            if len(self._buf) > self.max_message:
+                raise ChannelClosed(f"message over {self.max_message} bytes")
+        woken, messages = False, []
+        while b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+            if not line:
+                woken = True
+                continue
+            try:
+                obj = json.loads(line)
+            except (ValueError, RecursionError) as exc:
+                raise ChannelClosed(f"not a JSON message: {exc}") from exc
+            if not isinstance(obj, dict):
+                raise ChannelClosed("message is not a JSON object")
+            messages.append(obj)
+        return woken, messages
 
     def fileno(self) -> int:
         return self.sock.fileno()

@@ -5,7 +5,7 @@ The real controller (control/controller.py: the class, its TCP server and tick l
 temporary run directory. N simulated agents (scale_agents.py), spread over a few
 harness processes, speak the project's wire protocol to it: the HMAC handshake, typed
 reports every heartbeat with one progress line per rank per step, replies read as plans,
-wake-ups honoured. Once every agent holds an active plan the steady window starts;
+pushed plans applied. Once every agent holds an active plan the steady window starts;
 after ``--seconds`` one worker of the last agent crashes (a class the ladder restarts in
 place), and the bench measures how fast the decision comes and reaches every agent.
 
@@ -13,8 +13,9 @@ Printed: the controller's CPU (cores, and ms per report served, from /proc of it
 RSS, threads and descriptors; report round trips (p50/p99/max) in the steady window and
 during the recovery; reports served against offered (N / heartbeat); agents the
 controller declared lost (its log) or told they were (an evicted/hold/exit plan); for
-the failure, failure -> decision (until the first agent holds the new generation's plan:
-an upper bound on the controller's own decision time) and decision -> each agent holding
+the failure, failure -> decision (from the report carrying the crash leaving its
+simulated agent until the first agent holds the new generation's plan: an upper bound on
+the controller's own decision time) and decision -> each agent holding
 it (p50/p99/max); the harness's own CPU. Targets (TARGETS) are judged at any N; they are
 the ones that must hold at 1,024 agents.
 """
@@ -346,7 +347,7 @@ def _harness(results: list[dict[str, Any]]) -> dict[str, Any]:
             "connect_retries": sum(r["connect_failures"] for r in results),
             "send_lag_p99_ms": max(r["lag_p99_ms"] for r in results),
             "send_lag_max_ms": max(r["lag_max_ms"] for r in results),
-            "wakeups": sum(r["wakeups"] for r in results),
+            "pushes": sum(r["pushes"] for r in results),
             # Agents that gave up waiting for an answer and reconnected (--agent-timeout-s).
             "gave_up": sum(r.get("gave_up", 0) for r in results),
             # Mean bytes per reply (the plan in full or "unchanged"), whole run.

@@ -5,11 +5,12 @@ node/agent.py): it connects, passes the HMAC handshake with the run's secret
 (auth.client_handshake), then sends a typed :class:`~slurm_robust.launcher.messages.Report`
 every ``heartbeat_s`` (or the plan's ``poll_s``) naming the plan it holds, waits for the
 reply, reads it with :class:`~slurm_robust.launcher.messages.Reply` ("unchanged", or
-the plan in full), and reports at once on a wake-up.
+the plan in full), and applies a plan the controller pushes (dropped while a report
+waits for its answer, as the agent drops it).
 An active agent relays one progress line per rank per finished step, as its workers
 would. No worker processes: what is measured is the controller.
 
-Many agents share one thread: a selector waits for replies and wake-ups, a heap holds
+Many agents share one thread: a selector waits for replies and pushes, a heap holds
 the agents' next report times. The handshakes run on a small thread pool at start.
 
 The parent (scale.py) talks to this process through lines on stdin/stdout:
@@ -89,10 +90,12 @@ class Harness:
         self.rtts: list[tuple[float, float]] = []  # (sent at, round trip)
         self.replies = 0
         self.reply_bytes = 0
-        self.wakeups = 0
+        self.pushes = 0
         self.connect_failures = 0
         self.gave_up = 0
         self._checked_at = 0.0
+        #: When the crash was injected, and when the report carrying it left.
+        self.fail_injected_at: float | None = None
         self.fail_sent_at: float | None = None
         self.fail_gen: int | None = None
         self.joined: queue.Queue[SimAgent | ConnectionError] = queue.Queue()
@@ -215,25 +218,51 @@ class Harness:
                       exits=exits, progress=progress, plan_id=ag.plan_id)
 
     def _send(self, ag: SimAgent, now: float) -> None:
-        ag.chan.send(self._report(ag, now).to_json())
+        report = self._report(ag, now)
+        ag.chan.send(report.to_json())
         ag.sent_at = now
+        if report.exits:
+            # The crash's report left now: a real agent sends it the moment its worker
+            # exits, so the harness's own lag before this send is not the controller's.
+            self.fail_sent_at = time.time()
 
-    def _on_reply(self, i: int, ag: SimAgent, line: bytes, now: float) -> None:
+    def _on_line(self, i: int, ag: SimAgent, line: bytes, now: float) -> None:
+        # Decoded as an agent decodes it (node/agent.py).
+        reply = Reply.from_json(json.loads(line))
+        if not reply.push:
+            self._on_reply(i, ag, reply, len(line) + 1, now)
+            return
+        self.pushes += 1
+        if ag.sent_at is not None:
+            return  # a report waits for its answer: that answer is as new
+        self._hold(ag, reply.plan, reply.plan_id, now)
+        plan = reply.plan
+        if plan is not None and plan.poll_s and now + plan.poll_s < ag.next_at:
+            self._schedule(ag, now + plan.poll_s, i)  # the wait goes on, shorter
+
+    def _on_reply(self, i: int, ag: SimAgent, reply: Reply, size: int, now: float) -> None:
         if ag.sent_at is not None:
             self.rtts.append((ag.sent_at, now - ag.sent_at))
         ag.sent_at = None
         self.replies += 1
-        self.reply_bytes += len(line) + 1
-        # Decoded as an agent decodes it (node/agent.py); "unchanged" stands for the
-        # plan this agent holds, and must name it.
-        reply = Reply.from_json(json.loads(line))
+        self.reply_bytes += size
+        # "unchanged" stands for the plan this agent holds, and must name it.
         if reply.unchanged:
             if reply.plan_id != ag.plan_id:
                 raise BadMessage(f"agent {ag.index}: 'unchanged' names {reply.plan_id!r}, "
                                  f"held {ag.plan_id!r}")
             plan = ag.plan
         else:
-            plan, ag.plan_id = reply.plan, reply.plan_id
+            plan = reply.plan
+        self._hold(ag, plan, reply.plan_id, now)
+        wait = plan.poll_s if plan is not None and plan.poll_s else self.a.heartbeat_s
+        if ag.pending_exit is not None:
+            wait = 0.0  # a worker exited while the report was out: report it at once
+        self._schedule(ag, now + wait, i)
+
+    @staticmethod
+    def _hold(ag: SimAgent, plan: Plan | None, plan_id: str | None, now: float) -> None:
+        ag.plan_id = plan_id
         if plan is not None:
             if plan.role in (Role.EVICTED, Role.HOLD, Role.EXIT):
                 ag.lost_plan = ag.lost_plan or plan.role.value
@@ -243,8 +272,6 @@ class Harness:
                 ag.gen = plan.gen if plan.gen is not None else -1
                 ag.active_at, ag.last_step = now, -1  # the new workers start stepping
             ag.plan = plan
-        wait = plan.poll_s if plan is not None and plan.poll_s else self.a.heartbeat_s
-        self._schedule(ag, now + wait, i)
 
     def _readable(self, i: int, now: float) -> None:
         ag = self.agents[i]
@@ -264,12 +291,11 @@ class Harness:
         ag.buf += chunk
         while b"\n" in ag.buf:
             line, ag.buf = ag.buf.split(b"\n", 1)
-            if not line:  # a wake-up: report now unless a report is in flight
-                self.wakeups += 1
+            if not line:  # an older controller's wake-up: report now unless one waits
                 if ag.sent_at is None:
                     self._schedule(ag, now, i)
                 continue
-            self._on_reply(i, ag, line, now)
+            self._on_line(i, ag, line, now)
 
     # ------------------------------------------------------------------ the loop
     def run(self, window_start: float, fail_at: float | None, end: float,
@@ -281,7 +307,7 @@ class Harness:
             self._take_joined(now)
             if now >= end:
                 return
-            if fail_at is not None and now >= fail_at and self.fail_sent_at is None:
+            if fail_at is not None and now >= fail_at and self.fail_injected_at is None:
                 self._inject(now)
             self._give_up_waiting(now)
             while self.heap and self.heap[0][0] <= now:
@@ -315,18 +341,18 @@ class Harness:
                     rank=ag.plan.ranks[0], gen=ag.gen, exit_code=1, signal=None, time=now,
                     cls=FAIL_CLASS, category=Category.EXPLICIT, line="bench: injected")
                 self.fail_gen = ag.gen
-                self.fail_sent_at = now
+                self.fail_injected_at = now
                 if ag.sent_at is None:
                     self._schedule(ag, now, self.agents.index(ag))
-        if self.fail_sent_at is None:
-            self.fail_sent_at = -1.0  # not ours: nothing to inject here
+        if self.fail_injected_at is None:
+            self.fail_injected_at = -1.0  # not ours: nothing to inject here
 
     def result(self) -> dict[str, Any]:
         ru = resource.getrusage(resource.RUSAGE_SELF)
         return {"first": self.a.first, "count": self.a.count,
                 "rtts": [[round(s, 4), round(r, 5)] for s, r in self.rtts],
                 "replies": self.replies, "reply_bytes": self.reply_bytes,
-                "wakeups": self.wakeups,
+                "pushes": self.pushes,
                 "connect_failures": self.connect_failures, "closed": self.closed,
                 "gave_up": self.gave_up,
                 "lag_p99_ms": round(_p99(self.lags) * 1000, 1),
@@ -334,7 +360,9 @@ class Harness:
                 "lost_plans": {str(a.index): a.lost_plan for a in self.agents if a.lost_plan},
                 "gens": {str(a.index): {str(g): t for g, t in a.gens.items()}
                          for a in self.agents},
-                "fail_sent_at": self.fail_sent_at if (self.fail_sent_at or 0) > 0 else None,
+                "fail_sent_at": self.fail_sent_at,
+                "fail_injected_at": self.fail_injected_at
+                if (self.fail_injected_at or 0) > 0 else None,
                 "fail_gen": self.fail_gen,
                 "cpu_s": ru.ru_utime + ru.ru_stime, "wall_s": time.time() - self.t0}
 

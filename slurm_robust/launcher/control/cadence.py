@@ -16,7 +16,7 @@ HURRY_POLL_S = 0.05
 #: The most reports a second all hurried agents together are asked for: at HURRY_POLL_S
 #: 1,024 agents would send 20,480 a second, far more than a controller serves, and the
 #: queue that built up delayed the very decision the hurry is for. The settle still
-#: ends within SETTLE_S, and the new plan goes out by wake-up, not by the next poll.
+#: ends within SETTLE_S, and the new plan goes out by push, not by the next poll.
 HURRY_REPORTS_PER_S = 2000.0
 
 
@@ -32,7 +32,7 @@ def hurry_poll_s(agents: int, heartbeat_s: float) -> float:
 #: a controller that serves one in 0.3 to 0.9 ms of CPU (bench scale) would need 6 to 18
 #: cores for them.
 #: What changes is only the silent beat: a worker's exit wakes its agent at once, a
-#: changed plan wakes every agent, and a transition hurries them (hurry_poll_s).
+#: changed plan is pushed to every agent, and a transition hurries them (hurry_poll_s).
 STEADY_REPORTS_PER_S = 1000.0
 #: The heartbeat timeout is at least this many heartbeats, so that a scaled heartbeat
 #: does not leave a node one late report from being declared lost.

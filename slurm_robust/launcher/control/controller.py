@@ -120,8 +120,8 @@ class AgentView:
         self.exit_sent = False
         #: False for an agent a successor knows only from state.json, until it reports.
         self.heard = True
-        #: Its open connection, for wake-ups (protocol.py); None between connections.
-        self.chan: Channel | None = None
+        #: Its open connection, for plan pushes (protocol.py); None between connections.
+        self.conn: Connection | None = None
         #: When a report of its arrived that the controller has not answered yet (set by
         #: the report loop before it waits for the lock): the agent is alive and
         #: the controller is the one late, so the heartbeat timeout does not run.
@@ -165,7 +165,10 @@ class Controller:
         self._server: socketserver.ThreadingTCPServer | None = None
         self._thread: threading.Thread | None = None
         #: Every authenticated connection's reports, from one thread (report_loop.py).
-        self._reports = ReportLoop(self._serve_batch, self._connection_ended)
+        self._reports = ReportLoop(self._serve_batch, self._connection_ended,
+                                   lambda plan: self.replies.encode_identified(plan,
+                                                                               push=True),
+                                   self._pushed)
         # Channel security (docs/SECURITY.md): the run secret for the handshake,
         # the job's own node addresses for the accept check, and a cap on connections.
         self.secret = ensure_run_secret(cfg.run_dir)
@@ -177,8 +180,8 @@ class Controller:
         self._conn_lock = threading.Lock()  # for the count: a frozen loop must not block it
         self.preauth = PreauthGate()
         self.stood_down = False
-        #: recovery.wake_token() when the agents were last woken.
-        self._woken_at_token: tuple[int, bool] | None = None
+        #: recovery.push_token() when plans were last pushed to the agents.
+        self._pushed_at_token: tuple[int, bool] | None = None
         #: Set by a report that leaves a decision to make: the tick runs at once.
         self._tick_now = threading.Event()
         # Plans it hands out are named by this incarnation: no other controller (a
@@ -329,7 +332,7 @@ class Controller:
                 except Exception as exc:  # noqa: BLE001 - a controller bug must end the run visibly
                     log.exception("controller failed")
                     self.recovery.fail(f"controller error: {exc!r}")
-                self._wake_agents(None)
+                self._push_plans(None)
                 if self._finished():
                     return
             self._tick_now.wait(TICK_S)
@@ -431,13 +434,14 @@ class Controller:
         with self.lock:
             for i, report, _ in decoded:
                 if batch[i].conn not in refused:
-                    answers[i] = self._answer(report, batch[i].conn.chan)
+                    answers[i] = self._answer(report, batch[i].conn)
         for i, report, sender in decoded:
             answer = answers.get(i)
             conn = batch[i].conn
             if answer is not None:
                 conn.view = answer[0]
-                replies[i] = self.replies.encode(answer[1], report.plan_id)
+                replies[i], conn.plan_id = self.replies.encode_identified(answer[1],
+                                                                          report.plan_id)
                 if answer[0] is not None:
                     # The agent's heartbeat clock restarts once it has the answer (the
                     # loop writes it next); then the mark goes, in this order, so the
@@ -451,9 +455,9 @@ class Controller:
     def _connection_ended(self, conn: Connection, why: str) -> None:
         log.debug("controller connection from %s (%s) ended: %s", conn.peer,
                   conn.view.node if conn.view else "not yet an agent", why)
-        self._closed(conn.view, conn.chan, conn.counted, conn.late)
+        self._closed(conn.view, conn.chan, conn.counted, conn.late, conn)
 
-    def _answer(self, report: Report, chan: Channel
+    def _answer(self, report: Report, conn: Connection
                 ) -> tuple[AgentView | None, Plan | None] | None:
         """One report, under the lock: the reporting agent's view and plan (None: this
         controller was replaced and must not answer)."""
@@ -466,16 +470,17 @@ class Controller:
         if plan is not None and plan.role is Role.EXIT and view is not None:
             view.exit_sent = True
         if view is not None:
-            view.chan = chan
-        self._wake_agents(view)
+            view.conn = conn
+        self._push_plans(view)
         if self.recovery.decision_pending():
             self._tick_now.set()
         return view, plan
 
     def _closed(self, view: AgentView | None, chan: Channel, counted: bool,
-                late: bool = False) -> None:
-        """A connection ended: its agent gets no wake-up on it and counts as closed
-        (``counted``: it was an authenticated connection, one of the capped ones).
+                late: bool = False, conn: Connection | None = None) -> None:
+        """A connection ended: its agent gets no push on it and counts as closed
+        (``counted``: it was an authenticated connection, one of the capped ones; ``conn``:
+        the report loop's, once the connection was handed to it).
 
         A close is evidence of a lost node (the kernel closes a dead agent's sockets)
         unless the controller was late meanwhile: its last answer on this connection was
@@ -486,8 +491,8 @@ class Controller:
             with self._conn_lock:
                 self.connections -= 1
         with self.lock:
-            if view is not None and view.chan is chan:
-                view.chan = None  # no wake-up for a closed channel
+            if view is not None and conn is not None and view.conn is conn:
+                view.conn = None  # no push on a closed connection
         chan.close()
         if view is not None:
             with self.lock:
@@ -497,19 +502,32 @@ class Controller:
                 view.close_excused = late or \
                     self.lateness.late_between(view.last_seen, now) >= EPISODE_S
 
-    def _wake_agents(self, answered: AgentView | None) -> None:
-        """Wake every connected agent but ``answered`` (its answer carries the plan) once
-        plans changed since the last wake-up, so that a failure settles and a decision
-        reaches the agents within a round trip instead of a heartbeat. Never blocks
-        (Channel.wake); the caller holds the lock."""
-        token = self.recovery.wake_token()
-        if token == self._woken_at_token:
+    def _push_plans(self, answered: AgentView | None) -> None:
+        """Once plans changed since the last push, push every connected agent but
+        ``answered`` (its answer carries the plan) its plan, so that a failure settles and
+        a decision reaches the agents in one write each instead of at their heartbeat,
+        and without a report from each first (4,096 reports to serve before the last
+        agent had the decision). The report loop encodes and writes them, skipping an
+        agent whose last plan written was this one; the caller holds the lock."""
+        token = self.recovery.push_token()
+        if token == self._pushed_at_token:
             return
-        self._woken_at_token = token
+        self._pushed_at_token = token
+        pushes = []
         for view in self.agents.values():
-            chan = view.chan
-            if view is not answered and chan is not None and not self._fenced(view):
-                chan.wake()
+            conn = view.conn
+            if view is not answered and conn is not None and not self._fenced(view):
+                plan = self.recovery.plan_for(view.index)
+                if plan is not None:
+                    pushes.append((conn, plan))
+        self._reports.push(pushes)
+
+    @staticmethod
+    def _pushed(conn: Connection, plan: Plan) -> None:
+        """A pushed plan went out (the report loop's thread): an exit counts as told, as
+        in an answer (_finished waits for every agent to be told)."""
+        if plan.role is Role.EXIT and conn.view is not None:
+            conn.view.exit_sent = True
 
     def on_report(self, report: Report, now: float) -> AgentView | None:
         """Membership from one report; its progress and exits go to recovery. The
@@ -550,8 +568,8 @@ class Controller:
         the one late, and a slow controller must blame no node."""
         if view.pending_since is not None:
             return True
-        chan = view.chan
-        return chan is not None and chan.has_input()
+        conn = view.conn
+        return conn is not None and conn.chan.has_input()
 
     def _fenced(self, view: AgentView) -> bool:
         """Fencing: an agent declared lost (a partitioned node whose link came

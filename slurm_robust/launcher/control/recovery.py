@@ -240,10 +240,10 @@ class Recovery:
                                                                  self.cfg.heartbeat_s))
         return plan
 
-    def wake_token(self) -> tuple[int, bool]:
+    def push_token(self) -> tuple[int, bool]:
         """Changes whenever some agent's plan does (a new set of plans, one changed, a
-        transition turning imminent or over): the controller then wakes the agents, so
-        each fetches its plan at once instead of at its next heartbeat."""
+        transition turning imminent or over): the controller then pushes the agents
+        their plans, so each has its plan at once instead of at its next heartbeat."""
         return self.app.plans_version, self._transition_imminent()
 
     def decision_pending(self) -> bool:

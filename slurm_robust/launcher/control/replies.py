@@ -71,17 +71,25 @@ class ReplyEncoder:
         """The reply to a report whose agent holds plan ``held`` (None: none, or one it
         does not name): "unchanged" when ``held`` is ``plan``'s identity, else ``plan``
         in full with its identity."""
+        return self.encode_identified(plan, held)[0]
+
+    def encode_identified(self, plan: Plan | None, held: str | None = None,
+                          push: bool = False) -> tuple[bytes, str | None]:
+        """``encode``'s bytes and the plan's identity (None for no plan); ``push``: the
+        full form marked as sent unasked (messages.Reply), never "unchanged"."""
         if plan is None:
-            return b'{"plan":{}}\n'
+            return b'{"plan":{}}\n', None
         lean, fragment, nodes_digest = self._split(plan)
         small = lean.to_json()
         plan_id = self._identity(_dumps(small), nodes_digest)
-        if held == plan_id:
-            return ('{"unchanged":true,"plan_id":' + _dumps(plan_id) + "}\n").encode()
+        if held == plan_id and not push:
+            return ('{"unchanged":true,"plan_id":' + _dumps(plan_id) + "}\n").encode(), \
+                plan_id
         parts = [f"{_dumps(k)}:{fragment if fragment and k == _RANK_MAP_KEY else _dumps(v)}"
                  for k, v in small.items()]
+        tail = ',"push":true}\n' if push else "}\n"
         return ('{"plan":{' + ",".join(parts) + '},"plan_id":' + _dumps(plan_id)
-                + "}\n").encode()
+                + tail).encode(), plan_id
 
     def plan_id(self, plan: Plan) -> str:
         """The identity ``encode`` gives ``plan``."""

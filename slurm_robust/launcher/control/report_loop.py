@@ -12,8 +12,12 @@ were served, agents gave up on their answers, and 873 healthy ones were declared
 when their connections closed. Here a report that has arrived is read within one round
 of the loop, however many agents there are.
 
-The wire is the channel's (protocol.py): JSON lines, one reply per report, wake-ups (an
-empty line) going out only. Bounds as on the threaded path: a message over
+The wire is the channel's (protocol.py): JSON lines, one reply per report, and plans
+pushed unasked when they change (``push``, from any thread: the loop writes them). The
+loop is the only writer on its connections, so the order of what an agent reads is the
+order in which the controller decided it: a push queued before a round is written before
+that round's replies, one queued later after them, and the last message an agent reads
+always carries its newest plan. Bounds as on the threaded path: a message over
 ``Channel.max_message`` bytes, a line that is not a JSON object, or silence for the
 channel's timeout closes that connection.
 """
@@ -63,6 +67,9 @@ class Connection:
     #: Reply bytes the socket did not take yet (written when it is writable).
     out: bytes = b""
     closed: bool = False
+    #: The identity of the last plan written on it (a reply's or a push's): a push of
+    #: the same plan again is skipped.
+    plan_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -80,14 +87,23 @@ class Arrival:
 ServeBatch = Callable[[Sequence[Arrival]], list[bytes | None]]
 #: Called once for a connection that ended (its close is the controller's evidence).
 OnClosed = Callable[[Connection, str], None]
+#: Encodes a plan to push: its bytes (one JSON line) and its identity (None: none).
+EncodePush = Callable[[Any], tuple[bytes, str | None]]
+#: Called in the loop's thread once a pushed plan went to its connection's socket.
+OnPushed = Callable[[Connection, Any], None]
 
 
 class ReportLoop:
     """``add`` connections from any thread; ``start`` runs the loop in its own thread."""
 
-    def __init__(self, serve_batch: ServeBatch, on_closed: OnClosed) -> None:
+    def __init__(self, serve_batch: ServeBatch, on_closed: OnClosed,
+                 encode_push: EncodePush, on_pushed: OnPushed | None = None) -> None:
         self._serve_batch = serve_batch
         self._on_closed = on_closed
+        self._encode_push = encode_push
+        self._on_pushed = on_pushed
+        # open-ended: the plan objects are the controller's (encode_push reads them)
+        self._pushes: deque[tuple[Connection, Any]] = deque()
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -111,6 +127,15 @@ class ReportLoop:
         conn.chan.sock.setblocking(False)
         with self._incoming_lock:
             self._incoming.append(conn)
+        self._poke()
+
+    def push(self, items: Sequence[tuple[Connection, Any]]) -> None:
+        """Write each plan to its connection, unasked, from the loop's thread (encoded
+        there, off the caller's lock); skipped where that plan was the last one written."""
+        if not items:
+            return
+        with self._incoming_lock:
+            self._pushes.extend(items)
         self._poke()
 
     def stop(self) -> None:
@@ -149,6 +174,9 @@ class ReportLoop:
     def _round(self) -> None:
         events = self._sel.select(SELECT_S)
         began = time.monotonic()
+        # Before this round's reports are read and answered: a plan decided before them
+        # reaches its agent before their replies (see the module docstring).
+        self._write_pushes()
         arrivals: list[Arrival] = []
         for key, mask in events:
             conn = key.data
@@ -196,6 +224,22 @@ class ReportLoop:
             if b"\n" in conn.chan._buf:  # lines the handshake read ahead
                 self._parse(conn, arrivals)
 
+    def _write_pushes(self) -> None:
+        with self._incoming_lock:
+            if not self._pushes:
+                return
+            pushes, self._pushes = self._pushes, deque()
+        for conn, plan in pushes:
+            if conn.closed or self._stop:
+                continue
+            data, plan_id = self._encode_push(plan)
+            if plan_id is not None and plan_id == conn.plan_id:
+                continue  # the agent has it already
+            conn.plan_id = plan_id
+            self._send(conn, data)
+            if self._on_pushed is not None and not conn.closed:
+                self._on_pushed(conn, plan)
+
     def _read(self, conn: Connection, arrivals: list[Arrival]) -> None:
         try:
             chunk = conn.chan.sock.recv(READ_BYTES)
@@ -241,41 +285,32 @@ class ReportLoop:
             self._send(conn, reply)
 
     def _send(self, conn: Connection, data: bytes) -> None:
-        chan = conn.chan
+        if conn.out:  # behind bytes not yet written: in order
+            conn.out += data
+            return
         failed: str | None = None
-        # The channel's send lock: a wake-up (Channel.wake, from the tick) must not land
-        # inside a reply; while a reply is only partly written, wake-ups are skipped.
-        with chan._send_lock:
-            if conn.out:
-                conn.out += data
-                return
-            try:
-                sent = chan.sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError as exc:
-                sent, failed = len(data), f"write failed: {exc}"
-            if sent < len(data):
-                conn.out = data[sent:]
-                chan.holding = True
+        try:
+            sent = conn.chan.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            sent, failed = len(data), f"write failed: {exc}"
+        if sent < len(data):
+            conn.out = data[sent:]
         if failed is not None:
             self._close(conn, failed)
         elif conn.out:
             self._watch(conn, selectors.EVENT_READ | selectors.EVENT_WRITE)
 
     def _flush(self, conn: Connection) -> None:
-        chan = conn.chan
         failed: str | None = None
-        with chan._send_lock:
-            try:
-                sent = chan.sock.send(conn.out)
-                conn.out = conn.out[sent:]
-            except (BlockingIOError, InterruptedError):
-                pass
-            except OSError as exc:
-                failed = f"write failed: {exc}"
-            if not conn.out:
-                chan.holding = False
+        try:
+            sent = conn.chan.sock.send(conn.out)
+            conn.out = conn.out[sent:]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError as exc:
+            failed = f"write failed: {exc}"
         if failed is not None:
             self._close(conn, failed)
         elif not conn.out:

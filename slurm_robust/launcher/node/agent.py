@@ -219,16 +219,50 @@ class Agent:
                 time.sleep(self.cfg.heartbeat_s)
                 continue
             done = self.apply(plan)
+            if done is None:
+                done = self._until_next_report(chan, plan)
             if done is not None:
                 chan.close()
                 return done
-            self.poll_workers()
-            if chan.woken():
-                continue  # the controller asked for a report now (protocol.py)
-            # Until the next report: the heartbeat, cut short by a worker's exit or by
-            # the controller's wake-up.
-            wk.wait_for_exit([w for w in self.workers if not w.reported],
-                             self._poll_s(plan), wake_fd=chan.fileno(), server=self.forks)
+
+    def _until_next_report(self, chan: Channel, plan: Plan | None) -> int | None:
+        """Wait until the next report is due: the heartbeat (the plan's ``poll_s``), cut
+        short by a worker's exit or the fork server's news. A plan the controller pushes
+        meanwhile (protocol.py) is applied at once and the wait goes on (the new plan's
+        ``poll_s`` may shorten it). The agent's exit code if a pushed plan ends it."""
+        self.poll_workers()
+        deadline = time.monotonic() + self._poll_s(plan)
+        while True:
+            try:
+                woken, messages = chan.read_ready()
+                pushed = [Reply.from_json(m) for m in messages]
+            except (OSError, ChannelClosed, BadMessage):
+                return None  # the report's exchange meets it and reconnects
+            if woken:
+                return None  # an older controller's wake-up: report now
+            fresh = [r for r in pushed if r.push and r.plan is not None and r.plan_id
+                     and (r.plan.term is None or r.plan.term >= self.term)]
+            if len(fresh) != len(pushed):
+                return None  # not a push this controller may send: report, and see
+            if fresh:
+                newest = fresh[-1]
+                plan = newest.plan
+                assert plan is not None and newest.plan_id is not None
+                if plan.term is not None:
+                    self.term = max(self.term, plan.term)
+                self.held = (newest.plan_id, plan)
+                done = self.apply(plan)
+                if done is not None:
+                    return done
+                self.poll_workers()
+                deadline = min(deadline, time.monotonic() + self._poll_s(plan))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            wk.wait_for_exit([w for w in self.workers if not w.reported], left,
+                             wake_fd=chan.fileno(), server=self.forks)
+            if not chan.has_input():
+                return None  # a worker's exit, the server's news, or the heartbeat
 
     def _exchange(self, chan: Channel, last_ok: float) -> dict[str, object]:
         """Send a report and wait for its answer: past the socket timeout, until a
@@ -246,7 +280,10 @@ class Agent:
         timeout = self.cfg.heartbeat_timeout_s
         while True:
             try:
-                return chan.recv()
+                raw = chan.recv()
+                if raw.get("push") is True:
+                    continue  # the answer that follows is as new (protocol.py)
+                return raw
             except TimeoutError:
                 waited = time.time() - last_ok
                 if waited <= timeout:

@@ -200,7 +200,7 @@ def wait_for_exit(workers: Sequence[Worker], timeout_s: float,
     The agent reports between these waits; waking on the exit itself (a pidfd turns
     readable when its process ends, zombie included) lets a dead worker's report leave at
     once instead of up to a heartbeat later, and waking on the channel lets the
-    controller's wake-up (protocol.py) do the same for a changed plan. A pid here cannot
+    controller's push of a changed plan (protocol.py) reach it at once. A pid here cannot
     have been reused: the agent reaps its plain children only in ``poll``, and the fork
     server reaps its forks only when the agent has their status. Without pidfd_open
     (Linux < 5.3, or a seccomp filter that refuses it) only the channels are watched."""

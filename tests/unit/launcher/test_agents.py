@@ -134,7 +134,18 @@ def test_fault_free_run_completes_with_one_writer(run):
     assert set(RunPaths.of(cfg.run_dir).read_agents()) == {"n1", "n2", "n3"}
 
 
-def test_killed_worker_restarts_in_place(run):
+def test_killed_worker_restarts_in_place(run, monkeypatch):
+    # Which path each agent took to a new generation: its answer, or a push while it
+    # waited (protocol.py).
+    applied: list[tuple[int, int | None, str]] = []
+    real_apply = Agent.apply
+
+    def apply(self, plan):
+        if plan is not None and self.gen != plan.gen:
+            applied.append((self.ident.index, plan.gen, sys._getframe(1).f_code.co_name))
+        return real_apply(self, plan)
+
+    monkeypatch.setattr(Agent, "apply", apply)
     cfg, parts = run(steps=40)
     wait_for_step(cfg, 5)
     pid = worker_pid(cfg, 1)
@@ -151,6 +162,9 @@ def test_killed_worker_restarts_in_place(run):
     assert inc["evidence"]["signal_name"] == "SIGKILL"
     steps = [e["step"] for e in events(cfg) if e["event"] == "step"]
     assert steps[-1] == 40
+    # New generations reached agents as pushes: applied while they waited, unasked (one
+    # whose report was in flight at the push got the plan in its answer instead).
+    assert [a for a in applied if a[2] == "_until_next_report"], applied
 
 
 def test_same_type_error_after_restart_stops_with_verdict(run):
@@ -192,14 +206,14 @@ def test_agents_name_the_plan_they_hold_and_get_short_replies(run, monkeypatch):
     # Real agents: after the first full plan, a report names it and the controller answers
     # "unchanged" until the plan changes; the run is the same as with full plans.
     sent: list[bytes] = []
-    real_encode = ReplyEncoder.encode
+    real_encode = ReplyEncoder.encode_identified
 
-    def spy(self, plan, held=None):
-        out = real_encode(self, plan, held)
-        sent.append(out)
+    def spy(self, plan, held=None, push=False):
+        out = real_encode(self, plan, held, push)
+        sent.append(out[0])
         return out
 
-    monkeypatch.setattr(ReplyEncoder, "encode", spy)
+    monkeypatch.setattr(ReplyEncoder, "encode_identified", spy)
     cfg, parts = run(steps=10)
     result = finish(parts)
     assert result.status == "completed" and result.params_sha256 == "f" * 64
@@ -207,3 +221,6 @@ def test_agents_name_the_plan_they_hold_and_get_short_replies(run, monkeypatch):
     full = [s for s in sent if b'"plan":{"role"' in s]
     assert short and full, (len(short), len(full))
     assert len(short) > len(full)  # most reports found their agent's plan as it was
+    # The first generation's plans reached the agents that had reported while the
+    # controller gathered them as pushes (protocol.py).
+    assert [s for s in sent if s.endswith(b',"push":true}\n')]

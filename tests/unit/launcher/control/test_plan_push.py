@@ -1,8 +1,8 @@
-"""The controller's wake-up (protocol.py): an empty line that makes a waiting agent
-report at once when its plan changed, instead of at its next heartbeat.
+"""The controller's plan push (protocol.py): when an agent's plan changed, the controller
+writes it to the agent unasked, and the waiting agent applies it without reporting first.
 
 Real sockets, a real controller and real child processes; the bounds are loose on
-purpose (a wake-up that did not arrive would leave the wait to its 30 s timeout)."""
+purpose (a push that did not arrive would leave the wait to its 30 s timeout)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import pytest
 
 from slurm_robust.launcher.auth import client_handshake
 from slurm_robust.launcher.control.controller import Controller
+from slurm_robust.launcher.messages import Reply
 from slurm_robust.launcher.node import workers as wk
 from slurm_robust.launcher.protocol import Channel, ChannelClosed
 
@@ -29,40 +30,40 @@ def _pair() -> tuple[Channel, Channel]:
     return Channel(a, 5.0), agent
 
 
-def test_a_reply_skips_wake_ups_and_they_are_seen_between_messages():
+PUSH = {"plan": {"role": "spare", "gen": 2}, "plan_id": "1.ab:cd", "push": True}
+
+
+def test_the_agent_reads_what_arrived_without_blocking_and_keeps_a_partial_line():
     server, agent = _pair()
-    assert server.wake()
-    server.send({"plan": {"gen": 1}})
-    assert agent.recv() == {"plan": {"gen": 1}}  # the wake-up before it is skipped
-    assert not agent.woken()
-    server.send({"plan": {"gen": 2}})
-    assert server.wake() and server.wake()
-    assert agent.recv() == {"plan": {"gen": 2}}
-    # Read in with the reply: waiting in the buffer, seen once.
-    assert agent.woken() and not agent.woken()
-    assert server.wake()
-    # Unread on the socket: the agent's wait sees it readable.
-    assert select.select([agent.fileno()], [], [], 1.0)[0]
-
-
-def test_a_wake_up_never_lands_inside_a_message_being_sent():
-    server, _ = _pair()
-    with server._send_lock:  # another thread is writing a reply
-        assert server.wake() is False
-
-
-def test_a_wake_up_to_a_peer_that_does_not_read_never_blocks():
-    server, agent = _pair()
-    server.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    sent = 0
     t0 = time.monotonic()
-    while server.wake() and sent < 10_000_000:
-        sent += 1
-    assert time.monotonic() - t0 < 5.0 and sent < 10_000_000  # refused once full
-    agent.sock.close()
+    assert agent.read_ready() == (False, [])  # nothing yet: no wait for the 5 s timeout
+    assert time.monotonic() - t0 < 1.0
+    line = json.dumps(PUSH).encode() + b"\n"
+    server.sock.sendall(line + line[:10])
+    assert agent.read_ready() == (False, [PUSH])
+    server.sock.sendall(line[10:] + b"\n")  # the rest, then an older controller's wake-up
+    assert agent.read_ready() == (True, [PUSH])
+    server.sock.sendall(line + b'{"plan": {}}\n')
+    assert agent.recv() == PUSH and agent.recv() == {"plan": {}}
+    server.close()
+    with pytest.raises(ChannelClosed):
+        agent.read_ready()
 
 
-def test_the_agent_wait_ends_on_a_wake_up(tmp_path: Path):
+def test_a_push_is_a_reply_marked_pushed_and_never_unchanged():
+    reply = Reply.from_json(PUSH)
+    assert reply.push and reply.plan is not None and reply.plan.gen == 2
+    assert reply.to_json() == PUSH
+    from slurm_robust.launcher.messages import BadMessage
+    with pytest.raises(BadMessage, match="never pushed"):
+        Reply.from_json({"unchanged": True, "plan_id": "x", "push": True})
+    with pytest.raises(BadMessage, match="names its 'plan_id'"):
+        Reply.from_json({"plan": {"role": "spare", "gen": 2}, "push": True})
+    with pytest.raises(BadMessage, match="'push'"):
+        Reply.from_json({"plan": {"role": "spare", "gen": 2}, "plan_id": "x", "push": 1})
+
+
+def test_the_agent_wait_ends_on_a_push(tmp_path: Path):
     popen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     w = wk.Worker(0, 0, 0, popen, tmp_path / "log", tmp_path / "progress", time.time())
     server, agent = _pair()
@@ -70,7 +71,7 @@ def test_the_agent_wait_ends_on_a_wake_up(tmp_path: Path):
         t0 = time.monotonic()
         wk.wait_for_exit([w], 0.3, wake_fd=agent.fileno())
         assert time.monotonic() - t0 >= 0.3  # nothing to wake it: the full wait
-        assert server.wake()
+        server.send(PUSH)
         t0 = time.monotonic()
         wk.wait_for_exit([w], 30.0, wake_fd=agent.fileno())
         assert time.monotonic() - t0 < 10.0
@@ -100,28 +101,24 @@ def _report(ctl: Controller, index: int) -> dict:
             "states": {}, "stacks": {}}
 
 
-def test_the_controller_wakes_an_agent_whose_plan_changed(controller):
+def test_the_controller_pushes_the_new_plan_to_an_agent_that_did_not_ask(controller):
     first, second = _agent(controller, 0), _agent(controller, 1)
     assert first.request(_report(controller, 0))["plan"] == {}  # gathering: no plan yet
     second.request(_report(controller, 1))
     # The generation starts in the controller's tick: the first agent, which has not
-    # asked since, is woken, not left to its heartbeat (30 s here, as a stand-in).
+    # asked since, gets its plan pushed, not left to its heartbeat (30 s here).
     t0 = time.monotonic()
     assert select.select([first.fileno()], [], [], 10.0)[0]
     assert time.monotonic() - t0 < 10.0
-    first._buf += first.sock.recv(64)
-    assert first.woken()
-    plan = first.request(_report(controller, 0))["plan"]
-    assert plan["gen"] == 1 and plan["role"] == "active" and plan["ranks"] == [0]
-    # Nothing changed since: no further wake-up.
+    pushed = Reply.from_json(first.recv())
+    assert pushed.push and pushed.plan is not None and pushed.plan_id
+    assert pushed.plan.gen == 1 and pushed.plan.role.value == "active"
+    assert pushed.plan.ranks == [0]
+    # Nothing changed since: nothing more is pushed, and a report naming the pushed plan
+    # is answered "unchanged" (the agent holds it).
     assert not select.select([first.fileno()], [], [], 0.5)[0]
-
-
-def test_no_wake_up_goes_to_a_closed_channel():
-    server, agent = _pair()
-    server.close()
-    assert server.wake() is False  # its descriptor number may belong to another file now
-    agent.close()
+    report = {**_report(controller, 0), "gen": 1, "plan_id": pushed.plan_id}
+    assert first.request(report) == {"unchanged": True, "plan_id": pushed.plan_id}
 
 
 def test_the_controller_end_refuses_an_empty_line(controller):

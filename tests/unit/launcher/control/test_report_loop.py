@@ -1,6 +1,7 @@
 """The controller's report loop (control/report_loop.py): every connection served from one
-thread, reports answered in batches, replies written without blocking, wake-ups never
-inside a reply, and a bad or silent connection closed with its reason."""
+thread, reports answered in batches, replies and pushed plans written without blocking
+and in the order they were decided, and a bad or silent connection closed with its
+reason."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from slurm_robust.launcher.protocol import Channel
 
 
 class Controller:
-    """The loop's two callbacks, recording what they were given."""
+    """The loop's callbacks, recording what they were given. A pushed "plan" here is a
+    string: its line is ``{"push":"<plan>"}`` and its identity the string."""
 
     def __init__(self, reply: bytes = b'{"ok":true}\n') -> None:
         self.reply = reply
@@ -25,6 +27,17 @@ class Controller:
         self.seen: list[dict] = []
         self.closed: list[tuple[Connection, str]] = []
         self.ended = threading.Event()
+        self.pushed: list[tuple[Connection, str]] = []
+
+    @staticmethod
+    def encode_push(plan: str) -> tuple[bytes, str]:
+        return json.dumps({"push": plan}).encode() + b"\n", plan
+
+    def on_pushed(self, conn: Connection, plan: str) -> None:
+        self.pushed.append((conn, plan))
+
+    def loop(self) -> ReportLoop:
+        return ReportLoop(self.serve, self.on_closed, self.encode_push, self.on_pushed)
 
     def serve(self, batch: Sequence[Arrival]) -> list[bytes | None]:
         self.batches.append(len(batch))
@@ -39,7 +52,7 @@ class Controller:
 @pytest.fixture()
 def served():
     ctl = Controller()
-    loop = ReportLoop(ctl.serve, ctl.on_closed)
+    loop = ctl.loop()
     loop.start()
     yield ctl, loop
     loop.stop()
@@ -53,13 +66,20 @@ def connect(loop: ReportLoop, timeout_s: float = 30.0) -> tuple[socket.socket, C
     return agent, conn
 
 
+_unread: dict[socket.socket, bytes] = {}
+
+
 def read_line(sock: socket.socket) -> bytes:
-    data = b""
-    while not data.endswith(b"\n"):
+    """One line from ``sock`` (what came after it is kept for the next call)."""
+    data = _unread.pop(sock, b"")
+    while b"\n" not in data:
         chunk = sock.recv(1 << 20)
         assert chunk, "closed"
         data += chunk
-    return data
+    line, rest = data.split(b"\n", 1)
+    if rest:
+        _unread[sock] = rest
+    return line + b"\n"
 
 
 def test_many_agents_are_answered_from_one_thread(served):
@@ -127,30 +147,71 @@ def test_a_silent_connection_is_closed_after_the_channels_timeout(served):
     assert ctl.closed == [(conn, "silent for the channel's timeout")]
 
 
-def test_a_reply_the_peer_does_not_read_yet_is_kept_whole_and_no_wake_up_splits_it():
+def test_a_reply_the_peer_does_not_read_yet_is_kept_whole_and_a_push_goes_after_it():
     big = b'{"plan":"' + b"x" * (4 << 20) + b'"}\n'  # far over a socket buffer
     ctl = Controller(reply=big)
-    loop = ReportLoop(ctl.serve, ctl.on_closed)
+    loop = ctl.loop()
     loop.start()
     try:
         agent, conn = connect(loop)
         agent.sendall(b'{"agent":0}\n')
         deadline = time.monotonic() + 10
-        while not conn.chan.holding:
+        while not conn.out:
             assert time.monotonic() < deadline, "the reply went out whole at once"
             time.sleep(0.01)
-        assert not conn.chan.wake()  # refused while the reply is half written
-        got = read_line(agent)
-        assert got == big and not conn.chan.holding
-        assert conn.chan.wake()  # now it goes
-        assert agent.recv(1) == b"\n"
+        loop.push([(conn, "p2")])  # decided after the reply: it follows it, whole
+        assert read_line(agent) == big
+        assert read_line(agent) == b'{"push": "p2"}\n'
+        assert ctl.pushed == [(conn, "p2")]
+    finally:
+        loop.stop()
+
+
+def test_pushes_go_in_order_once_each_and_never_to_a_closed_connection(served):
+    ctl, loop = served
+    agent, conn = connect(loop)
+    gone, gone_conn = connect(loop)
+    gone.close()
+    assert ctl.ended.wait(10)  # the loop saw it close
+    loop.push([(conn, "p1"), (gone_conn, "p1"), (conn, "p2"), (conn, "p2")])
+    assert read_line(agent) == b'{"push": "p1"}\n'
+    assert read_line(agent) == b'{"push": "p2"}\n'
+    # The same plan as the last one written on the connection is not written again.
+    loop.push([(conn, "p2")])
+    agent.sendall(b'{"agent":0}\n')
+    assert read_line(agent) == b'{"ok":true}\n'  # the next line is the reply, no push
+    assert [p for _, p in ctl.pushed] == ["p1", "p2"]
+    assert conn.plan_id == "p2"
+
+
+def test_a_push_decided_while_a_reply_is_decided_follows_that_reply():
+    # The controller decides a new plan while it answers a batch (a report that ends a
+    # failure's settle): the push is newer than the batch's replies and must follow them.
+    ctl = Controller()
+    serve = ctl.serve
+    conns: list[Connection] = []
+
+    def serve_and_push(batch):
+        replies = serve(batch)
+        loop.push([(conns[0], "p2")])
+        return replies
+
+    ctl.serve = serve_and_push  # type: ignore[method-assign]
+    loop = ctl.loop()
+    loop.start()
+    try:
+        agent, conn = connect(loop)
+        conns.append(conn)
+        agent.sendall(b'{"agent":0}\n')
+        assert read_line(agent) == b'{"ok":true}\n'
+        assert read_line(agent) == b'{"push": "p2"}\n'
     finally:
         loop.stop()
 
 
 def test_stop_closes_every_connection_without_callbacks():
     ctl = Controller()
-    loop = ReportLoop(ctl.serve, ctl.on_closed)
+    loop = ctl.loop()
     loop.start()
     agent, _ = connect(loop)
     agent.sendall(b'{"agent":0}\n')
