@@ -529,8 +529,11 @@ class Plan(Message):
         if self.gen is None:
             raise BadMessage(f"{where}: a {self.role.value} plan needs 'gen'")
         if self.role is Role.ACTIVE:
-            missing = [k for k in ("world_size", "master_addr", "master_port", "rank_nodes",
-                                   "slot", "ranks", "attempt") if getattr(self, k) is None]
+            # Named as on the wire (rank_nodes travels as "rank_map"): the reader of the
+            # refusal has the message, not this class.
+            missing = ["rank_map" if k == "rank_nodes" else k
+                       for k in ("world_size", "master_addr", "master_port", "rank_nodes",
+                                 "slot", "ranks", "attempt") if getattr(self, k) is None]
             if missing:
                 raise BadMessage(f"{where}: an active plan lacks {missing}")
 
