@@ -60,6 +60,10 @@ MAX_MESSAGE = 4 << 20
 MAX_UNAUTHENTICATED = 4096
 #: Bounds on list fields of a report (per message).
 MAX_ITEMS = 4096
+#: A message as read off the wire: its keys are checked later, by check_report or the
+#: typed messages (messages.py).
+# open-ended: raw wire JSON, before anything has checked its keys
+WireObject = dict[str, Any]
 
 
 class ChannelClosed(ConnectionError):
@@ -82,8 +86,7 @@ def _opt_num(v: Any) -> bool:
 _EXIT_STR_FIELDS = ("class", "category")
 
 
-# open-ended: an agent's raw wire JSON, the very thing this checks
-def check_report(msg: dict[str, Any], world_size: int) -> None:
+def check_report(msg: WireObject, world_size: int) -> None:
     """Raise BadMessage unless ``msg`` is a well-formed agent report (every field the
     controller reads has the right type and range); malformed progress items are
     removed from ``msg``."""
@@ -238,34 +241,32 @@ class Channel:
             self._arm()
             self.sock.sendall(data)
 
-    # open-ended: raw wire JSON; the typed messages (messages.py) check it
-    def read_ready(self) -> tuple[bool, list[dict[str, Any]]]:
+    def read_ready(self) -> tuple[bool, list[WireObject]]:
         """What the peer sent that can be read now, without blocking: whether a wake-up
         (an empty line) was among it, and the whole messages (a partial one stays
         buffered for ``recv``). ChannelClosed if the peer closed or sent a bad line."""
         poller = select.poll()  # the socket's own timeout would wait in recv
         poller.register(self.sock.fileno(), select.POLLIN)
         while poller.poll(0):
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise ChannelClosed("peer closed the connection")
-            self._buf += chunk
-            if len(self._buf) > self.max_message:
-                raise ChannelClosed(f"message over {self.max_message} bytes")
+            self._read_chunk()
         woken, messages = False, []
         while b"\n" in self._buf:
             line, self._buf = self._buf.split(b"\n", 1)
             if not line:
                 woken = True
                 continue
-            try:
-                obj = json.loads(line)
-            except (ValueError, RecursionError) as exc:
-                raise ChannelClosed(f"not a JSON message: {exc}") from exc
-            if not isinstance(obj, dict):
-                raise ChannelClosed("message is not a JSON object")
-            messages.append(obj)
+            messages.append(_message(line))
         return woken, messages
+
+    def _read_chunk(self) -> None:
+        """One recv into the buffer: ChannelClosed at the peer's close or past the
+        message bound."""
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ChannelClosed("peer closed the connection")
+        self._buf += chunk
+        if len(self._buf) > self.max_message:
+            raise ChannelClosed(f"message over {self.max_message} bytes")
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -282,34 +283,21 @@ class Channel:
             return False  # closed meanwhile
         return bool(poller.poll(0))
 
-    # open-ended: raw wire JSON; the typed messages (messages.py) check it
-    def recv(self) -> dict[str, Any]:
+    def recv(self) -> WireObject:
         while True:
             if self.wakeups:
                 self._buf = self._buf.lstrip(b"\n")  # nothing to answer
             while b"\n" not in self._buf:
                 self._arm()
-                chunk = self.sock.recv(65536)
-                if not chunk:
-                    raise ChannelClosed("peer closed the connection")
-                self._buf += chunk
-                if len(self._buf) > self.max_message:
-                    raise ChannelClosed(f"message over {self.max_message} bytes")
+                self._read_chunk()
                 if self.wakeups:
                     self._buf = self._buf.lstrip(b"\n")
             line, self._buf = self._buf.split(b"\n", 1)
             if line or not self.wakeups:
                 break
-        try:
-            obj = json.loads(line)
-        except (ValueError, RecursionError) as exc:  # RecursionError: "[[[[..." nesting
-            raise ChannelClosed(f"not a JSON message: {exc}") from exc
-        if not isinstance(obj, dict):
-            raise ChannelClosed("message is not a JSON object")
-        return obj
+        return _message(line)
 
-    # open-ended: the answer is raw wire JSON, as recv's
-    def request(self, message: Mapping[str, object]) -> dict[str, Any]:
+    def request(self, message: Mapping[str, object]) -> WireObject:
         self.send(message)
         return self.recv()
 
@@ -320,6 +308,17 @@ class Channel:
                 self.sock.close()
             except OSError:
                 pass
+
+
+def _message(line: bytes) -> WireObject:
+    """One received line as a JSON object (ChannelClosed for anything else)."""
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError) as exc:  # RecursionError: "[[[[..." nesting
+        raise ChannelClosed(f"not a JSON message: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise ChannelClosed("message is not a JSON object")
+    return obj
 
 
 def host_address() -> str:
