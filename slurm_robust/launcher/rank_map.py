@@ -25,19 +25,13 @@ from __future__ import annotations
 
 import re
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 #: The most ranks a map may expand to: far above any job (4,096 x 8 = 32,768), low enough
 #: that a malformed map cannot make a reader build a list of billions.
 MAX_RANKS = 1 << 20
-#: Ranges whose names decode keeps formatted (a plan has a few; a spare or a blamed node
-#: splits a run in two), each of at most _RANGE_NAMES_KEPT names.
-_RANGES_KEPT = 64
-_RANGE_NAMES_KEPT = 16384
-_kept: OrderedDict[str, tuple[str, ...]] = OrderedDict()
-_kept_lock = threading.Lock()
+_last_lock = threading.Lock()
 #: The last rank map decoded, whole: every plan of a generation carries the same one (an
 #: agent gets it again on a reconnect; the scale bench's process, 4,096 times).
 MAX_KEPT_RANKS = 1 << 16
@@ -94,13 +88,13 @@ def decode(runs: Any) -> list[str]:
                            f"{type(runs).__name__}")
     key = _key(runs)
     if key is not None:
-        with _kept_lock:
+        with _last_lock:
             last = _last.get(key)
         if last is not None:
             return list(last)  # the caller's own list
     out = _decode(runs)
     if key is not None and len(out) <= MAX_KEPT_RANKS:
-        with _kept_lock:
+        with _last_lock:
             _last.clear()  # the newest map only: a generation's plans share it
             _last[key] = tuple(out)
     return out
@@ -150,38 +144,15 @@ def _numbered(node: str) -> tuple[str, str, str] | None:
 def _expand(nodes: str, i: int) -> list[str]:
     if "[" not in nodes and "]" not in nodes:
         return [nodes]
-    with _kept_lock:
-        kept = _kept.get(nodes)
-        if kept is not None:
-            _kept.move_to_end(nodes)
-    if kept is not None:
-        return list(kept)
-    try:
-        names = _range_names(nodes)
-    except RankMapError as exc:
-        raise RankMapError(f"rank map run {i}: {exc}") from None
-    # Kept for the next plan, which names the same ranges (and a process that holds
-    # many agents' plans, the scale bench's, formats each range once); bounded in
-    # ranges and in names, whatever a map names.
-    if len(names) <= _RANGE_NAMES_KEPT:
-        with _kept_lock:
-            _kept[nodes] = names
-            while len(_kept) > _RANGES_KEPT:
-                _kept.popitem(last=False)
-    return list(names)
-
-
-def _range_names(nodes: str) -> tuple[str, ...]:
-    """The names of ``prefix[first-last]suffix``."""
     m = _RANGE.match(nodes)
     if m is None:
-        raise RankMapError(f"{nodes!r:.80} is neither a node name nor "
+        raise RankMapError(f"rank map run {i}: {nodes!r:.80} is neither a node name nor "
                            "prefix[first-last]suffix")
     prefix, first, last, suffix = m.groups()
     if len(first) != len(last) or int(first) >= int(last):
-        raise RankMapError(f"range [{first}-{last}] is not ascending with bounds of one "
-                           "width")
+        raise RankMapError(f"rank map run {i}: range [{first}-{last}] is not ascending "
+                           "with bounds of one width")
     if int(last) - int(first) + 1 > MAX_RANKS:
-        raise RankMapError(f"expands past {MAX_RANKS} ranks")
+        raise RankMapError(f"rank map expands past {MAX_RANKS} ranks")
     width = len(first)
-    return tuple(f"{prefix}{n:0{width}d}{suffix}" for n in range(int(first), int(last) + 1))
+    return [f"{prefix}{n:0{width}d}{suffix}" for n in range(int(first), int(last) + 1)]

@@ -125,20 +125,6 @@ def test_no_rank_map_in_the_environment_reads_as_none(monkeypatch):
         rank_nodes_from_env()
 
 
-def test_a_range_decoded_again_comes_from_the_kept_names_and_stays_a_fresh_list():
-    runs = [["kept[0001-2048]", 8], ["x9", 8]]
-    first = rank_map.decode(runs)
-    first[0] = "changed"  # a caller's own list: the kept names are not touched
-    again = rank_map.decode(runs)
-    assert again[0] == "kept0001" and again[8] == "kept0002" and len(again) == 2049 * 8
-    assert "kept[0001-2048]" in rank_map._kept
-    # A range larger than the bound is formatted each time, never kept.
-    big = f"big[0-{rank_map._RANGE_NAMES_KEPT}]"
-    assert len(rank_map.decode([[big.replace("[0-", "[00000-"), 1]])) == \
-        rank_map._RANGE_NAMES_KEPT + 1
-    assert not [k for k in rank_map._kept if k.startswith("big")]
-
-
 def test_the_last_map_decoded_is_kept_whole_and_each_caller_gets_its_own_list():
     runs = [["last[001-512]", 8], ["other7", 2]]
     first = rank_map.decode(runs)
