@@ -162,6 +162,8 @@ class Controller:
                                  elapsed=self.lateness.elapsed)
         self.overload = OverloadRecorder(self.recovery.events.controller_overload,
                                          self.metrics.on_lateness)
+        self.recovery.events.before_end.append(
+            lambda now: self.overload.flush(now, len(self.agents)))
         self._server: socketserver.ThreadingTCPServer | None = None
         self._thread: threading.Thread | None = None
         #: Every authenticated connection's reports, from one thread (report_loop.py).

@@ -14,7 +14,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -57,6 +57,10 @@ class EventLog:
         self.attempt = attempt
         self._min_gap = 1.0 / max_per_s if max_per_s > 0 else 0.0
         self._last_step_event = 0.0
+        #: Called with the time just before ``run_end`` is written: what a component
+        #: holds back (the controller's rate-limited overload record) reaches the log
+        #: ahead of the run's last record.
+        self.before_end: list[Callable[[float], object]] = []
         #: The newest step sampled out (written by flush_step before an incident).
         self._held: _HeldStep | None = None
 
@@ -127,6 +131,9 @@ class EventLog:
 
     def run_end(self, status: str, step: int | None, params_sha256: str | None,
                 verdict: str | None) -> dict:
+        now = time.time()
+        for hook in self.before_end:
+            hook(now)
         return self.emit("run_end", {"status": status, "step": step,
                                      "params_sha256": params_sha256, "verdict": verdict})
 

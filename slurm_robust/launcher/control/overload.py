@@ -133,6 +133,12 @@ class OverloadRecorder:
         if self._since is not None and now - self._last_report >= REPORT_EVERY_S:
             self._report(now, agents)
 
+    def flush(self, now: float, agents: int) -> None:
+        """Record the episodes held back by the period now (the run ends: nothing would
+        record them later)."""
+        if self._since is not None:
+            self._report(now, agents)
+
     def _report(self, now: float, agents: int) -> None:
         assert self._since is not None
         log.warning("controller overloaded: its tick loop was %.1f s late (%d episode(s), "

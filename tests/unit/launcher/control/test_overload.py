@@ -14,6 +14,7 @@ import pytest
 from slurm_robust.launcher.auth import client_handshake
 from slurm_robust.launcher.control import overload
 from slurm_robust.launcher.control.controller import RECONNECT_GRACE_S, Controller
+from slurm_robust.launcher.control.events import EventLog
 from slurm_robust.launcher.control.overload import (
     ALLOWANCE_S,
     EPISODE_S,
@@ -91,6 +92,25 @@ def test_overload_is_logged_recorded_and_metered_at_most_every_period(caplog):
     assert rec.episodes == 2 and rec.worst == 5.0
     assert sum(1 for r in caplog.records if "controller overloaded" in r.message) == 2
     assert lags[-1] == (2.0, True) or lags[-2] == (2.0, True)
+
+
+def test_an_episode_held_by_the_period_is_recorded_before_the_run_ends(tmp_path):
+    # A slow start is recorded at once; a worse stall within the next 10 s is held by the
+    # period, and the run ends before it is over: the held one must reach the event log
+    # ahead of run_end, not vanish with the process.
+    log = EventLog(tmp_path / "events.jsonl", "r1", "7")
+    rec = OverloadRecorder(log.controller_overload)
+    log.before_end.append(lambda now: rec.flush(now, 8))
+    rec.note(1.1, T0, 8)
+    rec.note(1.8, T0 + 3, 8)
+    log.run_end("completed", 10, None, None)
+    records = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text()
+               .splitlines()]
+    assert [r["event"] for r in records] == ["controller_overload", "controller_overload",
+                                             "run_end"]
+    assert [r["lag_s"] for r in records[:2]] == [1.1, 1.8]
+    rec.flush(T0 + 4, 8)  # nothing held: nothing written
+    assert len((tmp_path / "events.jsonl").read_text().splitlines()) == 3
 
 
 # ---------------------------------------------------------------------- a real controller
