@@ -225,18 +225,39 @@ class Message:
 
     # open-ended: shared by every message kind; each kind's fields are its keys
     def to_json(self) -> dict[str, Any]:
-        values = ((f, getattr(self, f.name)) for f in dataclasses.fields(self))
-        return {f.metadata.get("wire", f.name): _field_to_wire(f, value)
-                for f, value in values if self._on_wire(f, value)}
+        return self.to_json_with(None)
+
+    # open-ended: as to_json
+    def to_json_with(self, stand_in: Mapping[str, Any] | None) -> dict[str, Any]:
+        """``to_json``, with ``stand_in`` (field name -> wire value) written for those
+        fields instead of their own values (control/replies.py writes a plan's rank map
+        once for thousands of plans and splices it in)."""
+        out: dict[str, Any] = {}
+        for f, name, key, form in _out_fields(type(self)):
+            value = getattr(self, name)
+            if not self._on_wire(f, value):
+                continue
+            if stand_in is not None and name in stand_in:
+                out[key] = stand_in[name]
+            elif form is not None and value is not None:
+                out[key] = form.write(value)
+            else:
+                out[key] = _to_wire(value)
+        return out
 
     def _on_wire(self, f: dataclasses.Field[Any], value: object) -> bool:
         """Whether ``to_json`` writes this field (a kind leaves some out)."""
         return not (self.LEAN and _is_default(f, value))
 
 
-def _field_to_wire(f: dataclasses.Field[Any], value: Any) -> Any:
-    form = f.metadata.get("wire_form")
-    return form.write(value) if form is not None and value is not None else _to_wire(value)
+@functools.cache
+def _out_fields(cls: type[Message]) -> tuple[
+        tuple[dataclasses.Field[Any], str, str, WireForm | None], ...]:
+    """Each field of a message class as (field, name, wire key, wire form or None), for
+    ``to_json``: computed once per class, as ``_wire_fields`` is for decoding (a push
+    of a decision encodes thousands of plans in a row)."""
+    return tuple((f, f.name, f.metadata.get("wire", f.name), f.metadata.get("wire_form"))
+                 for f in dataclasses.fields(cls))
 
 
 @functools.cache
@@ -510,9 +531,10 @@ class Plan(Message):
     code_version: int | None = None
     code_change: bool = False
     # Report again after this many seconds instead of the heartbeat (None: the
-    # heartbeat). Set only while a transition is imminent (a failure settling, a hot
-    # update waiting for its step boundary), so that the next plan reaches every agent
-    # within it rather than within a heartbeat.
+    # heartbeat). Set only while a transition is imminent (a hot update waiting for its
+    # step boundary, a failure settling in a run of up to a few hundred agents), so that
+    # the controller hears every agent within it rather than within a heartbeat (a
+    # changed plan itself is pushed, not polled for).
     poll_s: float | None = None
     # The generation this plan replaces ends by choice (a hot update at a step
     # boundary): let its workers finish their snapshots for up to this many seconds

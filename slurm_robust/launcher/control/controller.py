@@ -168,8 +168,7 @@ class Controller:
         self._thread: threading.Thread | None = None
         #: Every authenticated connection's reports, from one thread (report_loop.py).
         self._reports = ReportLoop(self._serve_batch, self._connection_ended,
-                                   lambda plan: self.replies.encode_identified(plan,
-                                                                               push=True),
+                                   lambda plans: self.replies.encode_pushes(plans),
                                    self._pushed)
         # Channel security (docs/SECURITY.md): the run secret for the handshake,
         # the job's own node addresses for the accept check, and a cap on connections.
@@ -506,9 +505,9 @@ class Controller:
 
     def _push_plans(self, answered: AgentView | None) -> None:
         """Once plans changed since the last push, push every connected agent but
-        ``answered`` (its answer carries the plan) its plan, so that a failure settles and
-        a decision reaches the agents in one write each instead of at their heartbeat,
-        and without a report from each first (4,096 reports to serve before the last
+        ``answered`` (its answer carries the plan) its plan, so that a decision reaches
+        the agents in one write each instead of at their heartbeat, and without a
+        report from each first (4,096 reports to serve before the last
         agent had the decision). The report loop encodes and writes them, skipping an
         agent whose last plan written was this one; the caller holds the lock."""
         token = self.recovery.push_token()

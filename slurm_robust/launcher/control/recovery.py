@@ -43,7 +43,7 @@ from slurm_robust.launcher.control import actions as act
 from slurm_robust.launcher.control import adopt, bitwise, failslow, phases, replay
 from slurm_robust.launcher.control import monitor as node_monitor
 from slurm_robust.launcher.control.applier import CAPTURE_BUDGET_S, Applier, Fence, SlurmSide
-from slurm_robust.launcher.control.cadence import hurry_poll_s
+from slurm_robust.launcher.control.cadence import hurry_poll_s, settle_hurry_helps
 from slurm_robust.launcher.control.detectors import SETTLE_HEARD_S, SETTLE_S, Detectors
 from slurm_robust.launcher.control.events import EventLog
 from slurm_robust.launcher.control.failover import Takeover
@@ -235,16 +235,16 @@ class Recovery:
             plan = Plan(role=Role.EVICTED, gen=gen.number, attempt=gen.attempt)
         if plan is not None and self.app.fence.term:
             plan = dataclasses.replace(plan, term=self.app.fence.term)
-        if plan is not None and self._transition_imminent():
+        if plan is not None and self._hurried():
             plan = dataclasses.replace(plan, poll_s=hurry_poll_s(len(self.members),
                                                                  self.cfg.heartbeat_s))
         return plan
 
     def push_token(self) -> tuple[int, bool]:
         """Changes whenever some agent's plan does (a new set of plans, one changed, a
-        transition turning imminent or over): the controller then pushes the agents
-        their plans, so each has its plan at once instead of at its next heartbeat."""
-        return self.app.plans_version, self._transition_imminent()
+        hurry starting or over): the controller then pushes the agents their plans, so
+        each has its plan at once instead of at its next heartbeat."""
+        return self.app.plans_version, self._hurried()
 
     def decision_pending(self) -> bool:
         """Failures of the running generation wait for a decision (the tick makes it)."""
@@ -252,14 +252,21 @@ class Recovery:
         return self.phase is Phase.RUNNING and gen is not None and bool(gen.failures) \
             and self.app.backoff is None
 
-    def _transition_imminent(self) -> bool:
-        """A new generation is likely within a moment: a failure is settling (the
-        decision comes SETTLE_S after it), or a hot update waits for its step boundary.
-        Agents then report every HURRY_POLL_S, so each sees the next plan (and the
-        controller the boundary) within that instead of within a heartbeat."""
-        if self.decision_pending():
+    def _hurried(self) -> bool:
+        """The agents report every hurried poll (cadence.py) instead of every heartbeat:
+        while a hot update waits for its step boundary, which only their progress
+        reports show, and while a failure settles in a run small enough that their
+        reports end the settle early (cadence.settle_hurry_helps: every agent heard
+        since the failure, detectors.py).
+
+        Past that size the hurry cannot end the settle before SETTLE_S, and its decision
+        is pushed to every agent the moment it is made: at 4,096 agents the hurry only
+        asked for 2,000 reports a second while the decision was being pushed, and the
+        pushes queued behind them (bench scale)."""
+        if self.hot.due_request is not None:
             return True
-        return self.hot.due_request is not None
+        return self.decision_pending() and settle_hurry_helps(len(self.members),
+                                                              self.cfg.heartbeat_s, SETTLE_S)
 
     def ranks_of(self, agent_index: int) -> list[int]:
         return self.app.ranks_of(agent_index)

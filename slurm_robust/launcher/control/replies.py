@@ -24,12 +24,12 @@ run) never match, so an agent never keeps a plan that this controller did not ha
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import secrets
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 from slurm_robust.launcher import rank_map
@@ -42,6 +42,10 @@ _DIGEST_HEX = 20
 _SEPARATORS = (",", ":")
 #: The wire key of Plan.rank_nodes.
 _RANK_MAP_KEY = "rank_map"
+#: The rank map's wire value while the plan's JSON is made without it, and that JSON's
+#: text for it (where the list's own JSON goes).
+_LEAN_NODES = {"rank_nodes": []}
+_LEAN_MAP = f'"{_RANK_MAP_KEY}":[]'
 #: Distinct rank_nodes lists kept encoded (a generation has one; a dual-phase replay
 #: one per group).
 _KEEP = 16
@@ -79,31 +83,55 @@ class ReplyEncoder:
         full form marked as sent unasked (messages.Reply), never "unchanged"."""
         if plan is None:
             return b'{"plan":{}}\n', None
-        lean, fragment, nodes_digest = self._split(plan)
-        small = lean.to_json()
-        plan_id = self._identity(_dumps(small), nodes_digest)
-        if held == plan_id and not push:
-            return ('{"unchanged":true,"plan_id":' + _dumps(plan_id) + "}\n").encode(), \
-                plan_id
-        parts = [f"{_dumps(k)}:{fragment if fragment and k == _RANK_MAP_KEY else _dumps(v)}"
-                 for k, v in small.items()]
-        tail = ',"push":true}\n' if push else "}\n"
-        return ('{"plan":{' + ",".join(parts) + '},"plan_id":' + _dumps(plan_id)
-                + tail).encode(), plan_id
+        nodes = plan.rank_nodes
+        listed = self._list_json(nodes) if nodes else None
+        return self._encode(plan, listed, held, push)
+
+    def encode_pushes(self, plans: Sequence[Plan | None]) -> list[tuple[bytes, str | None]]:
+        """``encode_identified(plan, push=True)`` for each plan, in order. The plans of
+        one decision share their rank_nodes list (plans.generation_plans): its JSON is
+        looked up once per distinct list here, not once per plan (checking a cached
+        list against 32,768 names cost more than the rest of a push's encoding)."""
+        listed: dict[int, tuple[list[str], tuple[str, str]]] = {}
+        out: list[tuple[bytes, str | None]] = []
+        for plan in plans:
+            if plan is None:
+                out.append((b'{"plan":{}}\n', None))
+                continue
+            nodes = plan.rank_nodes
+            hit = None
+            if nodes:
+                # Keyed by the list object, kept alive by the entry (its id stays its).
+                known = listed.get(id(nodes))
+                if known is None:
+                    known = listed[id(nodes)] = (nodes, self._list_json(nodes))
+                hit = known[1]
+            out.append(self._encode(plan, hit, None, True))
+        return out
 
     def plan_id(self, plan: Plan) -> str:
         """The identity ``encode`` gives ``plan``."""
-        lean, _, nodes_digest = self._split(plan)
-        return self._identity(_dumps(lean.to_json()), nodes_digest)
-
-    def _split(self, plan: Plan) -> tuple[Plan, str, str]:
-        """The plan without its rank_nodes list, and that list's JSON and digest (""
-        for a plan without one: the first then is the whole plan)."""
         nodes = plan.rank_nodes
-        if not nodes:
-            return plan, "", ""
-        text, digest = self._list_json(nodes)
-        return dataclasses.replace(plan, rank_nodes=[]), text, digest
+        listed = self._list_json(nodes) if nodes else None
+        small = _dumps(plan.to_json_with(_LEAN_NODES if listed else None))
+        return self._identity(small, listed[1] if listed else "")
+
+    def _encode(self, plan: Plan, listed: tuple[str, str] | None, held: str | None,
+                push: bool) -> tuple[bytes, str | None]:
+        # The plan's JSON with an empty rank map standing in for the list (a few hundred
+        # bytes to hash); the list's own JSON is spliced in where the empty map stands.
+        # An unescaped '"rank_map":[]' occurs nowhere else in it: a quote inside a JSON
+        # string value is always escaped.
+        small = _dumps(plan.to_json_with(_LEAN_NODES if listed else None))
+        plan_id = self._identity(small, listed[1] if listed else "")
+        if held == plan_id and not push:
+            return ('{"unchanged":true,"plan_id":' + _dumps(plan_id) + "}\n").encode(), \
+                plan_id
+        if listed is not None:
+            small = small.replace(_LEAN_MAP, f'"{_RANK_MAP_KEY}":{listed[0]}', 1)
+        tail = ',"push":true}\n' if push else "}\n"
+        return ('{"plan":' + small + ',"plan_id":' + _dumps(plan_id) + tail).encode(), \
+            plan_id
 
     def _identity(self, small_json: str, nodes_digest: str) -> str:
         # The rank_nodes list enters through its own digest (cached with its JSON): the

@@ -47,6 +47,9 @@ BATCH_MAX = 256
 #: A round that took longer than this pushes every connection's silence clock back
 #: by its length (see _round).
 BUSY_S = 0.05
+#: Pushes encoded at a time, then written: the first agents have the plan while the
+#: last ones' are encoded, and the shared rank map is looked up once per chunk.
+PUSH_CHUNK = 256
 #: Bytes read from a ready socket per round (a report is a few hundred bytes).
 READ_BYTES = 65536
 
@@ -87,8 +90,9 @@ class Arrival:
 ServeBatch = Callable[[Sequence[Arrival]], list[bytes | None]]
 #: Called once for a connection that ended (its close is the controller's evidence).
 OnClosed = Callable[[Connection, str], None]
-#: Encodes a plan to push: its bytes (one JSON line) and its identity (None: none).
-EncodePush = Callable[[Any], tuple[bytes, str | None]]
+#: Encodes plans to push, in order: each one's bytes (one JSON line) and its identity
+#: (None: none). In one call for a round's pushes, which mostly share their rank map.
+EncodePushes = Callable[[Sequence[Any]], list[tuple[bytes, str | None]]]
 #: Called in the loop's thread once a pushed plan went to its connection's socket.
 OnPushed = Callable[[Connection, Any], None]
 
@@ -97,10 +101,10 @@ class ReportLoop:
     """``add`` connections from any thread; ``start`` runs the loop in its own thread."""
 
     def __init__(self, serve_batch: ServeBatch, on_closed: OnClosed,
-                 encode_push: EncodePush, on_pushed: OnPushed | None = None) -> None:
+                 encode_pushes: EncodePushes, on_pushed: OnPushed | None = None) -> None:
         self._serve_batch = serve_batch
         self._on_closed = on_closed
-        self._encode_push = encode_push
+        self._encode_pushes = encode_pushes
         self._on_pushed = on_pushed
         # open-ended: the plan objects are the controller's (encode_push reads them)
         self._pushes: deque[tuple[Connection, Any]] = deque()
@@ -229,16 +233,21 @@ class ReportLoop:
             if not self._pushes:
                 return
             pushes, self._pushes = self._pushes, deque()
-        for conn, plan in pushes:
-            if conn.closed or self._stop:
-                continue
-            data, plan_id = self._encode_push(plan)
-            if plan_id is not None and plan_id == conn.plan_id:
-                continue  # the agent has it already
-            conn.plan_id = plan_id
-            self._send(conn, data)
-            if self._on_pushed is not None and not conn.closed:
-                self._on_pushed(conn, plan)
+        if self._stop:
+            return
+        live = [(conn, plan) for conn, plan in pushes if not conn.closed]
+        for start in range(0, len(live), PUSH_CHUNK):
+            chunk = live[start:start + PUSH_CHUNK]
+            encoded = self._encode_pushes([plan for _, plan in chunk])
+            for (conn, plan), (data, plan_id) in zip(chunk, encoded, strict=True):
+                if conn.closed:  # a failed write on an earlier push of this round
+                    continue
+                if plan_id is not None and plan_id == conn.plan_id:
+                    continue  # the agent has it already
+                conn.plan_id = plan_id
+                self._send(conn, data)
+                if self._on_pushed is not None and not conn.closed:
+                    self._on_pushed(conn, plan)
 
     def _read(self, conn: Connection, arrivals: list[Arrival]) -> None:
         try:

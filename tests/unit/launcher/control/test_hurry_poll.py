@@ -15,8 +15,10 @@ from slurm_robust.launcher.control.cadence import (
     TIMEOUT_BEATS,
     hurry_poll_s,
     scaled,
+    settle_hurry_helps,
 )
 from slurm_robust.launcher.control.controller import Controller
+from slurm_robust.launcher.control.detectors import SETTLE_S
 from slurm_robust.launcher.identity import Identity
 from slurm_robust.launcher.node.agent import Agent
 
@@ -27,6 +29,16 @@ def test_hurried_polls_stay_within_what_a_controller_serves():
         poll = hurry_poll_s(agents, 5.0)
         assert agents / poll <= HURRY_REPORTS_PER_S + 1e-6
     assert hurry_poll_s(4096, 0.2) == 0.2  # never slower than the heartbeat
+
+
+def test_a_settling_failure_hurries_only_runs_whose_reports_can_end_it_early():
+    # Up to 300 agents every one is heard within half the settle; past that the hurry
+    # cannot end it before SETTLE_S and only loads the controller while it pushes.
+    assert settle_hurry_helps(3, 0.2, SETTLE_S)
+    assert settle_hurry_helps(300, 0.2, SETTLE_S)
+    assert not settle_hurry_helps(301, 0.2, SETTLE_S)
+    assert not settle_hurry_helps(4096, 4.096, SETTLE_S)
+    assert not settle_hurry_helps(3, 0.05, SETTLE_S)  # the heartbeat is as quick already
 
 
 # ---------------------------------------------------------------------- the steady beat

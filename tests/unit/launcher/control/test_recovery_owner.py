@@ -181,11 +181,12 @@ def test_every_rung_in_turn(tmp_path):
     h.fail(h.members[1], "worker_signal")
     h.tick(0.0)
     assert h.gen() == 1  # settling: waits for the other failures of the same moment
-    # ... and tells every agent to report quickly, so the next plan reaches them at once
+    # ... and tells every agent to report quickly, so that the settle ends once all have
     assert {h.rec.plan_for(i).poll_s for i in h.members} == {HURRY_POLL_S}
+    token = h.rec.push_token()
     h.settle()
     assert h.gen() == 2 and h.rec.gen.slots == [0, 1] and h.rec.phase is Phase.RUNNING
-    assert h.rec.plan_for(0).poll_s is None  # the new generation: back to the heartbeat
+    assert h.rec.push_token() != token  # the new plans: pushed
     assert h.rec.state.open_incident.to_json()["rung"] == Rung.IN_PLACE
     h.restored(3)
     h.steps(2)

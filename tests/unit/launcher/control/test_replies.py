@@ -54,6 +54,22 @@ def test_replies_are_byte_identical_to_channel_send():
         assert Reply.from_json(json.loads(enc.encode(plan, full.plan_id))) == same
 
 
+def test_a_round_of_pushes_is_byte_identical_to_pushing_each_plan_alone():
+    # A decision's plans share one rank_nodes list; another list, plans without one, and
+    # the text of the spliced key inside a value too.
+    enc = ReplyEncoder(incarnation(4))
+    nodes = ["n1", "n1", "n2", "n-3"]
+    plans = [dataclasses.replace(_active(nodes), slot=i, ranks=[i]) for i in range(4)]
+    plans += [None, Plan(role=Role.SPARE, gen=3, attempt=2), _active(["m1", "m2"]),
+              _active(nodes, env={"X": '"rank_map":[]'}), _active([])]
+    pushed = enc.encode_pushes(plans)
+    for plan, (data, plan_id) in zip(plans, pushed, strict=True):
+        assert (data, plan_id) == enc.encode_identified(plan, push=True)
+        if plan is not None:
+            assert data == _sent(Reply(plan=plan, plan_id=plan_id, push=True))
+            assert Reply.from_json(json.loads(data)).plan == plan
+
+
 def test_a_rank_nodes_list_changed_in_place_is_encoded_again():
     enc = ReplyEncoder(incarnation(4))
     nodes = ["n1", "n2"]

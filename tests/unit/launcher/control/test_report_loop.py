@@ -30,14 +30,14 @@ class Controller:
         self.pushed: list[tuple[Connection, str]] = []
 
     @staticmethod
-    def encode_push(plan: str) -> tuple[bytes, str]:
-        return json.dumps({"push": plan}).encode() + b"\n", plan
+    def encode_pushes(plans: Sequence[str]) -> list[tuple[bytes, str]]:
+        return [(json.dumps({"push": plan}).encode() + b"\n", plan) for plan in plans]
 
     def on_pushed(self, conn: Connection, plan: str) -> None:
         self.pushed.append((conn, plan))
 
     def loop(self) -> ReportLoop:
-        return ReportLoop(self.serve, self.on_closed, self.encode_push, self.on_pushed)
+        return ReportLoop(self.serve, self.on_closed, self.encode_pushes, self.on_pushed)
 
     def serve(self, batch: Sequence[Arrival]) -> list[bytes | None]:
         self.batches.append(len(batch))
