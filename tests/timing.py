@@ -16,7 +16,7 @@ from collections import defaultdict
 
 import pytest
 
-SLOWEST = 15
+SLOWEST = 20
 #: Every test's seconds, slowest first, written at the end of each run (one file per
 #: selection: ``unit`` or ``integration``; see ``make test``) for profiling the suite.
 TIMINGS_FILE = ".test-timings-{kind}.json"

@@ -232,7 +232,7 @@ class Message:
         """``to_json``, with ``stand_in`` (field name -> wire value) written for those
         fields instead of their own values (control/replies.py writes a plan's rank map
         once for thousands of plans and splices it in)."""
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = {}  # open-ended: as to_json
         for f, name, key, form in _out_fields(type(self)):
             value = getattr(self, name)
             if not self._on_wire(f, value):

@@ -167,6 +167,8 @@ def _dist(values: list[float], scale: float, digits: int) -> dict[str, Any]:
 
 
 _LOST = re.compile(r"agent (\d+) on \S+ lost \(")
+#: A push round the controller's report loop logged (report_loop.PUSHED_LINE).
+_PUSHED = re.compile(r"control\.report_loop INFO pushed (\d+) plans in ([\d.]+) s")
 
 
 def lost_in_log(log_path: Path, until: float) -> dict[str, str]:
@@ -181,6 +183,24 @@ def lost_in_log(log_path: Path, until: float) -> dict[str, str]:
         m = _LOST.search(rest)
         if t <= until and m:
             out.setdefault(m.group(1), rest.split(" ", 2)[-1])
+    return out
+
+
+def pushes_in_log(log_path: Path, since: float) -> list[tuple[float, int, float]]:
+    """The controller's logged push rounds (report_loop.PUSHED_LINE) from ``since``: (when
+    the last push of the round was written, plans, seconds the round took)."""
+    out = []
+    for line in log_path.read_text(errors="replace").splitlines():
+        head, _, rest = line.partition(" ")
+        m = _PUSHED.search(rest)
+        if m is None:
+            continue
+        try:
+            t = float(head)
+        except ValueError:
+            continue
+        if t >= since:
+            out.append((t, int(m.group(1)), float(m.group(2))))
     return out
 
 
@@ -312,7 +332,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         all_active_s, nprocs,
                         None if overflows0 is None or overflows1 is None
                         else overflows1 - overflows0,
-                        controller_exited=sampler.exited_at)
+                        controller_exited=sampler.exited_at,
+                        pushes=pushes_in_log(ctl_log, fail_at))
         out["stress"] = stress.summary(run_dir, ctl_log, window_start)
         return out
     except Exception:
@@ -348,6 +369,9 @@ def _harness(results: list[dict[str, Any]]) -> dict[str, Any]:
             "send_lag_p99_ms": max(r["lag_p99_ms"] for r in results),
             "send_lag_max_ms": max(r["lag_max_ms"] for r in results),
             "pushes": sum(r["pushes"] for r in results),
+            # The largest harness process's peak RSS (None: a harness without the field).
+            "rss_mib_max": max((r.get("rss_mib_max") or 0 for r in results), default=0)
+            or None,
             # Agents that gave up waiting for an answer and reconnected (--agent-timeout-s).
             "gave_up": sum(r.get("gave_up", 0) for r in results),
             # Mean bytes per reply (the plan in full or "unchanged"), whole run.
@@ -360,8 +384,8 @@ def summarize(args: argparse.Namespace, results: list[dict[str, Any]],
               peaks: dict[str, float], lost: dict[str, str], window_start: float,
               fail_at: float,
               end: float, all_active_s: float, nprocs: int,
-              overflows: int | None, controller_exited: float | None = None
-              ) -> dict[str, Any]:
+              overflows: int | None, controller_exited: float | None = None,
+              pushes: list[tuple[float, int, float]] | None = None) -> dict[str, Any]:
     steady = [r for res in results for s, r in res["rtts"] if window_start <= s < fail_at]
     recov = [r for res in results for s, r in res["rtts"] if fail_at <= s < end]
     served = len(steady)
@@ -383,6 +407,12 @@ def summarize(args: argparse.Namespace, results: list[dict[str, Any]],
     decided = min(got) if got else None
     to_decision = decided - fail_sent if decided is not None and fail_sent else None
     fanout = [t - decided for t in got] if decided is not None else []
+    # The decision's push round: when its last plan left the controller, from the first
+    # agent holding it (the controller's share of the fan-out; the rest is the harness).
+    rounds = [p for p in pushes or [] if fail_sent is None or p[0] >= fail_sent]
+    pushed = None if not rounds or decided is None else {
+        "plans": rounds[0][1], "write_s": round(rounds[0][2], 3),
+        "last_written_after_decision_s": round(rounds[0][0] - decided, 3)}
     lost_plans = {k: v for res in results for k, v in res["lost_plans"].items()}
     fan = _dist(fanout, 1.0, 3)
     rtt = _dist(steady, 1000.0, 1)
@@ -422,7 +452,8 @@ def summarize(args: argparse.Namespace, results: list[dict[str, Any]],
         "failure": {"failed_gen": fail_gen,
                     "failure_to_decision_s": numbers["failure_to_decision_s"],
                     "decided": decided is not None,
-                    "fanout_s": fan, "agents_without_new_plan": missing},
+                    "fanout_s": fan, "agents_without_new_plan": missing,
+                    "decision_push": pushed},
         "harness": _harness(results),
         "listen_overflows_host": overflows,
         "controller_exited_s": None if controller_exited is None

@@ -271,6 +271,11 @@ class Harness:
             if plan.role is Role.ACTIVE and plan.gen != ag.gen:
                 ag.gen = plan.gen if plan.gen is not None else -1
                 ag.active_at, ag.last_step = now, -1  # the new workers start stepping
+            # Decoded in full above, as an agent decodes it; not kept: a real agent holds
+            # one plan, this process holds one per simulated agent, and 4,096 copies of
+            # a 32,768-rank list (1 GiB, 134 M references for every full garbage
+            # collection to walk) made the harness, not the controller, the slow side.
+            plan.rank_nodes = None
             ag.plan = plan
 
     def _readable(self, i: int, now: float) -> None:
@@ -364,7 +369,8 @@ class Harness:
                 "fail_injected_at": self.fail_injected_at
                 if (self.fail_injected_at or 0) > 0 else None,
                 "fail_gen": self.fail_gen,
-                "cpu_s": ru.ru_utime + ru.ru_stime, "wall_s": time.time() - self.t0}
+                "cpu_s": ru.ru_utime + ru.ru_stime, "wall_s": time.time() - self.t0,
+                "rss_mib_max": round(ru.ru_maxrss / 1024, 1)}
 
 
 def _p99(values: list[float]) -> float:

@@ -50,6 +50,9 @@ BUSY_S = 0.05
 #: Pushes encoded at a time, then written: the first agents have the plan while the
 #: last ones' are encoded, and the shared rank map is looked up once per chunk.
 PUSH_CHUNK = 256
+#: A round of at least this many pushes is logged with its time (PUSHED_LINE).
+PUSH_LOGGED = 64
+PUSHED_LINE = "pushed"
 #: Bytes read from a ready socket per round (a report is a few hundred bytes).
 READ_BYTES = 65536
 
@@ -236,6 +239,7 @@ class ReportLoop:
         if self._stop:
             return
         live = [(conn, plan) for conn, plan in pushes if not conn.closed]
+        began = time.monotonic()
         for start in range(0, len(live), PUSH_CHUNK):
             chunk = live[start:start + PUSH_CHUNK]
             encoded = self._encode_pushes([plan for _, plan in chunk])
@@ -248,6 +252,11 @@ class ReportLoop:
                 self._send(conn, data)
                 if self._on_pushed is not None and not conn.closed:
                     self._on_pushed(conn, plan)
+        if len(live) >= PUSH_LOGGED:
+            # How long a decision took to leave the controller (the rest of its fan-out
+            # is the network and the agents): bench scale reads this line.
+            log.info("%s %d plans in %.3f s", PUSHED_LINE, len(live),
+                     time.monotonic() - began)
 
     def _read(self, conn: Connection, arrivals: list[Arrival]) -> None:
         try:

@@ -206,14 +206,14 @@ def test_agents_name_the_plan_they_hold_and_get_short_replies(run, monkeypatch):
     # Real agents: after the first full plan, a report names it and the controller answers
     # "unchanged" until the plan changes; the run is the same as with full plans.
     sent: list[bytes] = []
-    real_encode = ReplyEncoder.encode_identified
+    real_encode = ReplyEncoder._encode  # every plan's reply and push goes through it
 
-    def spy(self, plan, held=None, push=False):
-        out = real_encode(self, plan, held, push)
+    def spy(self, plan, listed, held, push):
+        out = real_encode(self, plan, listed, held, push)
         sent.append(out[0])
         return out
 
-    monkeypatch.setattr(ReplyEncoder, "encode_identified", spy)
+    monkeypatch.setattr(ReplyEncoder, "_encode", spy)
     cfg, parts = run(steps=10)
     result = finish(parts)
     assert result.status == "completed" and result.params_sha256 == "f" * 64

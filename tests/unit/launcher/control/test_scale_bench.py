@@ -49,6 +49,27 @@ def test_lost_agents_are_read_from_the_controller_log_once_each(tmp_path):
     assert set(scale.lost_in_log(log, 20.0)) == {"3", "5"}
 
 
+def test_push_rounds_are_read_from_the_controller_log(tmp_path):
+    import logging
+
+    from slurm_robust.launcher.control import report_loop
+    log = tmp_path / "controller.log"
+    handler = logging.FileHandler(log)
+    handler.setFormatter(logging.Formatter("%(created).3f %(name)s %(levelname)s %(message)s"))
+    logger = logging.getLogger(report_loop.__name__)
+    logger.addHandler(handler)
+    old, logger.level = logger.level, logging.INFO
+    try:
+        logger.info("%s %d plans in %.3f s", report_loop.PUSHED_LINE, 4096, 0.152)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+        handler.close()
+    (t, plans, seconds), = scale.pushes_in_log(log, 0.0)
+    assert plans == 4096 and seconds == 0.152 and t > 0
+    assert scale.pushes_in_log(log, t + 1.0) == []
+
+
 def test_a_stalled_tick_and_a_cpu_hog_cost_no_agent_and_are_recorded():
     # The tick stalls for two heartbeat timeouts with a busy process beside it; the
     # simulated agents give up on their answers after one and reconnect, as real ones.
