@@ -409,7 +409,11 @@ def summarize(args: argparse.Namespace, results: list[dict[str, Any]],
     fanout = [t - decided for t in got] if decided is not None else []
     # The decision's push round: when its last plan left the controller, from the first
     # agent holding it (the controller's share of the fan-out; the rest is the harness).
-    rounds = [p for p in pushes or [] if fail_sent is None or p[0] >= fail_sent]
+    # It is the last round that ended before the last agent held the plan (a run of up
+    # to 300 agents also pushes the hurry, before it).
+    last_got = max(got) if got else None
+    rounds = [p for p in pushes or [] if (fail_sent is None or p[0] >= fail_sent)
+              and last_got is not None and p[0] <= last_got][-1:]
     pushed = None if not rounds or decided is None else {
         "plans": rounds[0][1], "write_s": round(rounds[0][2], 3),
         "last_written_after_decision_s": round(rounds[0][0] - decided, 3)}
