@@ -219,8 +219,12 @@ def test_agents_name_the_plan_they_hold_and_get_short_replies(run, monkeypatch):
     assert result.status == "completed" and result.params_sha256 == "f" * 64
     short = [s for s in sent if s.startswith(b'{"unchanged":true')]
     full = [s for s in sent if b'"plan":{"role"' in s]
+    pushed = [s for s in full if s.endswith(b',"push":true}\n')]
     assert short and full, (len(short), len(full))
-    assert len(short) > len(full)  # most reports found their agent's plan as it was
+    # Most answers to reports found their agent's plan as it was: a plan that changed
+    # went out as a push, which answers no report (counting pushes here made the test
+    # depend on how many heartbeats a loaded machine fits into the run).
+    assert len(short) > len(full) - len(pushed), (len(short), len(full), len(pushed))
     # The first generation's plans reached the agents that had reported while the
     # controller gathered them as pushes (protocol.py).
-    assert [s for s in sent if s.endswith(b',"push":true}\n')]
+    assert pushed
