@@ -83,9 +83,7 @@ class ReplyEncoder:
         full form marked as sent unasked (messages.Reply), never "unchanged"."""
         if plan is None:
             return b'{"plan":{}}\n', None
-        nodes = plan.rank_nodes
-        listed = self._list_json(nodes) if nodes else None
-        return self._encode(plan, listed, held, push)
+        return self._encode(plan, self._listed(plan), held, push)
 
     def encode_pushes(self, plans: Sequence[Plan | None]) -> list[tuple[bytes, str | None]]:
         """``encode_identified(plan, push=True)`` for each plan, in order. The plans of
@@ -111,19 +109,24 @@ class ReplyEncoder:
 
     def plan_id(self, plan: Plan) -> str:
         """The identity ``encode`` gives ``plan``."""
-        nodes = plan.rank_nodes
-        listed = self._list_json(nodes) if nodes else None
+        return self._lean(plan, self._listed(plan))[1]
+
+    def _listed(self, plan: Plan) -> tuple[str, str] | None:
+        """The JSON and digest of ``plan``'s rank_nodes list (None: it has none)."""
+        return self._list_json(plan.rank_nodes) if plan.rank_nodes else None
+
+    def _lean(self, plan: Plan, listed: tuple[str, str] | None) -> tuple[str, str]:
+        """The plan's JSON with an empty rank map standing in for its list (a few
+        hundred bytes to hash), and the plan's identity."""
         small = _dumps(plan.to_json_with(_LEAN_NODES if listed else None))
-        return self._identity(small, listed[1] if listed else "")
+        return small, self._identity(small, listed[1] if listed else "")
 
     def _encode(self, plan: Plan, listed: tuple[str, str] | None, held: str | None,
                 push: bool) -> tuple[bytes, str | None]:
-        # The plan's JSON with an empty rank map standing in for the list (a few hundred
-        # bytes to hash); the list's own JSON is spliced in where the empty map stands.
-        # An unescaped '"rank_map":[]' occurs nowhere else in it: a quote inside a JSON
-        # string value is always escaped.
-        small = _dumps(plan.to_json_with(_LEAN_NODES if listed else None))
-        plan_id = self._identity(small, listed[1] if listed else "")
+        # The list's own JSON is spliced in where the empty map stands. An unescaped
+        # '"rank_map":[]' occurs nowhere else in it: a quote inside a JSON string value
+        # is always escaped.
+        small, plan_id = self._lean(plan, listed)
         if held == plan_id and not push:
             return ('{"unchanged":true,"plan_id":' + _dumps(plan_id) + "}\n").encode(), \
                 plan_id

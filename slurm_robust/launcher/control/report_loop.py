@@ -109,7 +109,7 @@ class ReportLoop:
         self._on_closed = on_closed
         self._encode_pushes = encode_pushes
         self._on_pushed = on_pushed
-        # open-ended: the plan objects are the controller's (encode_push reads them)
+        # open-ended: the plan objects are the controller's (encode_pushes reads them)
         self._pushes: deque[tuple[Connection, Any]] = deque()
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
