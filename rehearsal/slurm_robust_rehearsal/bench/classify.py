@@ -57,9 +57,14 @@ REPO = Path(__file__).resolve().parents[3]
 CORPUS = REPO / "tests" / "data" / "failure_corpus" / "corpus.jsonl"
 SEEN_IDS = REPO / "tests" / "data" / "classify_seen_ids.txt"
 SIDES = tuple(s.value for s in Side)
+#: Floors on the development entries the patterns were written from (tests assert them).
 TARGET_CLASS_ACCURACY = 0.95
 TARGET_WRONG_SIDE = 0.02
 TARGET_HEALTHY_EVICTED = 0
+#: The targets the classifier is held to, on the held-out split (reported in ``targets``
+#: and ``met``, never asserted by a test): logs nobody tuned a pattern to.
+HELD_OUT_CLASS_ACCURACY = 0.90
+HELD_OUT_WRONG_SIDE = 0.05
 
 
 @dataclass(frozen=True)
@@ -244,10 +249,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result["unreadable"] = unreadable
     if not args.misses:
         result["misses"] = len(result["misses"])
-    result["targets"] = {"class_accuracy": TARGET_CLASS_ACCURACY,
-                         "wrong_side_share": TARGET_WRONG_SIDE,
+    held = result[Split.HELD_OUT.value]
+    result["targets"] = {"split": Split.HELD_OUT.value,
+                         "class_accuracy": HELD_OUT_CLASS_ACCURACY,
+                         "wrong_side_share": HELD_OUT_WRONG_SIDE,
                          "healthy_nodes_evicted": TARGET_HEALTHY_EVICTED}
-    result["met"] = bool(result["class_accuracy"] >= TARGET_CLASS_ACCURACY
-                         and result["wrong_side_share"] <= TARGET_WRONG_SIDE
-                         and result["healthy_nodes_evicted"] <= TARGET_HEALTHY_EVICTED)
+    result["met"] = bool(held["class_accuracy"] >= HELD_OUT_CLASS_ACCURACY
+                         and held["wrong_side_share"] <= HELD_OUT_WRONG_SIDE
+                         and all(result[s.value]["healthy_nodes_evicted"]
+                                 <= TARGET_HEALTHY_EVICTED for s in Split))
+    result["headline"] = headline(result)
     return result
+
+
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.1f} %"
+
+
+def headline(result: dict[str, Any]) -> str:
+    """The figures in one sentence, as the docs quote them (a docs test compares)."""
+    parts = []
+    for split in (Split.HELD_OUT, Split.DEVELOPMENT):
+        s = result[split.value]
+        unread = s["not_seen"]
+        parts.append(f"{split.value.replace('_', '-')}: {_percent(s['class_accuracy'])} of "
+                     f"{s['entries']} right ({_percent(unread['class_accuracy'])} of the "
+                     f"{unread['entries']} never read), {_percent(s['wrong_side_share'])} "
+                     f"wrong side ({s['wrong_side']}), {s['healthy_nodes_evicted']} healthy "
+                     "nodes evicted")
+    return "; ".join(parts)
