@@ -228,7 +228,18 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("driver_too_old", F.BAD_CONFIG, _rx(
         r"NVIDIA driver on your system is too old|"
         r"CUDA driver version is insufficient for CUDA runtime|cudaErrorInsufficientDriver|"
-        r"CUDA_ERROR_INSUFFICIENT_DRIVER|cuda runtime error \(35\)"),
+        r"CUDA_ERROR_INSUFFICIENT_DRIVER|cuda runtime error \((35|34|222|803|804)\)|"
+        # the CUDA runtime's other words for a build and a driver that do not fit each
+        # other (cudaGetErrorString of errors 34, 222, 803, 804): a stub libcuda instead
+        # of the driver's, PTX newer than the driver can compile, a user-space driver that
+        # does not match the kernel module, forward compatibility on a GPU without it
+        r"CUDA driver is a stub library|cudaErrorStubLibrary|"
+        r"PTX was compiled with an unsupported toolchain|cudaErrorUnsupportedPtxVersion|"
+        r"CUDA_ERROR_UNSUPPORTED_PTX_VERSION|"
+        r"system has unsupported display driver / cuda driver combination|"
+        r"cudaErrorSystemDriverMismatch|CUDA_ERROR_SYSTEM_DRIVER_MISMATCH|"
+        r"forward compatibility was attempted on non supported HW|"
+        r"cudaErrorCompatNotSupportedOnDevice|CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE"),
         side=Side.UNKNOWN, strength=_L),
     # What user space prints when it cannot reach the driver: a broken driver, but also a
     # job whose cgroup holds no GPU (it asked Slurm for none). No hardware evidence by
@@ -295,6 +306,10 @@ LOG_RULES: tuple[Rule, ...] = (
         # smartctl's verdicts on a failing drive
         r"SMART overall-health self-assessment test result: FAILED|"
         r"Currently unreadable \(pending\) sectors|FAILING_NOW"), strength=_K),
+    # EUCLEAN ("Structure needs cleaning", errno 117): the file system's own metadata
+    # checks found it corrupt (XFS, ext4). What the job sees of the same fault the
+    # kernel's block_io lines report; the file system, never the job.
+    Rule("fs_corrupt", F.DISK_FAULT, _rx(r"Structure needs cleaning|Errno 117\b|\bEUCLEAN\b")),
     Rule("hung_task", F.JOB_HANG, _HUNG_TASK, side=Side.UNKNOWN, strength=_K,
          accept=_hung_task_line),
     Rule("d_state_task", F.JOB_HANG, _D_STATE_TASK, side=Side.UNKNOWN, strength=_K),
@@ -304,6 +319,12 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("node_pressure_disk", F.DISK_FULL, _rx(
         r"The node was low on resource: ephemeral-storage|"
         r"The node had condition: \[DiskPressure\]"), side=Side.UNKNOWN, strength=_K),
+    # The kubelet evicting a pod that wrote more to its node-local scratch than the
+    # pod's own ephemeral-storage limit: the job's files against the job's request.
+    Rule("pod_storage_limit", F.DISK_FULL, _rx(
+        r"ephemeral local storage usage exceeds the total limit|"
+        r"Container \S+ exceeded its local ephemeral storage limit"), side=Side.USER,
+        strength=_K),
     Rule("node_pressure_memory", F.CPU_OOM, _rx(
         r"The node was low on resource: memory|The node had condition: \[MemoryPressure\]"),
         side=Side.UNKNOWN, strength=_K),
@@ -462,6 +483,9 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("mount", F.FILESYSTEM_MOUNT, _rx(
         r"slurmstepd: error: execve\(\): \S*slurm_script: No such file|"
         r"Transport endpoint is not connected|Stale file handle|\bESTALE\b|Errno 116\b|"
+        # ESHUTDOWN: a network file system's client evicted by its server (Lustre's
+        # classic "Cannot send after transport endpoint shutdown")
+        r"Cannot send after transport endpoint shutdown|Errno 108\b|\bESHUTDOWN\b|"
         r"Errno 107\b|fusermount|failed to mount|failure to mount|mount error|"
         r"Could not mount|mount\.(nfs4?|lustre|cifs|ceph|glusterfs|beegfs|fuse)\b[^\n]*"
         r"(fail|error|refused|timed out)|not a mount point|Host is down|"
@@ -473,7 +497,9 @@ LOG_RULES: tuple[Rule, ...] = (
         r"\((AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|ExpiredToken|"
         r"InvalidToken|AccessControlListNotSupported|AllAccessDisabled|InvalidBucketName|"
         r"AuthorizationHeaderMalformed|NoSuchBucket)\) when calling the \w+ operation|"
-        r"is not authorized to perform: s3:"), side=Side.USER),
+        r"is not authorized to perform: s3:|"
+        # botocore finding no credentials at all (no key, profile or instance role)
+        r"NoCredentialsError|Unable to locate credentials"), side=Side.USER),
     # EIO on a line that names a remote or shared file system's path, in either order
     # ("[Errno 5] Input/output error: '/lustre/...'", coreutils' "fsync failed for
     # '/mnt/pnfs/...': Input/output error"): that file system, not the node's disk.
@@ -492,6 +518,9 @@ LOG_RULES: tuple[Rule, ...] = (
         # failure, retryable
         r"googleapi: (Error 5\d\d|got HTTP response code 5\d\d)|\bbackendError\b|"
         r"\bBackend Error\b|"
+        # EREMOTEIO ("Remote I/O error", errno 121): a network file system's server failed
+        # the request (NFS, Lustre, FUSE-backed stores)
+        r"Remote I/O error|Errno 121\b|\bEREMOTEIO\b|"
         # azure-storage-blob's streaming download giving up after its retries
         r"Unable to stream download|Download stream interrupted")),
     # An object store's refusal (botocore's ClientError, the GCS JSON API's object URLs):
@@ -556,6 +585,14 @@ LOG_RULES: tuple[Rule, ...] = (
         r"ncclRemoteError|ncclSystemError|remote process exited or there was a network error|"
         r"NCCL error[^\n]*(unhandled system error|remote error|network)|port state DOWN|"
         r"link (is )?down|Link flap")),
+    # The Hugging Face Hub refusing the job's request (huggingface_hub's and datasets'
+    # exceptions): a gated model without accepted terms, a token that is wrong or missing,
+    # a repository or dataset name that does not exist for this token. The job's
+    # credentials or names, as a registry refusing an image is (container_auth).
+    Rule("hub_refused", F.BAD_CONFIG, _rx(
+        r"GatedRepoError|Cannot access gated repo|RepositoryNotFoundError|"
+        r"Repository Not Found for url|Invalid user token|DatasetNotFoundError|"
+        r"doesn't exist on the Hub or cannot be accessed"), side=Side.USER),
     Rule("service_down", F.EXTERNAL_SERVICE, _rx(
         r"429 Too Many Requests|50[234] (Server Error|Bad Gateway|Service Unavailable|"
         r"Gateway Time-?out)|rate limit exceeded|ReadTimeout|ConnectTimeout")),

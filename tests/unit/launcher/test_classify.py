@@ -866,3 +866,56 @@ def test_eio_on_a_line_naming_a_shared_file_systems_path_is_that_storage_in_eith
     # no shared path on the line: the node's own disk stays the reading
     local = classify_failure(1, None, "dd: fsync failed for '/tmp/x.bin': Input/output error")
     assert (local.cls, local.rule) == ("disk_fault", "io_error"), local
+
+
+# The library-vocabulary rules: each library's or tool's own words for a failure family,
+# written from the library's error list (cudaGetErrorString, errno, huggingface_hub's
+# exceptions, the kubelet's eviction messages), not from any corpus entry.
+
+def test_the_cuda_runtimes_build_and_driver_mismatches_are_mismatches_of_unknown_side():
+    for text in ("RuntimeError: CUDA error: forward compatibility was attempted on non "
+                 "supported HW",
+                 "CUDA error: system has unsupported display driver / cuda driver combination",
+                 "RuntimeError: CUDA error: the provided PTX was compiled with an unsupported "
+                 "toolchain.",
+                 "cudaErrorStubLibrary: CUDA driver is a stub library"):
+        c = classify_failure(1, None, text)
+        assert (c.cls, c.side, c.rule) == ("bad_config", "unknown", "driver_too_old"), text
+        assert not c.evicts
+
+
+def test_a_corrupt_file_system_is_a_disk_fault_and_an_evicted_client_a_mount():
+    c = classify_failure(1, None, "OSError: [Errno 117] Structure needs cleaning: "
+                                  "'/scratch/ckpt/step_400'")
+    assert (c.cls, c.rule) == ("disk_fault", "fs_corrupt"), c
+    m = classify_failure(1, None, "OSError: [Errno 108] Cannot send after transport endpoint "
+                                  "shutdown: '/lustre/proj/data/shard-00017.bin'")
+    assert (m.cls, m.rule) == ("filesystem_mount", "mount"), m
+    r = classify_failure(1, None, "OSError: [Errno 121] Remote I/O error")
+    assert (r.cls, r.rule) == ("remote_storage", "remote_io"), r
+
+
+def test_a_store_or_hub_refusing_the_jobs_credentials_is_the_jobs():
+    c = classify_failure(1, None, "botocore.exceptions.NoCredentialsError: Unable to locate "
+                                  "credentials")
+    assert (c.cls, c.side) == ("remote_storage", "user"), c
+    for text in ("huggingface_hub.errors.GatedRepoError: 403 Client Error. Cannot access "
+                 "gated repo for url https://huggingface.co/meta-llama/Llama-2-7b/resolve/"
+                 "main/config.json.",
+                 "huggingface_hub.utils._errors.RepositoryNotFoundError: 401 Client Error. "
+                 "Repository Not Found for url: https://huggingface.co/api/models/org/x.",
+                 "datasets.exceptions.DatasetNotFoundError: Dataset 'org/x' doesn't exist on "
+                 "the Hub or cannot be accessed."):
+        h = classify_failure(1, None, text)
+        assert (h.cls, h.side, h.rule) == ("bad_config", "user", "hub_refused"), text
+    # the Hub down is still the service's
+    down = classify_failure(1, None, "requests.exceptions.HTTPError: 503 Server Error: Service "
+                                     "Unavailable for url: https://huggingface.co/api/models/x")
+    assert down.cls == "external_service", down
+
+
+def test_a_pod_over_its_own_ephemeral_storage_limit_is_the_jobs_full_disk():
+    c = classify_failure(None, 9, "Warning  Evicted  kubelet  Pod ephemeral local storage "
+                                  "usage exceeds the total limit of containers 10Gi.")
+    assert (c.cls, c.side, c.rule) == ("disk_full", "user", "pod_storage_limit"), c
+    assert not c.evicts
