@@ -424,6 +424,9 @@ LOG_RULES: tuple[Rule, ...] = (
     # A port already taken: the job's own choice of port, or a stale process on the node.
     Rule("port", F.BAD_CONFIG, _rx(
         r"Address already in use|EADDRINUSE|Errno 98\b|failed to bind|"
+        # EADDRNOTAVAIL: binding an address this node does not have (MASTER_ADDR or an
+        # interface set for another host)
+        r"Cannot assign requested address|EADDRNOTAVAIL|Errno 99\b|"
         r"server socket has failed to listen"), side=Side.UNKNOWN),
     # EMFILE: the process's open-file limit (DataLoader workers passing tensors as file
     # descriptors, PyTorch's own message names `ulimit -n`); the limit or a leak in the
@@ -554,6 +557,12 @@ LOG_RULES: tuple[Rule, ...] = (
         r"Unable to write to EQ"), side=Side.UNKNOWN),
     Rule("io_error", F.DISK_FAULT, _rx(r"Input/output error|Errno 5\b|\bEIO\b")),
     Rule("read_only", F.BAD_CONFIG, _rx(r"Read-only file system|Errno 30\b|\bEROFS\b")),
+    # EACCES on a path or a login the job chose (an output directory it may not write, a
+    # key ssh refuses); a shared file system's ACL or root squash reads the same, hence
+    # side unknown. A container's device or /dev/shm refusing it is the runtime's (the
+    # container rules come first).
+    Rule("permission_denied", F.BAD_CONFIG, _rx(
+        r"Permission denied|Errno 13\b|\bEACCES\b"), side=Side.UNKNOWN),
     # NCCL's own verdict on the caller (ncclInvalidUsage: "invalid usage of NCCL
     # library"), e.g. two ranks on one GPU or mismatched arguments: the job, not the fabric.
     Rule("nccl_invalid_usage", F.BAD_CONFIG, _rx(

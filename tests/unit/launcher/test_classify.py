@@ -919,3 +919,14 @@ def test_a_pod_over_its_own_ephemeral_storage_limit_is_the_jobs_full_disk():
                                   "usage exceeds the total limit of containers 10Gi.")
     assert (c.cls, c.side, c.rule) == ("disk_full", "user", "pod_storage_limit"), c
     assert not c.evicts
+
+
+def test_eacces_is_a_setting_of_unknown_side_unless_a_container_refused():
+    c = classify_failure(1, None, "PermissionError: [Errno 13] Permission denied: "
+                                  "'/shared/runs/exp7/checkpoint-500'")
+    assert (c.cls, c.side, c.rule) == ("bad_config", "unknown", "permission_denied"), c
+    shm = classify_failure(1, None, "OSError: [Errno 13] Permission denied: '/dev/shm/"
+                                    "torch_4242_1'")
+    assert shm.cls == "container_runtime", shm
+    addr = classify_failure(1, None, "OSError: [Errno 99] Cannot assign requested address")
+    assert (addr.cls, addr.side, addr.rule) == ("bad_config", "unknown", "port"), addr
