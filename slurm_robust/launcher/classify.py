@@ -192,6 +192,9 @@ def _cpu_stall_line(line: str, log: str) -> bool:
 
 _G, _L, _K, _H = Strength.GENERIC, Strength.LIBRARY, Strength.KERNEL, Strength.HARDWARE
 
+#: The CUDA runtime initialising (PyTorch's lazy init, the driver API's cuInit, the first
+#: device count).
+_CUDA_INIT = re.compile(r"_cuda_init\b|\bcuInit\b|cudaGetDeviceCount|CUDA initialization")
 #: Azure Storage in a log: its client library's modules (as a traceback's paths or as
 #: module names) or one of its endpoints; azure.core's exceptions serve every Azure SDK.
 _AZURE_STORAGE = re.compile(
@@ -228,7 +231,7 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("driver_too_old", F.BAD_CONFIG, _rx(
         r"NVIDIA driver on your system is too old|"
         r"CUDA driver version is insufficient for CUDA runtime|cudaErrorInsufficientDriver|"
-        r"CUDA_ERROR_INSUFFICIENT_DRIVER|cuda runtime error \((35|34|222|803|804)\)|"
+        r"CUDA_ERROR_INSUFFICIENT_DRIVER|cuda runtime error \((35|34|222|803)\)|"
         # the CUDA runtime's other words for a build and a driver that do not fit each
         # other (cudaGetErrorString of errors 34, 222, 803, 804): a stub libcuda instead
         # of the driver's, PTX newer than the driver can compile, a user-space driver that
@@ -237,10 +240,15 @@ LOG_RULES: tuple[Rule, ...] = (
         r"PTX was compiled with an unsupported toolchain|cudaErrorUnsupportedPtxVersion|"
         r"CUDA_ERROR_UNSUPPORTED_PTX_VERSION|"
         r"system has unsupported display driver / cuda driver combination|"
-        r"cudaErrorSystemDriverMismatch|CUDA_ERROR_SYSTEM_DRIVER_MISMATCH|"
-        r"forward compatibility was attempted on non supported HW|"
-        r"cudaErrorCompatNotSupportedOnDevice|CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE"),
+        r"cudaErrorSystemDriverMismatch|CUDA_ERROR_SYSTEM_DRIVER_MISMATCH"),
         side=Side.UNKNOWN, strength=_L),
+    # Forward compatibility refused (error 804): the CUDA compatibility libraries the
+    # image ships, or the container runtime's hook injects, loaded on a GPU or driver
+    # that cannot use them. What the container brings, not the node's GPU.
+    Rule("cuda_compat_refused", F.CONTAINER_RUNTIME, _rx(
+        r"forward compatibility was attempted on non supported HW|"
+        r"cudaErrorCompatNotSupportedOnDevice|CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE|"
+        r"cuda runtime error \(804\)"), side=Side.UNKNOWN, strength=_L),
     # What user space prints when it cannot reach the driver: a broken driver, but also a
     # job whose cgroup holds no GPU (it asked Slurm for none). No hardware evidence by
     # itself: the node's own GPU checks decide (diagnosis).
@@ -261,6 +269,15 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("nvlink_uncorrectable", F.CUDA_ERROR, _rx(
         r"uncorrectable NVLink error|NVLINK_UNCORRECTABLE|cudaErrorNvlinkUncorrectable"),
         side=Side.UNKNOWN, strength=_H),
+    # CUDA's catch-all error (cudaErrorUnknown, 30 in the old numbering, 999 now) raised
+    # while the runtime initialises: the driver cannot bring the GPU up (a wedged GPU
+    # that a reboot or reset clears, a missing uvm module). Later in a run the same
+    # words are any kernel's failure and stay a CUDA error.
+    Rule("cuda_init_failed", F.GPU_UNAVAILABLE, _rx(
+        r"cuda runtime error \((30|999)\)|CUDA_ERROR_UNKNOWN|cudaErrorUnknown|"
+        r"CUDA error: unknown error|Error (30|999): unknown error"),
+        side=Side.UNKNOWN, strength=_L,
+        accept=lambda line, log: _CUDA_INIT.search(log) is not None),
     Rule("kernel_panic", F.KERNEL_PANIC, _rx(
         r"Kernel panic|kernel BUG at|\bOops\b: |hard LOCKUP|"
         r"mce: \[Hardware Error\]|Machine check events logged"), strength=_K,
@@ -364,7 +381,10 @@ LOG_RULES: tuple[Rule, ...] = (
         # words themselves are required.
         r"Ran out of memory in memory space hbm|Exceeded hbm capacity|"
         r"Error allocating device buffer|Failed to allocate request for [\d.]+ ?[KMGT]i?B|"
-        r"Attempting to (allocate|reserve) [\d.]+ ?[KMGT]i?B\.? That was not possible")),
+        r"Attempting to (allocate|reserve) [\d.]+ ?[KMGT]i?B\.? That was not possible|"
+        # XLA's executor before the RESOURCE_EXHAUSTED status name ("Resource exhausted:
+        # Out of memory while trying to allocate N bytes", often wrapped mid-phrase)
+        r"of memory while trying to allocate \d+ bytes")),
     # cuBLAS unable to create its handle (CUBLAS_STATUS_NOT_INITIALIZED from cublasCreate):
     # its workspace could not be allocated, most often a GPU already full; an embedding
     # index out of range or a broken CUDA setup print the same, hence side unknown.
@@ -439,6 +459,10 @@ LOG_RULES: tuple[Rule, ...] = (
         r"shared memory limit|/dev/shm|--shm-size|shm size|unable to write to file </torch_|"
         r"unable to (open|mmap) shared memory|\bSemLock\b|sem_open|"
         r"joblib will operate in serial mode|creating shared memory segment|"
+        # a DataLoader worker's bus error is its shared-memory segment running out: the
+        # tensors it hands back live in /dev/shm (PyTorch's own hint says so)
+        r"DataLoader worker \(pid \S+\) is killed by signal: Bus error|"
+        r"Unexpected bus error encountered in worker|"
         r"shm\.h:\d+[^\n]*posix_fallocate")),
     # A registry's pull rate limit (Docker Hub's "toomanyrequests"): the registry, an
     # external service, refusing more pulls from this address or account for a while
@@ -476,6 +500,8 @@ LOG_RULES: tuple[Rule, ...] = (
     # small default location (user); the log rarely says which, host_disk_free does.
     Rule("disk_full", F.DISK_FULL, _rx(
         r"No space left on device|Errno 28\b|\bENOSPC\b|StorageFull|Disk quota exceeded|"
+        # HTTP 507, a storage server out of space or inodes (MinIO, WebDAV)
+        r"\b507 Insufficient Storage\b|"
         r"exceed(ed|ing) (its |the )?(\w+ )?(disk|jobfs|scratch|storage) quota|"
         r"Errno 122\b|PytorchStreamWriter failed writing|file write failed"),
         side=Side.UNKNOWN),
@@ -500,9 +526,7 @@ LOG_RULES: tuple[Rule, ...] = (
         r"\((AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|ExpiredToken|"
         r"InvalidToken|AccessControlListNotSupported|AllAccessDisabled|InvalidBucketName|"
         r"AuthorizationHeaderMalformed|NoSuchBucket)\) when calling the \w+ operation|"
-        r"is not authorized to perform: s3:|"
-        # botocore finding no credentials at all (no key, profile or instance role)
-        r"NoCredentialsError|Unable to locate credentials"), side=Side.USER),
+        r"is not authorized to perform: s3:"), side=Side.USER),
     # EIO on a line that names a remote or shared file system's path, in either order
     # ("[Errno 5] Input/output error: '/lustre/...'", coreutils' "fsync failed for
     # '/mnt/pnfs/...': Input/output error"): that file system, not the node's disk.
@@ -552,9 +576,19 @@ LOG_RULES: tuple[Rule, ...] = (
     # A libfabric provider's own error report (EFA's RxR protocol, verbs, tcp...): its
     # "err: Input/output error (5) prov_errno: ..." is the fabric's completion failing,
     # not a disk; the source file it names is the provider's (prov/efa/src/...).
+    # The AWS OFI NCCL plugin unable to set itself up: no libfabric provider or device
+    # matches (fi_getinfo: a container without the EFA devices, a libfabric without the
+    # provider) or its memory registration refused (a libfabric too old for the NCCL, a
+    # locked-memory limit). The environment the job runs in, as memlock reads verbs'.
+    Rule("ofi_setup", F.BAD_CONFIG, _rx(
+        r"NET/OFI[^\n]*(fi_getinfo\(\)? call failed|Unable to register memory)"),
+        side=Side.UNKNOWN),
     Rule("ofi_provider", F.NETWORK, _rx(
         r"\bprov_errno\b|\bprov/(efa|verbs|rxm|rxd|tcp|udp|shm|psm\d?|cxi|opx|sockets)/\S+|"
-        r"Unable to write to EQ"), side=Side.UNKNOWN),
+        r"Unable to write to EQ|"
+        # MPICH's OFI netmod failing a completion ("OFI poll failed (...:Input/output
+        # error - UNDELIVERABLE)"): the fabric's EIO, not a disk's
+        r"OFI poll failed|MPIDI_OFI_handle_cq_error"), side=Side.UNKNOWN),
     Rule("io_error", F.DISK_FAULT, _rx(r"Input/output error|Errno 5\b|\bEIO\b")),
     Rule("read_only", F.BAD_CONFIG, _rx(r"Read-only file system|Errno 30\b|\bEROFS\b")),
     # EACCES on a path or a login the job chose (an output directory it may not write, a
@@ -629,14 +663,24 @@ LOG_RULES: tuple[Rule, ...] = (
         r"Watchdog caught collective operation timeout|collective operation timeout|"
         r"NCCL watchdog|ProcessGroupNCCL[^\n]*Timeout|Timed out waiting|"
         r"DistStoreError[^\n]*[Tt]ime|heartbeat monitor|hang detected|\bdeadlock")),
+    # torch.distributed's store client unable to reach the rendezvous address at all
+    # (TCPStore's connect, DistNetworkError): MASTER_ADDR, MASTER_PORT, the interface or
+    # a firewall the job was set up with, far more often than a broken link; whichever
+    # socket error it quotes.
+    Rule("rendezvous_connect", F.BAD_CONFIG, _rx(
+        r"The client socket has failed to connect to|DistNetworkError"),
+        side=Side.UNKNOWN, strength=_G),
     Rule("peer_gone", F.NETWORK, _rx(
         r"Connection (closed|reset) by (remote )?peer|Broken pipe|remote process exited|"
         r"Connection refused|Gloo connectFullMesh failed"), secondary=True, strength=_G),
+    # A socket error names the path to a peer, not which end broke: a link or a switch,
+    # or an address, port, interface or firewall the job was set up with. The node's
+    # own checks cannot see the other end: side unknown.
     Rule("socket", F.NETWORK, _rx(
         r"Socket Timeout|Network is unreachable|No route to host|Connection timed out|"
         r"Software caused connection abort|"
         r"ProcessGroupGloo[^\n]*timed out|c10d[^\n]*(socket|connect)[^\n]*(fail|error)"),
-        strength=_G),
+        side=Side.UNKNOWN, strength=_G),
     Rule("nan", F.NAN, _rx(
         r"FloatingPointError|Loss became infinite or NaN|diverged|non-finite (loss|grad)|"
         r"\bloss\b[^\n]{0,20}\b(nan|inf)\b|NaN or Inf|Inf/NaN|nan loss|Detected NaN|"
