@@ -192,6 +192,9 @@ def _cpu_stall_line(line: str, log: str) -> bool:
 
 _G, _L, _K, _H = Strength.GENERIC, Strength.LIBRARY, Strength.KERNEL, Strength.HARDWARE
 
+#: NCCL's INFO lines name its transports (NET/IB, NET/Socket, NET/OFI) on every healthy
+#: run: they report a choice, never a failure.
+_NCCL_INFO = re.compile(r"\bNCCL INFO\b")
 #: The CUDA runtime initialising (PyTorch's lazy init, the driver API's cuInit, the first
 #: device count).
 _CUDA_INIT = re.compile(r"_cuda_init\b|\bcuInit\b|cudaGetDeviceCount|CUDA initialization")
@@ -218,6 +221,11 @@ LOG_RULES: tuple[Rule, ...] = (
         # the kernel module's side of the same mismatch (a driver updated, not reloaded)
         r"NVRM: API mismatch|this kernel module has the version|"
         r"RmInitAdapter failed|probe routine failed|GPU requires reset"), strength=_H),
+    # nvidia-smi printing ERR! for the readings of a GPU it can no longer read (its
+    # table's fields: fan, temperature, power, utilisation): a GPU in a bad state. The
+    # tool's reading, not the hardware's own report: diagnosis confirms it.
+    Rule("nvidia_smi_err", F.GPU_UNAVAILABLE, _rx(r"\|\s*\d+\s+ERR!|ERR!\s+ERR!"),
+         side=Side.UNKNOWN, strength=_L),
     # NVML's "Unknown Error" inside a container that could use its GPUs before: the
     # container's device cgroup was rewritten under it (systemd reloading units, NVIDIA's
     # container-toolkit notice); the host still sees the GPU. Recreate the container.
@@ -292,6 +300,19 @@ LOG_RULES: tuple[Rule, ...] = (
         # the kubelet ending pods because its node is shutting down (a preemptible or
         # spot VM reclaimed, a maintenance drain)
         r"terminated (due to|in response to) imminent node shutdown"), strength=_K),
+    # Slurm unable to start a task on a node for a reason of that node (its credential
+    # expired: the node's clock or its slurmd; its connection failed): the node, not the
+    # job's request. Side unknown: the node's own checks decide.
+    Rule("slurm_task_launch", F.NODE_LOST, _rx(
+        r"Task launch for \S+ failed on node \S+: (Job credential expired|Communication "
+        r"connection failure|Socket timed out|Invalid job credential|Unspecified error)"),
+        side=Side.UNKNOWN, strength=_K),
+    # Ray's own word that a worker's node is gone (the GCS saw its raylet die), and a
+    # worker that can no longer reach its node's raylet: the node, or its raylet killed
+    # (by the OOM killer, say), hence side unknown.
+    Rule("ray_node_died", F.NODE_LOST, _rx(
+        r"because its node has died|\bNodeDiedError\b|"
+        r"Could not connect to socket \S*/sockets/raylet"), side=Side.UNKNOWN),
     # Other batch schedulers' own records of a job run past its time limit (PBS/Torque,
     # Moab, LSF's TERM_RUNLIMIT), as slurm_time_limit reads Slurm's: the job's request.
     Rule("batch_time_limit", F.BAD_CONFIG, _rx(
@@ -418,7 +439,10 @@ LOG_RULES: tuple[Rule, ...] = (
         r"version [`'\u2018\u2019\"]?GLIBC\w*_[\d.]+[`'\u2018\u2019\"]? not found|"
         # XLA's NCCL collectives with no NCCL library in the job's environment
         r"Unable to load NCCL library|"
-        r"PyTorch and torchvision were compiled with different CUDA versions"), side=Side.USER),
+        r"PyTorch and torchvision were compiled with different CUDA versions|"
+        # Apex installed without its compiled extensions (pip's Python-only build)
+        r"No module named '(amp_C|fused_layer_norm_cuda|fused_adam_cuda|apex_C|syncbn)'|"
+        r"APEX and CUDA required for"), side=Side.USER),
     # A shared library the job's environment cannot find (libcudart, libcudnn...). The
     # driver's own libraries (libcuda, libnvidia-ml) missing in a container are the
     # runtime's GPU hook, so they are left to the container rules; NCCL's optional
@@ -605,6 +629,10 @@ LOG_RULES: tuple[Rule, ...] = (
         side=Side.USER),
     # NCCL finding no interface to bootstrap on: NCCL_SOCKET_IFNAME names one the node
     # does not have (the job's setting), or the node's interface is missing.
+    # NCCL told to use a network device or plugin it cannot find (NCCL_NET,
+    # NCCL_IB_HCA, a plugin the image lacks): the job's NCCL settings.
+    Rule("nccl_net_missing", F.BAD_CONFIG, _rx(r"NCCL WARN Could not find NET with id"),
+         side=Side.USER),
     Rule("nccl_no_interface", F.BAD_CONFIG, _rx(
         r"Bootstrap : no socket interface found|no socket interface found"),
         side=Side.UNKNOWN),
@@ -621,13 +649,18 @@ LOG_RULES: tuple[Rule, ...] = (
     # vector the cluster set up wrong; the line does not tell them apart.
     Rule("ofi_fabric", F.NETWORK, _rx(
         r"libfabric:\d+:\d+::\w+:\w+:\S+\(\):\d+<(warn|error)>[^\n]*\b(err|error|fail)|"
-        r"NET/OFI[^\n]*(completed with error|Couldn't|failed|error)"), side=Side.UNKNOWN),
+        r"NET/OFI[^\n]*(completed with error|Couldn't|failed|error)"), side=Side.UNKNOWN,
+        accept=lambda line, log: not _NCCL_INFO.search(line)),
     Rule("fabric", F.NETWORK, _rx(
         r"NET/IB|NET/Socket|NCCL WARN NET|ibv_poll_cq|IBV_WC_\w+|completion[^\n]*status=\d+|"
         r"retry count(er)? exceeded|RETRY_EXC|UCX\s+ERROR|\bmlx5_?\d*\b[^\n]*(error|fail)|"
         r"ncclRemoteError|ncclSystemError|remote process exited or there was a network error|"
         r"NCCL error[^\n]*(unhandled system error|remote error|network)|port state DOWN|"
-        r"link (is )?down|Link flap")),
+        r"link (is )?down|Link flap"), accept=lambda line, log: not _NCCL_INFO.search(line)),
+    # NCCL's internal consistency checks failing (ncclInternalError): a bug in NCCL, or
+    # memory it was handed corrupted; most often met in its transports. Side unknown.
+    Rule("nccl_internal", F.NETWORK, _rx(
+        r"ncclInternalError|NCCL error[^\n]*internal error"), side=Side.UNKNOWN),
     # The Hugging Face Hub refusing the job's request (huggingface_hub's and datasets'
     # exceptions): a gated model without accepted terms, a token that is wrong or missing,
     # a repository or dataset name that does not exist for this token. The job's
@@ -775,7 +808,10 @@ LOG_RULES: tuple[Rule, ...] = (
         r"Error: (No such option|Invalid value for|Missing option|Got unexpected extra "
         r"argument)|Flags parsing error|Unknown command line flag|"
         r"Could not override '|Could not append to config|"
-        r"There are not enough slots available in the system"), side=Side.USER),
+        r"There are not enough slots available in the system|"
+        # torch.distributed's env:// rendezvous started without the launcher's variables
+        r"environment variable (RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|LOCAL_RANK) "
+        r"expected, but not set"), side=Side.USER),
     # A parallelism or batch layout that does not fit the model or the world size
     # (Megatron's and DeepSpeed's own checks, transformers' head split): the job's
     # arguments, not its code.
@@ -783,6 +819,13 @@ LOG_RULES: tuple[Rule, ...] = (
         r"(should|must|needs to) be divisible by|is not divisible by|"
         r"train_batch_size is not equal to micro_batch_per_gpu|"
         r"is not a multiple of the number of attention heads"), side=Side.USER),
+    # A framework refusing a combination of the job's own settings in an error
+    # ("ValueError: DeepSpeed Zero-3 is not compatible with `low_cpu_mem_usage=True`",
+    # "... are mutually exclusive"): the job's configuration, checked before it ran.
+    Rule("incompatible_settings", F.BAD_CONFIG, _rx(
+        r"(Error|Exception)\b[^\n]*\b(is not compatible with|are mutually exclusive|"
+        r"cannot be used (together )?with|is only supported (when|with|for)|"
+        r"is not supported (when|with|for))\b"), side=Side.USER),
     # Hydra reports the job's failure without a traceback ("Error executing job with
     # overrides", then the message, then how to get the stack trace): an error of the
     # job's own code or config, unless a line above names a cause a rule knows.
@@ -792,7 +835,10 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("signal", F.WORKER_SIGNAL, _rx(
         r"is killed by signal|Segmentation fault|SIGSEGV|SIGBUS|Bus error|core dumped|"
         r"Fatal Python error|^\s*\**Killed\**\s*$|Signal \d+ \(SIG\w+\) received|"
-        r"received signal SIG\w+|exitcode\s*:\s*-\d+", re.I | re.M), strength=_G),
+        r"received signal SIG\w+|exitcode\s*:\s*-\d+|"
+        # torch.multiprocessing.spawn's report of a child killed by a signal: a signal
+        # death, not the Python exception that carries the news
+        r"terminated with signal SIG\w+", re.I | re.M), strength=_G),
     # torchrun's summary of a worker that exited non-zero (its traceback elsewhere).
     Rule("torchrun_child", F.USER_EXCEPTION, _rx(
         r"ChildFailedError|exitcode\s*:\s*[1-9]\d*\b|elastic/errors\.html"),

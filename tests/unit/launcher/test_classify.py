@@ -997,3 +997,67 @@ def test_xla_oom_wrapped_mid_phrase_a_full_store_and_a_dataloader_bus_error():
     b = classify_failure(1, None, "RuntimeError: DataLoader worker (pid 125) is killed by "
                                   "signal: Bus error. ")
     assert (b.cls, b.rule) == ("container_runtime", "shm"), b
+
+
+# Rules from the ninth batch's development misses (excerpts from those entries).
+
+def test_ray_and_slurm_saying_a_node_is_gone_are_a_lost_node_of_unknown_side():
+    # ray-43751-actor-died-node-died
+    c = classify_failure(1, None, "ray.exceptions.RayActorError: The actor died unexpectedly "
+                                  "before finishing this task.\n\tclass_name: RayTrainWorker\n"
+                                  "The actor is dead because its node has died. Node Id: "
+                                  "677df2a9020c5db45e755b0078c469e2ce51e05ea093ed3b283505a0")
+    assert (c.cls, c.side, c.rule) == ("node_lost", "unknown", "ray_node_died"), c
+    assert not c.evicts
+    # trixie-58-srun-job-credential-expired
+    t = classify_failure(None, None, "srun: error: Task launch for 36.0 failed on node cn131: "
+                                     "Job credential expired")
+    assert (t.cls, t.side, t.rule) == ("node_lost", "unknown", "slurm_task_launch"), t
+
+
+def test_nvidia_smi_unable_to_read_a_gpu_is_a_gpu_to_diagnose():
+    # gpu-operator-559-nvidia-smi-err
+    log = ("|   0  ERR!                On   | 00000000:19:00.0 Off |                 ERR! |\n"
+           "|ERR!  ERR! ERR!    ERR! / ERR! |      0MiB / 46068MiB |    ERR!      Default |")
+    c = classify_failure(None, None, log)
+    assert (c.cls, c.side, c.rule) == ("gpu_unavailable", "unknown", "nvidia_smi_err"), c
+
+
+def test_nccls_info_lines_never_decide_and_its_internal_errors_are_of_unknown_side():
+    # horovod-1122-nccl-shm-cuda-invalid-argument: the transport named at INFO level was
+    # read as a fabric fault on the node's side
+    log = ("[1,3]<stdout>:mlc-cluster-23:3070:3090 [0] NCCL INFO Ring 00 : 3 -> 0 [send] via "
+           "NET/Socket/0\n[1,3]<stdout>:\n[1,3]<stdout>:mlc-cluster-23:3070:3090 [0] "
+           "include/shm.h:42 NCCL WARN Cuda failure 'invalid argument'")
+    c = classify_failure(None, None, log)
+    assert (c.cls, c.rule) == ("cuda_error", "cuda"), c
+    # nccl-833-internal-check-failed
+    i = classify_failure(None, None, "ncclInternalError: Internal check failed. This is either "
+                                     "a bug in NCCL or due to memory corruption")
+    assert (i.cls, i.side, i.rule) == ("network", "unknown", "nccl_internal"), i
+    # nemo-13996-nccl-could-not-find-net-id0
+    n = classify_failure(None, None, "`graph/topo.h:230 NCCL WARN Could not find NET with id 0`")
+    assert (n.cls, n.side, n.rule) == ("bad_config", "user", "nccl_net_missing"), n
+
+
+def test_the_jobs_launch_environment_build_and_settings_are_its_configuration():
+    # i6core-444-mpirun-rank-not-set
+    c = classify_failure(1, None, "ValueError: Error initializing torch.distributed using "
+                                  "env:// rendezvous: environment variable RANK expected, but "
+                                  "not set")
+    assert (c.cls, c.side, c.rule) == ("bad_config", "user", "launch_args"), c
+    # efficientdet-241-apex-fused-optimizers-assert
+    a = classify_failure(1, None, "AssertionError: APEX and CUDA required for fused optimizers")
+    assert (a.cls, a.rule) == ("bad_config", "build_mismatch"), a
+    # llamatuner-69-zero3-low-cpu-mem-device-map
+    d = classify_failure(1, None, "ValueError: DeepSpeed Zero-3 is not compatible with "
+                                  "`low_cpu_mem_usage=True` or with passing a `device_map`.")
+    assert (d.cls, d.side, d.rule) == ("bad_config", "user", "incompatible_settings"), d
+
+
+def test_a_spawned_child_killed_by_a_signal_is_a_signal_death_not_an_exception():
+    # cliffsumm-6-fairseq-spawn-sigkill
+    c = classify_failure(1, 9, "    raise ProcessExitedException(\n"
+                               "torch.multiprocessing.spawn.ProcessExitedException: process 0 "
+                               "terminated with signal SIGKILL")
+    assert (c.cls, c.rule) == ("worker_signal", "signal"), c
