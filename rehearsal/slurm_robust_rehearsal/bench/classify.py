@@ -49,7 +49,7 @@ from slurm_robust.launcher.classify import (
 )
 from slurm_robust.launcher.classify_model import load_model
 from slurm_robust.taxonomy import CLASSES, Side
-from slurm_robust_rehearsal.bench import classify_train
+from slurm_robust_rehearsal.bench import classify_reviewers, classify_train
 from slurm_robust_rehearsal.bench.corpus_split import Split, split_of
 
 HELP = "classifier accuracy and infrastructure/user decisions on the real-log corpus"
@@ -245,6 +245,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # The rules alone (the learned fallback off): what the fallback adds, split by split.
     result["rules_only"] = {split.value: split_report(in_split(entries, split), seen,
                                                       learned=False) for split in Split}
+    # People labelling the same entries: what the excerpt decides, how far labels agree.
+    result["reviewers"] = classify_reviewers.report(
+        entries, {e.id: classify_entry(e) for e in entries})
     result["learned_inference_ms"] = inference_ms(entries)
     result["unreadable"] = unreadable
     if not args.misses:

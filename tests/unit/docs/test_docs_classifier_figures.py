@@ -45,6 +45,18 @@ def test_each_corpus_size_a_page_states_is_the_corpus_size(rel: str) -> None:
     assert sizes <= {_result()["entries"]}, (rel, sizes, _result()["entries"])
 
 
+#: The pages that quote the comparison with people labelling the same entries.
+QUOTING_REVIEWERS = ("docs/TAXONOMY.md", "tests/data/failure_corpus/README.md")
+
+
+@pytest.mark.parametrize("rel", QUOTING_REVIEWERS)
+def test_each_page_quotes_the_reviewer_comparison_the_bench_prints_now(rel: str) -> None:
+    line = _result()["reviewers"]["line"]
+    assert line and line in _flat(rel), (
+        f"{rel} does not quote the reviewer comparison `bench classify --json` prints in "
+        f"reviewers.line: {line!r}")
+
+
 def test_the_headline_names_both_splits_and_every_decision_figure() -> None:
     headline = _result()["headline"]
     held, dev = _result()["held_out"], _result()["development"]
