@@ -346,8 +346,10 @@ LOG_RULES: tuple[Rule, ...] = (
         r"Currently unreadable \(pending\) sectors|FAILING_NOW"), strength=_K),
     # EUCLEAN ("Structure needs cleaning", errno 117): the file system's own metadata
     # checks found it corrupt (XFS, ext4). What the job sees of the same fault the
-    # kernel's block_io lines report; the file system, never the job.
-    Rule("fs_corrupt", F.DISK_FAULT, _rx(r"Structure needs cleaning|Errno 117\b|\bEUCLEAN\b")),
+    # kernel's block_io lines report, but from user space it does not say which file
+    # system (a node's disk or a shared one): the node's disk checks decide.
+    Rule("fs_corrupt", F.DISK_FAULT, _rx(r"Structure needs cleaning|Errno 117\b|\bEUCLEAN\b"),
+         side=Side.UNKNOWN),
     Rule("hung_task", F.JOB_HANG, _HUNG_TASK, side=Side.UNKNOWN, strength=_K,
          accept=_hung_task_line),
     Rule("d_state_task", F.JOB_HANG, _D_STATE_TASK, side=Side.UNKNOWN, strength=_K),

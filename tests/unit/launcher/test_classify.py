@@ -885,7 +885,8 @@ def test_the_cuda_runtimes_build_and_driver_mismatches_are_mismatches_of_unknown
 def test_a_corrupt_file_system_is_a_disk_fault_and_an_evicted_client_a_mount():
     c = classify_failure(1, None, "OSError: [Errno 117] Structure needs cleaning: "
                                   "'/scratch/ckpt/step_400'")
-    assert (c.cls, c.rule) == ("disk_fault", "fs_corrupt"), c
+    assert (c.cls, c.side, c.rule) == ("disk_fault", "unknown", "fs_corrupt"), c
+    assert not c.evicts
     m = classify_failure(1, None, "OSError: [Errno 108] Cannot send after transport endpoint "
                                   "shutdown: '/lustre/proj/data/shard-00017.bin'")
     assert (m.cls, m.rule) == ("filesystem_mount", "mount"), m
