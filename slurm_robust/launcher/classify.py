@@ -455,6 +455,12 @@ LOG_RULES: tuple[Rule, ...] = (
         side=Side.UNKNOWN, accept=lambda line, log: " INFO " not in line),
     # No GPU visible to the process: usually CUDA_VISIBLE_DEVICES or the request, but a
     # lost GPU looks the same from inside; diagnosis (NVML's count) tells them apart.
+    # nvidia-smi finding no GPU at all ("No devices were found"): the driver is loaded
+    # but enumerates none, a GPU off the bus or a node whose GPUs were never brought up,
+    # which a job's own settings cannot cause (CUDA_VISIBLE_DEVICES does not reach
+    # nvidia-smi). The tool's reading: diagnosis confirms it.
+    Rule("nvidia_smi_no_devices", F.GPU_UNAVAILABLE, _rx(r"\bNo devices were found\b"),
+         side=Side.UNKNOWN),
     Rule("no_gpu", F.BAD_CONFIG, _rx(
         r"No CUDA GPUs are available|no CUDA-capable device is detected|cudaErrorNoDevice|"
         r"CUDA_ERROR_NO_DEVICE|cuda runtime error \((38|100)\)|"
@@ -739,6 +745,12 @@ LOG_RULES: tuple[Rule, ...] = (
     # them halving the scale again and again is a numerical divergence.
     Rule("loss_scale_collapse", F.NAN, _rx(_OVERFLOW_STEP.pattern + "|" + _SCALE_VALUE.pattern),
          accept=_overflow_run),
+    # A shell's bare "Killed" ending a line of loading progress (checkpoint shards, a
+    # model's weights, a dataset): the process was SIGKILLed while it filled host memory
+    # with them, the OOM killer's usual victim.
+    Rule("killed_while_loading", F.CPU_OOM, _rx(
+        r"(Loading (checkpoint shards|checkpoint|model|weights|dataset)|load_state_dict)"
+        r"[^\n]*\bKilled\s*$", re.I | re.M), side=Side.UNKNOWN, strength=_G),
     Rule("oom_killer", F.CPU_OOM, _rx(
         r"Out of memory: Kill(ed)? process|invoked oom-killer|oom-kill|oom_kill_process|"
         r"oom_kill events?\b|have been OOM Killed|task \d+: Out Of Memory|"

@@ -1062,3 +1062,27 @@ def test_a_spawned_child_killed_by_a_signal_is_a_signal_death_not_an_exception()
                                "torch.multiprocessing.spawn.ProcessExitedException: process 0 "
                                "terminated with signal SIGKILL")
     assert (c.cls, c.rule) == ("worker_signal", "signal"), c
+
+
+# Rules from development entries the excerpt-only reviewer found decided and the rules
+# missed (excerpts from those entries).
+
+def test_nvidia_smi_finding_no_gpu_is_a_gpu_to_diagnose_not_the_jobs_setting():
+    # pytorch-87890-g5-runners-gpu-vanishes
+    log = ("* `RuntimeError: No CUDA GPUs are available`: https://hud.pytorch.org/failure/"
+           "RuntimeError%3A%20No%20CUDA%20GPUs%20are%20available  \n"
+           "* `nvidia-smi` failure `nvidia-smi --query-gpu=driver_version --format=csv,noheader "
+           "--> INSTALLED_DRIVER_VERSION='No devices were found'`.  They might be related")
+    c = classify_failure(1, None, log)
+    assert (c.cls, c.side, c.rule) == ("gpu_unavailable", "unknown", "nvidia_smi_no_devices")
+    assert not c.evicts
+
+
+def test_killed_while_loading_shards_is_host_memory_a_bare_kill_is_not():
+    # videollava-13-shards-killed-system-memory
+    log = ("Loading checkpoint shards:   0%|          | 0/2 [00:00<?, ?it/s]Killed\n"
+           "killed")
+    c = classify_failure(None, 9, log)
+    assert (c.cls, c.side, c.rule) == ("cpu_oom", "unknown", "killed_while_loading"), c
+    bare = classify_failure(None, 9, "step 100 loss 2.1\nKilled")
+    assert bare.cls == "worker_signal", bare
