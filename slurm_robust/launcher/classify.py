@@ -195,6 +195,8 @@ _G, _L, _K, _H = Strength.GENERIC, Strength.LIBRARY, Strength.KERNEL, Strength.H
 #: NCCL's INFO lines name its transports (NET/IB, NET/Socket, NET/OFI) on every healthy
 #: run: they report a choice, never a failure.
 _NCCL_INFO = re.compile(r"\bNCCL INFO\b")
+#: A process using shared memory, as its log shows it.
+_SHM_USE = re.compile(r"shared_memory|/dev/shm|\bshm\b", re.I)
 #: The CUDA runtime initialising (PyTorch's lazy init, the driver API's cuInit, the first
 #: device count).
 _CUDA_INIT = re.compile(r"_cuda_init\b|\bcuInit\b|cudaGetDeviceCount|CUDA initialization")
@@ -261,7 +263,10 @@ LOG_RULES: tuple[Rule, ...] = (
     # job whose cgroup holds no GPU (it asked Slurm for none). No hardware evidence by
     # itself: the node's own GPU checks decide (diagnosis).
     Rule("gpu_driver_unreachable", F.GPU_UNAVAILABLE, _rx(
-        r"unable to communicate with the NVIDIA driver|nvidia-smi has failed"),
+        r"unable to communicate with the NVIDIA driver|nvidia-smi has failed|"
+        # TensorFlow's CUDA diagnostics finding no driver loaded on the host
+        r"kernel driver does not appear to be running on this host|"
+        r"/proc/driver/nvidia/version does not exist"),
         side=Side.UNKNOWN, strength=_L),
     # The CUDA runtime refusing all work because the node is not ready for it
     # (cudaErrorSystemNotReady, error 802: on NVSwitch machines the fabric manager is not
@@ -475,7 +480,7 @@ LOG_RULES: tuple[Rule, ...] = (
         r"only has"), side=Side.USER),
     # A port already taken: the job's own choice of port, or a stale process on the node.
     Rule("port", F.BAD_CONFIG, _rx(
-        r"Address already in use|EADDRINUSE|Errno 98\b|failed to bind|"
+        r"Address already in use|EADDRINUSE|Errno 98\b|failed to bind|\bbind failed\b|"
         # EADDRNOTAVAIL: binding an address this node does not have (MASTER_ADDR or an
         # interface set for another host)
         r"Cannot assign requested address|EADDRNOTAVAIL|Errno 99\b|"
@@ -496,6 +501,11 @@ LOG_RULES: tuple[Rule, ...] = (
         r"DataLoader worker \(pid \S+\) is killed by signal: Bus error|"
         r"Unexpected bus error encountered in worker|"
         r"shm\.h:\d+[^\n]*posix_fallocate")),
+    # A bus error in a process that uses shared memory (multiprocessing's resource
+    # tracker, /dev/shm, a DataLoader): touching a shared-memory page the full tmpfs
+    # could not back, the container's shm size rather than the code.
+    Rule("bus_error_shm", F.CONTAINER_RUNTIME, _rx(r"\bBus error\b|\bSIGBUS\b"),
+         accept=lambda line, log: _SHM_USE.search(log) is not None),
     # A registry's pull rate limit (Docker Hub's "toomanyrequests"): the registry, an
     # external service, refusing more pulls from this address or account for a while
     # (as service_down reads an HTTP 429; off-node, so never an eviction).
@@ -662,9 +672,14 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("fabric", F.NETWORK, _rx(
         r"NET/IB|NET/Socket|NCCL WARN NET|ibv_poll_cq|IBV_WC_\w+|completion[^\n]*status=\d+|"
         r"retry count(er)? exceeded|RETRY_EXC|UCX\s+ERROR|\bmlx5_?\d*\b[^\n]*(error|fail)|"
-        r"ncclRemoteError|ncclSystemError|remote process exited or there was a network error|"
-        r"NCCL error[^\n]*(unhandled system error|remote error|network)|port state DOWN|"
+        r"ncclRemoteError|remote process exited or there was a network error|"
+        r"NCCL error[^\n]*(remote error|network)|port state DOWN|"
         r"link (is )?down|Link flap"), accept=lambda line, log: not _NCCL_INFO.search(line)),
+    # NCCL's system call failing (ncclSystemError, "unhandled system error"): a socket or
+    # an InfiniBand verb, as often a container's shared memory or IPC namespace or a
+    # limit: nothing in the words says which end or whose setting. Side unknown.
+    Rule("nccl_system_error", F.NETWORK, _rx(r"ncclSystemError|unhandled system error"),
+         side=Side.UNKNOWN, accept=lambda line, log: not _NCCL_INFO.search(line)),
     # NCCL's internal consistency checks failing (ncclInternalError): a bug in NCCL, or
     # memory it was handed corrupted; most often met in its transports. Side unknown.
     Rule("nccl_internal", F.NETWORK, _rx(
@@ -724,7 +739,10 @@ LOG_RULES: tuple[Rule, ...] = (
         side=Side.UNKNOWN, strength=_G),
     Rule("nan", F.NAN, _rx(
         r"FloatingPointError|Loss became infinite or NaN|diverged|non-finite (loss|grad)|"
-        r"\bloss\b[^\n]{0,20}\b(nan|inf)\b|NaN or Inf|Inf/NaN|nan loss|Detected NaN|"
+        # a loss reported as nan/inf, its name a word or a suffix (total_loss, koleo_loss)
+        r"(\b|_)loss\b[^\n]{0,20}\b(nan|inf)\b|NaN or Inf|Inf/NaN|nan loss|Detected NaN|"
+        # torch.distributions' Normal given a NaN scale (a policy's std gone NaN)
+        r"normal expects all elements of std >= 0\.0|"
         r"grad(ient)?s?[_ ]?(norm)?\b[^\n]{0,20}[:=][^\n]{0,3}\b(nan|inf)\b|"
         r"grad[_ ]norm[^\n]{0,20}\b(nan|inf)\b|returned nan values|"
         # DeepSpeed's and fairseq's fp16 loss scalers at their floor
@@ -846,6 +864,10 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("hydra_job_error", F.USER_EXCEPTION, _rx(
         r"Error executing job with overrides|HYDRA_FULL_ERROR=1 for a complete stack trace"),
         side=Side.UNKNOWN),
+    # Ray's wrapper around a task's own exception ("ray.exceptions.RayTaskError(TypeError):
+    # ray::PPO.train()"): that exception, raised in the job's code on a worker.
+    Rule("ray_task_error", F.USER_EXCEPTION, _rx(r"RayTaskError\(\w+\)"),
+         side=Side.UNKNOWN, strength=_G),
     Rule("signal", F.WORKER_SIGNAL, _rx(
         r"is killed by signal|Segmentation fault|SIGSEGV|SIGBUS|Bus error|core dumped|"
         r"Fatal Python error|^\s*\**Killed\**\s*$|Signal \d+ \(SIG\w+\) received|"
@@ -872,6 +894,9 @@ _PROGRESS = re.compile(r"\b(sec/batch|s/batch|sec/step|s/step|s/it|it/s|examples
                        r"samples/s(ec)?|tokens/s(ec)?)\b|\bTime:?\s+\d+\.\d+", re.I)
 _PREFIX = re.compile(r"^(\s*(\[rank\d+\]:|\[default\d+\]:|\[std(err|out)\]|\d+: |"
                      r"\[\d+,\d+\]<std(err|out)>:|>(?=\s|$)))+\s?")
+# A logger's source location in front of a message ("[ops/summary_ops_v2.py:608] "), as
+# absl and TensorFlow print an exception they log instead of raising.
+_LOGGER_PREFIX = re.compile(r"^\s*\[[\w./-]+\.py:\d+\]\s+(?=[A-Za-z_][\w.]*(Error|Exception)\b)")
 # Markup around a pasted exception line (backticks, bold, a list bullet): not its text.
 _MARKUP = re.compile(r"^(?:[-*]\s+)?[`*]+|[`*]+$")
 _FRAME = re.compile(r'^\s*File "?(?P<file>[^",]+)"?, line (?P<line>\d+), in (?P<func>\S+)')
@@ -1160,7 +1185,7 @@ def nvml_evidence(view: Any) -> NvmlReadings:
 def last_exception(log_tail: str) -> tuple[str, str, str] | None:
     """(exception name, message, "file:line" of the innermost frame) of the last
     traceback in the tail, or None."""
-    lines = [_PREFIX.sub("", line) for line in log_tail.splitlines()]
+    lines = [_LOGGER_PREFIX.sub("", _PREFIX.sub("", line)) for line in log_tail.splitlines()]
     for i in range(len(lines) - 1, -1, -1):
         match = _EXC_LINE.match(_MARKUP.sub("", lines[i].strip()).strip())
         if match is None:

@@ -1086,3 +1086,62 @@ def test_killed_while_loading_shards_is_host_memory_a_bare_kill_is_not():
     assert (c.cls, c.side, c.rule) == ("cpu_oom", "unknown", "killed_while_loading"), c
     bare = classify_failure(None, 9, "step 100 loss 2.1\nKilled")
     assert bare.cls == "worker_signal", bare
+
+
+# Rules from the tenth batch's development misses (excerpts from those entries).
+
+def test_tensorflow_finding_no_nvidia_driver_is_a_gpu_to_diagnose():
+    # determined-3275-rank1-cuinit-no-driver
+    log = ("2021-12-07 10:41:27.740947: W tensorflow/stream_executor/cuda/cuda_driver.cc:326] "
+           "failed call to cuInit: UNKNOWN ERROR (303)\n"
+           "2021-12-07 10:41:27.740980: I tensorflow/stream_executor/cuda/cuda_diagnostics.cc:"
+           "156] kernel driver does not appear to be running on this host (exp-20): /proc/"
+           "driver/nvidia/version does not exist")
+    c = classify_failure(None, None, log)
+    assert (c.cls, c.side, c.rule) == ("gpu_unavailable", "unknown", "gpu_driver_unreachable")
+
+
+def test_a_loss_suffix_or_a_nan_std_reported_non_finite_is_a_divergence():
+    # dinov2-492-koleo-loss-inf: progress lines whose running losses went inf
+    log = ("I20250104 12:13:10 90 dinov2 helpers.py:102] Training  [   1270/2500000]  eta: 40 "
+           "days, 13:28:36  lr: 0.0006 (0.0003)  total_loss: 6.7171 (inf)  koleo_loss: 0.0315 "
+           "(inf)  time: 1.412941  data: 0.000429  max mem: 61695")
+    assert classify_failure(None, None, log).cls == "nan"
+    # unitree-rl-mjlab-9-ppo-std-nan-multigpu
+    c = classify_failure(1, None, "RuntimeError: normal expects all elements of std >= 0.0")
+    assert c.cls == "nan", c
+
+
+def test_ncclsystemerror_names_no_end_and_a_bus_error_beside_shared_memory_is_its_size():
+    # gptneox-419-docker-nccl-unhandled-system-error: a container's shared memory, read
+    # as the fabric on the node's side before
+    c = classify_failure(1, None, "5. The code crashes with a non-descript `NCCL error in: "
+                                  "/pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:825, unhandled "
+                                  "system error, NCCL version 2.7.8`")
+    assert (c.cls, c.side, c.rule) == ("network", "unknown", "nccl_system_error"), c
+    assert not c.evicts
+    # llmfoundry-82-docker-bus-error-streaming
+    b = classify_failure(None, 7, "Bus error (core dumped)\nroot@e81df48d8ecb:/home/llm-foundry# "
+                                  "/usr/lib/python3.10/multiprocessing/resource_tracker.py:224: "
+                                  "UserWarning: resource_tracker: There appear to be 2 leaked "
+                                  "shared_memory objects to clean up at shutdown")
+    assert (b.cls, b.rule) == ("container_runtime", "bus_error_shm"), b
+    # a bus error with no shared memory in sight stays a signal death
+    assert classify_failure(None, 7, "Bus error (core dumped)").cls == "worker_signal"
+
+
+def test_wrapped_and_logged_exceptions_are_the_jobs_exceptions():
+    # ray-14523-rllib-ppo-gpu-raytaskerror-typeerror
+    c = classify_failure(1, None, "ray.exceptions.RayTaskError(TypeError): ray::PPO.train_"
+                                  "buffered() (pid=18732, ip=192.168.1.100)\n"
+                                  '  File "python/ray/_raylet.pyx", line 439, in ray._raylet.'
+                                  "execute_task")
+    assert (c.cls, c.rule) == ("user_exception", "ray_task_error"), c
+    # tf-26980-distribute-strategy-summary-no-step: absl's location prefix before it
+    t = classify_failure(1, None, "[ops/summary_ops_v2.py:608] ValueError: No step set via "
+                                  "'step' argument or tf.summary.experimental.set_step()")
+    assert (t.cls, t.side, t.rule) == ("user_exception", "user", "exception"), t
+    # mxnet-13526-van-bind-failed
+    m = classify_failure(1, None, "mxnet.base.MXNetError: [08:18:33] src/van.cc:291: Check "
+                                  "failed: (my_node_.port) != (-1) bind failed")
+    assert (m.cls, m.rule) == ("bad_config", "port"), m
