@@ -81,3 +81,11 @@ def test_the_shipped_label_files_load_and_the_line_names_the_held_out_sample():
     rep = reviewers.report(ENTRIES, {e.id: bench.classify_entry(e) for e in ENTRIES})
     assert rep["excerpt_only"]["held_out"]["all"]["entries"] >= 30
     assert "held-out entries a reviewer labelling from the excerpt alone" in rep["line"]
+
+
+def test_every_corpus_entry_has_an_excerpt_only_label():
+    labelled = reviewers.load_labels(reviewers.EXCERPT_ONLY, IDS, "decided")
+    missing = sorted(IDS - set(labelled))
+    assert not missing, (f"{len(missing)} entries have no excerpt-only label (the corpus "
+                         f"README: a new batch goes to the review after its commit): "
+                         f"{missing[:5]}")
