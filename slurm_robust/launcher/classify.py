@@ -243,9 +243,9 @@ LOG_RULES: tuple[Rule, ...] = (
         r"CUDA driver version is insufficient for CUDA runtime|cudaErrorInsufficientDriver|"
         r"CUDA_ERROR_INSUFFICIENT_DRIVER|cuda runtime error \((35|34|222|803)\)|"
         # the CUDA runtime's other words for a build and a driver that do not fit each
-        # other (cudaGetErrorString of errors 34, 222, 803, 804): a stub libcuda instead
-        # of the driver's, PTX newer than the driver can compile, a user-space driver that
-        # does not match the kernel module, forward compatibility on a GPU without it
+        # other (cudaGetErrorString of errors 34, 222, 803): a stub libcuda instead of the
+        # driver's, PTX newer than the driver can compile, a user-space driver that does
+        # not match the kernel module
         r"CUDA driver is a stub library|cudaErrorStubLibrary|"
         r"PTX was compiled with an unsupported toolchain|cudaErrorUnsupportedPtxVersion|"
         r"CUDA_ERROR_UNSUPPORTED_PTX_VERSION|"
@@ -458,14 +458,14 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("shared_lib_missing", F.BAD_CONFIG, _rx(
         r"\blib(?!cuda\.so|nvidia|nccl)[\w+.-]*\.so[.\d]*: cannot open shared object file"),
         side=Side.UNKNOWN, accept=lambda line, log: " INFO " not in line),
-    # No GPU visible to the process: usually CUDA_VISIBLE_DEVICES or the request, but a
-    # lost GPU looks the same from inside; diagnosis (NVML's count) tells them apart.
     # nvidia-smi finding no GPU at all ("No devices were found"): the driver is loaded
     # but enumerates none, a GPU off the bus or a node whose GPUs were never brought up,
     # which a job's own settings cannot cause (CUDA_VISIBLE_DEVICES does not reach
     # nvidia-smi). The tool's reading: diagnosis confirms it.
     Rule("nvidia_smi_no_devices", F.GPU_UNAVAILABLE, _rx(r"\bNo devices were found\b"),
          side=Side.UNKNOWN),
+    # No GPU visible to the process: usually CUDA_VISIBLE_DEVICES or the request, but a
+    # lost GPU looks the same from inside; diagnosis (NVML's count) tells them apart.
     Rule("no_gpu", F.BAD_CONFIG, _rx(
         r"No CUDA GPUs are available|no CUDA-capable device is detected|cudaErrorNoDevice|"
         r"CUDA_ERROR_NO_DEVICE|cuda runtime error \((38|100)\)|"
@@ -615,9 +615,6 @@ LOG_RULES: tuple[Rule, ...] = (
         side=Side.UNKNOWN),
     Rule("ib_io", F.NETWORK, _rx(r"(Input/output error|Errno 5\b)[^\n]*infiniband|"
                                  r"infiniband[^\n]*(Input/output error|Errno 5\b)")),
-    # A libfabric provider's own error report (EFA's RxR protocol, verbs, tcp...): its
-    # "err: Input/output error (5) prov_errno: ..." is the fabric's completion failing,
-    # not a disk; the source file it names is the provider's (prov/efa/src/...).
     # The AWS OFI NCCL plugin unable to set itself up: no libfabric provider or device
     # matches (fi_getinfo: a container without the EFA devices, a libfabric without the
     # provider) or its memory registration refused (a libfabric too old for the NCCL, a
@@ -625,6 +622,9 @@ LOG_RULES: tuple[Rule, ...] = (
     Rule("ofi_setup", F.BAD_CONFIG, _rx(
         r"NET/OFI[^\n]*(fi_getinfo\(\)? call failed|Unable to register memory)"),
         side=Side.UNKNOWN),
+    # A libfabric provider's own error report (EFA's RxR protocol, verbs, tcp...): its
+    # "err: Input/output error (5) prov_errno: ..." is the fabric's completion failing,
+    # not a disk; the source file it names is the provider's (prov/efa/src/...).
     Rule("ofi_provider", F.NETWORK, _rx(
         r"\bprov_errno\b|\bprov/(efa|verbs|rxm|rxd|tcp|udp|shm|psm\d?|cxi|opx|sockets)/\S+|"
         r"Unable to write to EQ|"
@@ -645,12 +645,12 @@ LOG_RULES: tuple[Rule, ...] = (
         r"ncclInvalidUsage|invalid usage of NCCL library|NCCL error[^\n]*invalid usage|"
         r"no algorithm/protocol available"),
         side=Side.USER),
-    # NCCL finding no interface to bootstrap on: NCCL_SOCKET_IFNAME names one the node
-    # does not have (the job's setting), or the node's interface is missing.
     # NCCL told to use a network device or plugin it cannot find (NCCL_NET,
     # NCCL_IB_HCA, a plugin the image lacks): the job's NCCL settings.
     Rule("nccl_net_missing", F.BAD_CONFIG, _rx(r"NCCL WARN Could not find NET with id"),
          side=Side.USER),
+    # NCCL finding no interface to bootstrap on: NCCL_SOCKET_IFNAME names one the node
+    # does not have (the job's setting), or the node's interface is missing.
     Rule("nccl_no_interface", F.BAD_CONFIG, _rx(
         r"Bootstrap : no socket interface found|no socket interface found"),
         side=Side.UNKNOWN),
