@@ -636,9 +636,10 @@ LOG_RULES: tuple[Rule, ...] = (
     # EACCES on a path or a login the job chose (an output directory it may not write, a
     # key ssh refuses); a shared file system's ACL or root squash reads the same, hence
     # side unknown. A container's device or /dev/shm refusing it is the runtime's (the
-    # container rules come first).
+    # container rules come first). The words turn up beside other failures too (a shell
+    # profile, a launcher's ssh probe), so any library's own error outranks them.
     Rule("permission_denied", F.BAD_CONFIG, _rx(
-        r"Permission denied|Errno 13\b|\bEACCES\b"), side=Side.UNKNOWN),
+        r"Permission denied|Errno 13\b|\bEACCES\b"), side=Side.UNKNOWN, strength=_G),
     # NCCL's own verdict on the caller (ncclInvalidUsage: "invalid usage of NCCL
     # library"), e.g. two ranks on one GPU or mismatched arguments: the job, not the fabric.
     Rule("nccl_invalid_usage", F.BAD_CONFIG, _rx(

@@ -924,6 +924,11 @@ def test_eacces_is_a_setting_of_unknown_side_unless_a_container_refused():
     shm = classify_failure(1, None, "OSError: [Errno 13] Permission denied: '/dev/shm/"
                                     "torch_4242_1'")
     assert shm.cls == "container_runtime", shm
+    # beside a library's own error the words are noise (a shell profile it could not read)
+    beside = classify_failure(1, None, "bash: /etc/profile.d/x.sh: Permission denied\n"
+                                       "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1269, "
+                                       "remote process exited or there was a network error")
+    assert (beside.cls, beside.rule) == ("network", "fabric"), beside
     addr = classify_failure(1, None, "OSError: [Errno 99] Cannot assign requested address")
     assert (addr.cls, addr.side, addr.rule) == ("bad_config", "unknown", "port"), addr
 
