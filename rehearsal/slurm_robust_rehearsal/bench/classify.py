@@ -51,6 +51,7 @@ from slurm_robust.launcher.classify_model import load_model
 from slurm_robust.taxonomy import CLASSES, Side
 from slurm_robust_rehearsal.bench import classify_reviewers, classify_train
 from slurm_robust_rehearsal.bench.corpus_split import Split, split_of
+from slurm_robust_rehearsal.bench.shares import percent, share
 
 HELP = "classifier accuracy and infrastructure/user decisions on the real-log corpus"
 REPO = Path(__file__).resolve().parents[3]
@@ -189,15 +190,14 @@ def score(entries: list[Entry], with_change: bool = True, learned: bool = True
     user_n = sum(1 for e in entries if e.side == Side.USER.value)
     return {
         "entries": n,
-        "class_accuracy": round(correct / n, 4) if n else None,
-        "wrong_side_share": round(wrong_side / n, 4) if n else None,
+        "class_accuracy": share(correct, n),
+        "wrong_side_share": share(wrong_side, n),
         "wrong_side": wrong_side,
         "healthy_nodes_evicted": evicted_healthy,
         # answers of the learned fallback (the rules found no cause; classify_model.py)
         "learned_answers": learned_answers,
         "healthy_evicted_share": round(evicted_healthy / user_n, 4) if user_n else 0.0,
-        "unknown_side_share": round(sum(v[Side.UNKNOWN.value] for v in confusion.values())
-                                    / n, 4) if n else None,
+        "unknown_side_share": share(sum(v[Side.UNKNOWN.value] for v in confusion.values()), n),
         "side_confusion": {"rows": "label", "columns": "classified", **confusion},
         "by_class": {cls: {"n": sum(got.values()), "correct": got[cls],
                            "accuracy": round(got[cls] / sum(got.values()), 4),
@@ -265,19 +265,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _percent(share: float | None) -> str:
-    return "-" if share is None else f"{100 * share:.1f} %"
-
-
 def headline(result: dict[str, Any]) -> str:
     """The figures in one sentence, as the docs quote them (a docs test compares)."""
     parts = []
     for split in (Split.HELD_OUT, Split.DEVELOPMENT):
         s = result[split.value]
         unread = s["not_seen"]
-        parts.append(f"{split.value.replace('_', '-')}: {_percent(s['class_accuracy'])} of "
-                     f"{s['entries']} right ({_percent(unread['class_accuracy'])} of the "
-                     f"{unread['entries']} never read), {_percent(s['wrong_side_share'])} "
+        parts.append(f"{split.value.replace('_', '-')}: {percent(s['class_accuracy'])} of "
+                     f"{s['entries']} right ({percent(unread['class_accuracy'])} of the "
+                     f"{unread['entries']} never read), {percent(s['wrong_side_share'])} "
                      f"wrong side ({s['wrong_side']}), {s['healthy_nodes_evicted']} healthy "
                      "nodes evicted")
     return "; ".join(parts)

@@ -29,6 +29,7 @@ from slurm_robust.errors import UsageError
 from slurm_robust.launcher.classify import Classification
 from slurm_robust.taxonomy import CLASSES, Side
 from slurm_robust_rehearsal.bench.corpus_split import Split, split_of
+from slurm_robust_rehearsal.bench.shares import percent, share
 
 CORPUS_DIR = Path(__file__).resolve().parents[3] / "tests" / "data" / "failure_corpus"
 EXCERPT_ONLY = CORPUS_DIR / "excerpt_only_labels.jsonl"
@@ -58,10 +59,6 @@ def load_labels(path: Path, known_ids: set[str], flag: str) -> dict[str, dict[st
     return rows
 
 
-def _share(hits: int, n: int) -> float | None:
-    return round(hits / n, 4) if n else None
-
-
 def excerpt_only(entries: Sequence[Any], answers: dict[str, Classification],
                  labels: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Per split: the reviewer's and the classifier's class accuracy on the reviewed
@@ -78,8 +75,8 @@ def excerpt_only(entries: Sequence[Any], answers: dict[str, Classification],
                 tally[split, g, "reviewer"] += row["class"] == e.cls
                 tally[split, g, "classifier"] += answers[e.id].cls == e.cls
     return {split: {g: {"entries": tally[split, g, "n"],
-                        "reviewer": _share(tally[split, g, "reviewer"], tally[split, g, "n"]),
-                        "classifier": _share(tally[split, g, "classifier"],
+                        "reviewer": share(tally[split, g, "reviewer"], tally[split, g, "n"]),
+                        "classifier": share(tally[split, g, "classifier"],
                                              tally[split, g, "n"])}
                     for g in ("all", "decided", "undecided")}
             for split in (*(s.value for s in Split), "all")}
@@ -102,8 +99,8 @@ def thread_relabel(entries: Sequence[Any], labels: dict[str, dict[str, Any]]
             tally[split, "sides_named"] += named
             tally[split, "side"] += named and row["side"] == e.side
     return {split: {"entries": tally[split, "n"], "threads_found": tally[split, "found"],
-                    "class_agreement": _share(tally[split, "class"], tally[split, "n"]),
-                    "side_agreement": _share(tally[split, "side"],
+                    "class_agreement": share(tally[split, "class"], tally[split, "n"]),
+                    "side_agreement": share(tally[split, "side"],
                                              tally[split, "sides_named"])}
             for split in (*(s.value for s in Split), "all")}
 
@@ -123,25 +120,22 @@ def report(entries: Sequence[Any], answers: dict[str, Classification]) -> dict[s
     return out
 
 
-def _pct(share: float | None) -> str:
-    return "-" if share is None else f"{100 * share:.1f} %"
-
-
 def line(rep: dict[str, Any]) -> str:
     parts = []
     if "excerpt_only" in rep:
         held = rep["excerpt_only"][Split.HELD_OUT.value]
         parts.append(
             f"on {held['all']['entries']} held-out entries a reviewer labelling from the "
-            f"excerpt alone scores {_pct(held['all']['reviewer'])} and the classifier "
-            f"{_pct(held['all']['classifier'])}; on the {held['decided']['entries']} the "
-            f"excerpt decides, the classifier {_pct(held['decided']['classifier'])}, on the "
-            f"{held['undecided']['entries']} it does not, {_pct(held['undecided']['classifier'])}"
-            f" (the reviewer {_pct(held['undecided']['reviewer'])})")
+            f"excerpt alone scores {percent(held['all']['reviewer'])} and the classifier "
+            f"{percent(held['all']['classifier'])}; on the {held['decided']['entries']} the "
+            f"excerpt decides, the classifier {percent(held['decided']['classifier'])}, on the "
+            f"{held['undecided']['entries']} it does not, "
+            f"{percent(held['undecided']['classifier'])} (the reviewer "
+            f"{percent(held['undecided']['reviewer'])})")
     if "thread_relabel" in rep:
         both = rep["thread_relabel"]["all"]
         parts.append(
             f"a second reader of {both['entries']} threads gives the corpus's class for "
-            f"{_pct(both['class_agreement'])} and its side for "
-            f"{_pct(both['side_agreement'])} of those where both name one")
+            f"{percent(both['class_agreement'])} and its side for "
+            f"{percent(both['side_agreement'])} of those where both name one")
     return "; ".join(parts)
